@@ -1,0 +1,460 @@
+//! replica-sim: a simulated single-GPU OpenAI-compatible replica (vLLM-like).
+//!
+//! Routes: `POST /v1/chat/completions`, `/v1/completions`, `/v1/messages` (JSON or
+//! SSE with `stream: true`), `GET /v1/models`, `GET /health`, `GET /metrics`
+//! (vLLM metric names), and for tests `GET /sim/stats`, `POST /sim/health?ok=false`.
+//! Every completion response carries `x-sim-replica`, `x-sim-body-bytes` and
+//! `x-sim-body-xxh3` (of the exact request body received).
+//! It prints `listening on IP:PORT` once bound (use `--listen 127.0.0.1:0`).
+//!   cargo run --release --bin replica-sim -- --listen 127.0.0.1:8001 --name gpu0
+
+mod engine;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper::body::{Frame, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use engine::{Engine, EngineConfig};
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "A simulated single-GPU OpenAI-compatible replica")]
+struct Cli {
+    /// Address to listen on; port 0 picks a free port (printed on stdout).
+    #[arg(long, default_value = "127.0.0.1:8001")]
+    listen: SocketAddr,
+    /// Name reported in `x-sim-replica` and as the model's owner.
+    #[arg(long, default_value = "sim")]
+    name: String,
+    /// KV cache capacity in tokens.
+    #[arg(long, default_value_t = 122_636)]
+    kv_tokens: u64,
+    /// Tokens per KV block (prefix-cache granularity).
+    #[arg(long, default_value_t = 16)]
+    block_tokens: u64,
+    /// Bytes of prompt text per token (the token estimate).
+    #[arg(long, default_value_t = 4)]
+    bytes_per_token: u64,
+    /// Prefill throughput, tokens per second (model time).
+    #[arg(long, default_value_t = 33_000.0)]
+    prefill_tps: f64,
+    /// Decode speed per sequence, tokens per second (model time).
+    #[arg(long, default_value_t = 50.0)]
+    decode_tps: f64,
+    /// Model seconds per wall second: 10 runs ten times faster than a card.
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Completion tokens when the request does not say (`max_tokens`).
+    #[arg(long, default_value_t = 16)]
+    default_max_tokens: u64,
+    /// Answer /health with 503 for this long after start (a loading engine).
+    #[arg(long, default_value_t = 0)]
+    loading_ms: u64,
+    /// Testing: close a keep-alive connection, unanswered, when its request
+    /// number N+1 arrives (a server that closed an idle connection as the
+    /// proxy reused it). 0 = never.
+    #[arg(long, default_value_t = 0)]
+    close_after_requests: u64,
+}
+
+struct Sim {
+    cli: Cli,
+    engine: Mutex<Engine>,
+    healthy: AtomicBool,
+    running: AtomicU64,
+    cancelled: AtomicU64,
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Body> {
+    let mut r = Response::new(Full::new(body.into()).boxed());
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert("content-type", content_type.parse().expect("static header"));
+    r
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
+    full(status, "application/json", v.to_string())
+}
+
+fn error(status: StatusCode, message: &str) -> Response<Body> {
+    json_response(
+        status,
+        &json!({"error": {"message": message, "type": "invalid_request_error", "code": status.as_u16()}}),
+    )
+}
+
+/// An SSE body fed by a channel; the sender sees the client leave.
+struct ChannelBody(mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+impl Sim {
+    fn model_sleep(&self, model_s: f64) -> Duration {
+        Duration::from_secs_f64((model_s / self.cli.time_scale).max(0.0))
+    }
+
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let (parts, body) = req.into_parts();
+        let path = parts.uri.path().to_owned();
+        let body = match body.collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+        };
+        match (&parts.method, path.as_str()) {
+            (&Method::GET, "/health") => {
+                if self.healthy.load(Relaxed) {
+                    full(StatusCode::OK, "text/plain", "")
+                } else {
+                    full(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "loading")
+                }
+            }
+            (&Method::GET, "/v1/models") => json_response(
+                StatusCode::OK,
+                &json!({"object": "list", "data": [{"id": "sim", "object": "model", "owned_by": self.cli.name}]}),
+            ),
+            (&Method::GET, "/metrics") => {
+                full(StatusCode::OK, "text/plain; version=0.0.4", self.metrics())
+            }
+            (&Method::GET, "/sim/stats") => json_response(StatusCode::OK, &self.stats()),
+            (&Method::POST, "/sim/health") => {
+                let ok = !parts.uri.query().unwrap_or("").contains("ok=false");
+                self.healthy.store(ok, Relaxed);
+                json_response(StatusCode::OK, &json!({"healthy": ok}))
+            }
+            (&Method::POST, "/v1/chat/completions" | "/v1/completions" | "/v1/messages") => {
+                self.complete(&path, body).await
+            }
+            (&Method::POST, "/v1/embeddings") => json_response(
+                StatusCode::OK,
+                &json!({"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.0, 1.0]}],
+                        "x_body_bytes": body.len()}),
+            ),
+            _ => error(StatusCode::NOT_FOUND, &format!("no route {path}")),
+        }
+    }
+
+    async fn complete(self: Arc<Self>, path: &str, body: Bytes) -> Response<Body> {
+        let received = (body.len(), xxhash_rust::xxh3::xxh3_128(&body));
+        let req: Value = match serde_json::from_slice(&body) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => {
+                return self.tag(
+                    error(StatusCode::BAD_REQUEST, "body is not a JSON object"),
+                    received,
+                )
+            }
+        };
+        let text = prefix_router::request::Prompt::parse(&body)
+            .map(|p| p.text)
+            .unwrap_or_default();
+        let max_tokens = req
+            .get("max_tokens")
+            .or_else(|| req.get("max_completion_tokens"))
+            .and_then(Value::as_u64)
+            .unwrap_or(self.cli.default_max_tokens)
+            .max(1);
+        let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        let usage_in_stream = req
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let admission = self.engine.lock().expect("engine lock").admit(&text);
+        let kind = Kind::of(path);
+        let mut running = Running::start(&self);
+        tokio::time::sleep(self.model_sleep(admission.prefill_s)).await;
+        let usage = json!({
+            "prompt_tokens": admission.prompt_tokens,
+            "completion_tokens": max_tokens,
+            "total_tokens": admission.prompt_tokens + max_tokens,
+            "prompt_tokens_details": {"cached_tokens": admission.cached_tokens},
+        });
+        let step = self.model_sleep(1.0 / self.cli.decode_tps);
+        if !stream {
+            tokio::time::sleep(step * max_tokens as u32).await;
+            running.finish(max_tokens);
+            let text = "tok ".repeat(max_tokens as usize);
+            return self.tag(
+                json_response(StatusCode::OK, &kind.full(&text, &usage)),
+                received,
+            );
+        }
+        let (tx, rx) = mpsc::channel::<Bytes>(4);
+        tokio::spawn(async move {
+            let mut sent = 0;
+            let mut events = vec![kind.first_event()];
+            for i in 0..max_tokens {
+                events.push(kind.delta_event(if i == 0 { "tok" } else { " tok" }));
+            }
+            events.extend(kind.last_events(usage_in_stream.then_some(&usage)));
+            for (i, ev) in events.into_iter().enumerate() {
+                if i > 1 {
+                    tokio::time::sleep(step).await;
+                }
+                if tx.send(Bytes::from(ev)).await.is_err() {
+                    return; // the client left: `running` counts a cancellation
+                }
+                sent += 1;
+            }
+            running.finish(sent.min(max_tokens));
+        });
+        let mut r = Response::new(BodyExt::boxed(ChannelBody(rx)));
+        r.headers_mut().insert(
+            "content-type",
+            "text/event-stream".parse().expect("static header"),
+        );
+        r.headers_mut()
+            .insert("cache-control", "no-cache".parse().expect("static header"));
+        self.tag(r, received)
+    }
+
+    fn tag(&self, mut r: Response<Body>, (len, hash): (usize, u128)) -> Response<Body> {
+        let h = r.headers_mut();
+        for (k, v) in [
+            ("x-sim-replica", self.cli.name.clone()),
+            ("x-sim-body-bytes", len.to_string()),
+            ("x-sim-body-xxh3", format!("{hash:032x}")),
+        ] {
+            if let Ok(v) = v.parse() {
+                h.insert(k, v);
+            }
+        }
+        r
+    }
+
+    fn stats(&self) -> Value {
+        let e = self.engine.lock().expect("engine lock");
+        json!({
+            "name": self.cli.name,
+            "requests": e.requests_total,
+            "running": self.running.load(Relaxed),
+            "cancelled": self.cancelled.load(Relaxed),
+            "prompt_tokens": e.prompt_tokens_total,
+            "cached_tokens": e.prefix_hits,
+            "kv_usage": e.kv_usage(),
+        })
+    }
+
+    /// vLLM's metric names (v0.10+, `vllm:` prefix, `model_name` label).
+    fn metrics(&self) -> String {
+        let e = self.engine.lock().expect("engine lock");
+        let l = "{model_name=\"sim\"}";
+        format!(
+            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{l} {}\n\
+             # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{l} 0\n\
+             # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{l} {}\n\
+             # TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total{l} {}\n\
+             # TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total{l} {}\n\
+             # TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total{l} {}\n\
+             # TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total{l} {}\n",
+            self.running.load(Relaxed),
+            e.kv_usage(),
+            e.prefix_queries,
+            e.prefix_hits,
+            e.prompt_tokens_total,
+            e.generation_tokens_total,
+        )
+    }
+}
+
+/// A request on the card; dropped unfinished (client gone) it counts as cancelled.
+struct Running {
+    sim: Arc<Sim>,
+    done: bool,
+}
+
+impl Running {
+    fn start(sim: &Arc<Sim>) -> Self {
+        sim.running.fetch_add(1, Relaxed);
+        Self {
+            sim: Arc::clone(sim),
+            done: false,
+        }
+    }
+
+    fn finish(&mut self, generated: u64) {
+        self.done = true;
+        self.sim
+            .engine
+            .lock()
+            .expect("engine lock")
+            .generation_tokens_total += generated;
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.sim.running.fetch_sub(1, Relaxed);
+        if !self.done {
+            self.sim.cancelled.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// The response dialect of a route.
+#[derive(Clone, Copy)]
+enum Kind {
+    Chat,
+    Completion,
+    Messages,
+}
+
+impl Kind {
+    fn of(path: &str) -> Self {
+        match path {
+            "/v1/completions" => Kind::Completion,
+            "/v1/messages" => Kind::Messages,
+            _ => Kind::Chat,
+        }
+    }
+
+    fn full(self, text: &str, usage: &Value) -> Value {
+        match self {
+            Kind::Chat => json!({"id": "chatcmpl-sim", "object": "chat.completion", "model": "sim",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+                "usage": usage}),
+            Kind::Completion => {
+                json!({"id": "cmpl-sim", "object": "text_completion", "model": "sim",
+                "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "usage": usage})
+            }
+            Kind::Messages => {
+                json!({"id": "msg-sim", "type": "message", "role": "assistant", "model": "sim",
+                "content": [{"type": "text", "text": text}], "stop_reason": "max_tokens",
+                "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
+                          "cache_read_input_tokens": usage["prompt_tokens_details"]["cached_tokens"]}})
+            }
+        }
+    }
+
+    fn first_event(self) -> String {
+        match self {
+            Kind::Chat => sse(
+                &json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk", "model": "sim",
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]}),
+            ),
+            Kind::Completion => sse(
+                &json!({"id": "cmpl-sim", "object": "text_completion", "model": "sim",
+                "choices": [{"index": 0, "text": "", "finish_reason": null}]}),
+            ),
+            Kind::Messages => sse_named(
+                "message_start",
+                &json!({"type": "message_start",
+                "message": {"id": "msg-sim", "type": "message", "role": "assistant", "model": "sim", "content": []}}),
+            ),
+        }
+    }
+
+    fn delta_event(self, text: &str) -> String {
+        match self {
+            Kind::Chat => sse(
+                &json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk", "model": "sim",
+                "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]}),
+            ),
+            Kind::Completion => sse(
+                &json!({"id": "cmpl-sim", "object": "text_completion", "model": "sim",
+                "choices": [{"index": 0, "text": text, "finish_reason": null}]}),
+            ),
+            Kind::Messages => sse_named(
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": text}}),
+            ),
+        }
+    }
+
+    fn last_events(self, usage: Option<&Value>) -> Vec<String> {
+        match self {
+            Kind::Messages => vec![sse_named("message_stop", &json!({"type": "message_stop"}))],
+            _ => {
+                let mut v = Vec::new();
+                if let Some(u) = usage {
+                    v.push(sse(
+                        &json!({"id": "sim", "object": "chat.completion.chunk", "model": "sim",
+                        "choices": [], "usage": u}),
+                    ));
+                }
+                v.push("data: [DONE]\n\n".to_owned());
+                v
+            }
+        }
+    }
+}
+
+fn sse(v: &Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+fn sse_named(event: &str, v: &Value) -> String {
+    format!("event: {event}\ndata: {v}\n\n")
+}
+
+#[tokio::main]
+async fn main() -> std::io::Result<()> {
+    let cli = Cli::parse();
+    let listener = TcpListener::bind(cli.listen).await?;
+    println!("listening on {}", listener.local_addr()?);
+    let loading = Duration::from_millis(cli.loading_ms);
+    let sim = Arc::new(Sim {
+        engine: Mutex::new(Engine::new(EngineConfig {
+            kv_tokens: cli.kv_tokens,
+            block_tokens: cli.block_tokens,
+            bytes_per_token: cli.bytes_per_token,
+            prefill_tps: cli.prefill_tps,
+        })),
+        healthy: AtomicBool::new(loading.is_zero()),
+        running: AtomicU64::new(0),
+        cancelled: AtomicU64::new(0),
+        cli,
+    });
+    if !loading.is_zero() {
+        let s = Arc::clone(&sim);
+        tokio::spawn(async move {
+            tokio::time::sleep(loading).await;
+            s.healthy.store(true, Relaxed);
+        });
+    }
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let sim = Arc::clone(&sim);
+        let served = Arc::new(AtomicU64::new(0));
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let sim = Arc::clone(&sim);
+                let n = served.fetch_add(1, Relaxed);
+                async move {
+                    let limit = sim.cli.close_after_requests;
+                    if limit > 0 && n >= limit && req.uri().path() != "/health" {
+                        return Err("closing a reused connection");
+                    }
+                    Ok(sim.handle(req).await)
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}

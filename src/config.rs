@@ -1,0 +1,338 @@
+//! The YAML configuration: serde types, the one set of defaults, and
+//! `validate()`, which names the offending field. Unknown keys are errors.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::policy::{ContinuationRule, Mode, PolicyConfig};
+
+/// The configuration the router runs on when no `--config` is given: two
+/// simulated replicas on localhost (see the README).
+pub const EMBEDDED_DEFAULT: &str = include_str!("../conf/default.yaml");
+
+/// Environment variable that overrides `policy`.
+pub const POLICY_ENV: &str = "PREFIX_ROUTER_POLICY";
+
+/// A configuration error, naming the field at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid YAML: {0}")]
+    Yaml(#[from] serde_yaml::Error),
+    #[error("invalid `{field}`: {reason}")]
+    Invalid { field: String, reason: String },
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// The whole file.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The OpenAI-compatible endpoint.
+    pub listen: String,
+    /// `GET /metrics` in Prometheus text format.
+    pub metrics_listen: String,
+    pub policy: PolicyName,
+    /// Which requests are continuations without a prefix match.
+    pub continuation: ContinuationName,
+    /// Requests with a larger body get 413.
+    pub max_body_bytes: usize,
+    /// Total time allowed to receive a request body; slower clients get 408.
+    pub body_read_timeout_ms: u64,
+    pub health_check: HealthCheck,
+    pub timeouts: Timeouts,
+    pub prefix_index: PrefixIndex,
+    /// A continuation whose replica has more requests in flight than the least
+    /// loaded live replica plus this moves to its next-best cached replica.
+    /// Off (`null`) until measurements say otherwise.
+    pub load_guard_in_flight: Option<u32>,
+    /// How often the config file is checked for changes.
+    pub reload_interval_ms: u64,
+    /// Pingora worker threads for the proxy.
+    pub threads: usize,
+    pub replicas: Vec<Replica>,
+}
+
+/// `policy:` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyName {
+    Shape,
+    Roundrobin,
+    Affinity,
+}
+
+/// `continuation:` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContinuationName {
+    ModelTurn,
+    MultiMessage,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthCheck {
+    /// vLLM, SGLang and llama.cpp all answer `/health` (503 while loading).
+    pub path: String,
+    pub interval_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    pub connect_ms: u64,
+    /// Longest wait for any byte from a replica: must cover a long prefill.
+    pub read_ms: u64,
+    pub write_ms: u64,
+    /// Idle pooled connections to replicas are closed after this.
+    pub idle_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrefixIndex {
+    /// Block size of the prefix hash chain.
+    pub block_bytes: usize,
+    /// Cap on tracked prefix entries (LRU beyond it).
+    pub max_entries: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Replica {
+    pub name: String,
+    /// `IP:port` of an OpenAI-compatible server (plain HTTP).
+    pub addr: String,
+    /// KV cache capacity in tokens, for the capacity gauges.
+    #[serde(default)]
+    pub kv_tokens: Option<u64>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: "0.0.0.0:8080".into(),
+            metrics_listen: "0.0.0.0:9091".into(),
+            policy: PolicyName::Shape,
+            continuation: ContinuationName::ModelTurn,
+            max_body_bytes: 32 << 20,
+            body_read_timeout_ms: 60_000,
+            health_check: HealthCheck::default(),
+            timeouts: Timeouts::default(),
+            prefix_index: PrefixIndex::default(),
+            load_guard_in_flight: None,
+            reload_interval_ms: 1_000,
+            threads: 2,
+            replicas: Vec::new(),
+        }
+    }
+}
+
+impl Default for HealthCheck {
+    fn default() -> Self {
+        Self {
+            path: "/health".into(),
+            interval_ms: 1_000,
+        }
+    }
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            connect_ms: 1_000,
+            read_ms: 600_000,
+            write_ms: 60_000,
+            idle_ms: 60_000,
+        }
+    }
+}
+
+impl Default for PrefixIndex {
+    fn default() -> Self {
+        Self {
+            block_bytes: 1024,
+            max_entries: 1 << 20,
+        }
+    }
+}
+
+impl Config {
+    /// Parses and validates YAML text, then applies `PREFIX_ROUTER_POLICY`
+    /// from `env_policy` when given.
+    pub fn parse(yaml: &str, env_policy: Option<&str>) -> Result<Self, ConfigError> {
+        let mut cfg: Config = serde_yaml::from_str(yaml)?;
+        if let Some(p) = env_policy {
+            cfg.policy = serde_yaml::from_str(p).map_err(|_| {
+                invalid(
+                    POLICY_ENV,
+                    format!("`{p}` is not shape, roundrobin or affinity"),
+                )
+            })?;
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads a file (see [`Config::parse`]).
+    pub fn load(path: &Path, env_policy: Option<&str>) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text, env_policy)
+    }
+
+    /// Checks every field a typo could break; the error names the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (field, value) in [
+            ("listen", &self.listen),
+            ("metrics_listen", &self.metrics_listen),
+        ] {
+            value
+                .parse::<SocketAddr>()
+                .map_err(|e| invalid(field, format!("`{value}` is not IP:port ({e})")))?;
+        }
+        if self.max_body_bytes == 0 {
+            return Err(invalid("max_body_bytes", "must be positive"));
+        }
+        if !self.health_check.path.starts_with('/') {
+            return Err(invalid("health_check.path", "must start with /"));
+        }
+        for (field, v) in [
+            ("body_read_timeout_ms", self.body_read_timeout_ms),
+            ("health_check.interval_ms", self.health_check.interval_ms),
+            ("timeouts.connect_ms", self.timeouts.connect_ms),
+            ("timeouts.read_ms", self.timeouts.read_ms),
+            ("timeouts.write_ms", self.timeouts.write_ms),
+            ("reload_interval_ms", self.reload_interval_ms),
+        ] {
+            if v == 0 {
+                return Err(invalid(field, "must be positive"));
+            }
+        }
+        if !(1..=65_535).contains(&self.prefix_index.block_bytes) {
+            return Err(invalid("prefix_index.block_bytes", "must be 1..=65535"));
+        }
+        if self.prefix_index.max_entries == 0 {
+            return Err(invalid("prefix_index.max_entries", "must be positive"));
+        }
+        if self.threads == 0 {
+            return Err(invalid("threads", "must be positive"));
+        }
+        let (mut names, mut addrs) = (HashSet::new(), HashSet::new());
+        for (i, r) in self.replicas.iter().enumerate() {
+            let field = |f: &str| format!("replicas[{i}].{f}");
+            if r.name.is_empty()
+                || !r
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            {
+                return Err(invalid(
+                    field("name"),
+                    format!("`{}` must be non-empty [A-Za-z0-9._-]", r.name),
+                ));
+            }
+            if !names.insert(&r.name) {
+                return Err(invalid(
+                    field("name"),
+                    format!("`{}` is used twice", r.name),
+                ));
+            }
+            let addr: SocketAddr = r.addr.parse().map_err(|e| {
+                invalid(field("addr"), format!("`{}` is not IP:port ({e})", r.addr))
+            })?;
+            if !addrs.insert(addr) {
+                return Err(invalid(
+                    field("addr"),
+                    format!("`{}` is used twice", r.addr),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The policy's parameters.
+    pub fn policy_config(&self) -> PolicyConfig {
+        PolicyConfig {
+            mode: match self.policy {
+                PolicyName::Shape => Mode::Shape,
+                PolicyName::Roundrobin => Mode::RoundRobin,
+                PolicyName::Affinity => Mode::Affinity,
+            },
+            continuation: match self.continuation {
+                ContinuationName::ModelTurn => ContinuationRule::ModelTurn,
+                ContinuationName::MultiMessage => ContinuationRule::MultiMessage,
+            },
+            block_bytes: self.prefix_index.block_bytes,
+            max_entries: self.prefix_index.max_entries,
+            load_guard: self.load_guard_in_flight,
+        }
+    }
+}
+
+/// Milliseconds to a `Duration`.
+pub fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_and_examples_parse() {
+        let d = Config::parse(EMBEDDED_DEFAULT, None).expect("embedded default");
+        assert_eq!(d.replicas.len(), 2);
+        for entry in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/conf")).unwrap() {
+            let path = entry.unwrap().path();
+            Config::load(&path, None).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = Config::parse("listen: \"127.0.0.1:1\"\nlisten_port: 3\n", None).unwrap_err();
+        assert!(e.to_string().contains("listen_port"), "{e}");
+        let e = Config::parse("health_check:\n  interval: 3\n", None).unwrap_err();
+        assert!(e.to_string().contains("interval"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let cases = [
+            ("replicas:\n- {name: a, addr: nowhere}\n", "replicas[0].addr"),
+            ("replicas:\n- {name: a, addr: \"127.0.0.1:1\"}\n- {name: a, addr: \"127.0.0.1:2\"}\n", "replicas[1].name"),
+            ("prefix_index: {block_bytes: 0}\n", "prefix_index.block_bytes"),
+            ("metrics_listen: x\n", "metrics_listen"),
+        ];
+        for (yaml, field) in cases {
+            let e = Config::parse(yaml, None).unwrap_err().to_string();
+            assert!(e.contains(field), "{yaml}: {e}");
+        }
+    }
+
+    #[test]
+    fn environment_overrides_the_policy() {
+        let c = Config::parse("policy: shape\n", Some("affinity")).unwrap();
+        assert_eq!(c.policy_config().mode, Mode::Affinity);
+        let e = Config::parse("", Some("random")).unwrap_err().to_string();
+        assert!(e.contains(POLICY_ENV), "{e}");
+    }
+}

@@ -1,0 +1,150 @@
+//! Pingora's side of the replica set: service discovery from [`Replicas`],
+//! active HTTP health checks that feed each replica's liveness, and the
+//! `BackendSelection` that resolves a policy decision to Pingora's `Backend`.
+//!
+//! Pingora runs both loops as one background service (`LoadBalancer`), and
+//! rebuilds the selection when the set changes; policy state lives outside it.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora_core::Result;
+use pingora_load_balancing::discovery::ServiceDiscovery;
+use pingora_load_balancing::health_check::{HealthCheck, HttpHealthCheck};
+use pingora_load_balancing::selection::{BackendIter, BackendSelection};
+use pingora_load_balancing::{Backend, LoadBalancer};
+
+use crate::metrics::METRICS;
+use crate::replicas::Replicas;
+
+/// The load balancer type the router runs.
+pub type Fleet = LoadBalancer<PolicySelection>;
+
+/// Builds the background service: discovery every 200 ms (so reloads join fast)
+/// and a health check of every replica every `interval`.
+pub fn fleet(replicas: Arc<Replicas>, health_path: &str, interval: Duration) -> Result<Fleet> {
+    let backends =
+        pingora_load_balancing::Backends::new(Box::new(Discovery(Arc::clone(&replicas))));
+    let mut lb = LoadBalancer::from_backends(backends);
+    let mut http = HttpHealthCheck::new("localhost", false);
+    http.req.set_uri(
+        health_path
+            .parse()
+            .map_err(|_| pingora_core::Error::new_str("invalid health_check.path"))?,
+    );
+    http.peer_template.options.connection_timeout = Some(Duration::from_secs(1));
+    http.peer_template.options.read_timeout = Some(Duration::from_secs(2));
+    lb.set_health_check(Box::new(ReplicaHealth { http, replicas }));
+    lb.health_check_frequency = Some(interval);
+    lb.update_frequency = Some(Duration::from_millis(200));
+    lb.parallel_health_check = true;
+    Ok(lb)
+}
+
+/// Discovery: the current replica set.
+struct Discovery(Arc<Replicas>);
+
+#[async_trait]
+impl ServiceDiscovery for Discovery {
+    async fn discover(&self) -> Result<(BTreeSet<Backend>, HashMap<u64, bool>)> {
+        let set = self
+            .0
+            .snapshot()
+            .iter()
+            .map(|r| Backend {
+                addr: pingora_core::protocols::l4::socket::SocketAddr::Inet(r.addr),
+                weight: 1,
+                ext: Default::default(),
+            })
+            .collect();
+        Ok((set, HashMap::new()))
+    }
+}
+
+/// Pingora's HTTP check, whose every result also updates the replica's own
+/// liveness: a new replica is live only after a pass (Pingora starts new
+/// backends healthy), and a pass ends an ejection made on the request path.
+struct ReplicaHealth {
+    http: HttpHealthCheck,
+    replicas: Arc<Replicas>,
+}
+
+#[async_trait]
+impl HealthCheck for ReplicaHealth {
+    async fn check(&self, target: &Backend) -> Result<()> {
+        let result = self.http.check(target).await;
+        if let Some(r) = target.addr.as_inet().and_then(|a| self.replicas.by_addr(a)) {
+            if r.on_check(result.is_ok()) {
+                log::info!(
+                    "replica {} is {} (health check{})",
+                    r.name,
+                    if r.live() { "up" } else { "down" },
+                    result
+                        .as_ref()
+                        .err()
+                        .map(|e| format!(": {e}"))
+                        .unwrap_or_default()
+                );
+            }
+            METRICS
+                .replica_up
+                .with_label_values(&[&r.name])
+                .set(i64::from(r.live()));
+        }
+        result
+    }
+
+    fn health_threshold(&self, success: bool) -> usize {
+        self.http.health_threshold(success)
+    }
+}
+
+/// Resolves the policy's decision (the key is the replica's `IP:port`) to the
+/// Pingora backend, so `select_with` applies Pingora's membership and health
+/// to it: a replica just removed by reload is never returned.
+pub struct PolicySelection {
+    by_addr: HashMap<String, Backend>,
+}
+
+impl BackendSelection for PolicySelection {
+    type Iter = Once;
+    type Config = ();
+
+    fn build(backends: &BTreeSet<Backend>) -> Self {
+        Self {
+            by_addr: backends
+                .iter()
+                .map(|b| (b.addr.to_string(), b.clone()))
+                .collect(),
+        }
+    }
+
+    fn iter(self: &Arc<Self>, key: &[u8]) -> Once {
+        let found = std::str::from_utf8(key)
+            .ok()
+            .and_then(|k| self.by_addr.get(k))
+            .cloned();
+        Once {
+            backend: found,
+            taken: false,
+        }
+    }
+}
+
+/// Yields the chosen backend once.
+pub struct Once {
+    backend: Option<Backend>,
+    taken: bool,
+}
+
+impl BackendIter for Once {
+    fn next(&mut self) -> Option<&Backend> {
+        if std::mem::replace(&mut self.taken, true) {
+            None
+        } else {
+            self.backend.as_ref()
+        }
+    }
+}

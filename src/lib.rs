@@ -1,0 +1,21 @@
+//! prefix-router: a Pingora load balancer for single-GPU LLM replicas that pins a
+//! conversation's continuations to the replica holding its prefix in KV cache and
+//! spreads everything else with a counter.
+//!
+//! - [`policy`]: the pure routing rule (shape, prefix index, counter, load guard).
+//! - [`request`]: request body -> canonical prompt text and shape signals.
+//! - [`config`]: the YAML file; [`reload`]: hot reload of its replica list.
+//! - [`replicas`]: the live set; [`fleet`]: Pingora discovery, health checks, selection.
+//! - [`proxy`]: the Pingora `ProxyHttp`; [`errors`]: OpenAI-style error bodies;
+//!   [`metrics`]: every Prometheus metric.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod errors;
+pub mod fleet;
+pub mod metrics;
+pub mod policy;
+pub mod proxy;
+pub mod reload;
+pub mod replicas;
+pub mod request;

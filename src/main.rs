@@ -1,0 +1,97 @@
+//! The router binary: CLI -> config -> Pingora server -> services. No logic.
+//!   cargo run --release --bin prefix-router -- --config conf/example.yaml
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use clap::Parser;
+use pingora_core::server::configuration::ServerConf;
+use pingora_core::server::Server;
+use pingora_core::services::background::background_service;
+
+use prefix_router::config::{Config, EMBEDDED_DEFAULT, POLICY_ENV};
+use prefix_router::fleet::fleet;
+use prefix_router::metrics::METRICS;
+use prefix_router::policy::Policy;
+use prefix_router::proxy::{Router, Settings};
+use prefix_router::reload::Reloader;
+use prefix_router::replicas::Replicas;
+
+/// A load balancer for LLM replicas that routes by request shape.
+#[derive(Parser)]
+#[command(version)]
+struct Cli {
+    /// YAML config (hot-reloaded). Without it: the embedded default, two
+    /// replicas on 127.0.0.1:8001 and :8002 (see README).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+fn main() -> anyhow::Result<()> {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let cli = Cli::parse();
+    let env_policy = std::env::var(POLICY_ENV).ok();
+    let cfg = match &cli.config {
+        Some(path) => Config::load(path, env_policy.as_deref())
+            .with_context(|| format!("config {}", path.display()))?,
+        None => {
+            Config::parse(EMBEDDED_DEFAULT, env_policy.as_deref()).context("embedded default")?
+        }
+    };
+    log::info!(
+        "prefix-router: listen {} metrics {} policy {:?} replicas [{}]",
+        cfg.listen,
+        cfg.metrics_listen,
+        cfg.policy,
+        cfg.replicas
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+
+    let conf = ServerConf {
+        threads: cfg.threads,
+        grace_period_seconds: Some(1),
+        graceful_shutdown_timeout_seconds: Some(30),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+
+    let replicas = Arc::new(Replicas::new(&cfg.replicas));
+    METRICS.init();
+    for r in replicas.snapshot().iter() {
+        METRICS.add_replica(r);
+    }
+    let policy = Arc::new(Mutex::new(Policy::new(cfg.policy_config())));
+    let fleet_service = background_service(
+        "replicas",
+        fleet(
+            Arc::clone(&replicas),
+            &cfg.health_check.path,
+            prefix_router::config::ms(cfg.health_check.interval_ms),
+        )
+        .context("health check")?,
+    );
+    let router = Router {
+        settings: Settings::from_config(&cfg),
+        policy: Arc::clone(&policy),
+        replicas: Arc::clone(&replicas),
+        fleet: fleet_service.task(),
+    };
+    let mut proxy = pingora_proxy::http_proxy_service(&server.configuration, router);
+    proxy.add_tcp(&cfg.listen);
+    let mut metrics = pingora_prometheus::prometheus_http_service();
+    metrics.add_tcp(&cfg.metrics_listen);
+
+    if let Some(path) = cli.config {
+        let reloader = Reloader::new(path, cfg, env_policy, replicas, policy);
+        server.add_service(background_service("reload", reloader));
+    }
+    server.add_service(fleet_service);
+    server.add_service(proxy);
+    server.add_service(metrics);
+    server.run_forever()
+}

@@ -1,0 +1,154 @@
+//! Every Prometheus metric the router exports, declared once in the default
+//! registry that `pingora-prometheus` serves on `metrics_listen`.
+//! Label values come from config (replica names) or enums, never from requests.
+
+use once_cell::sync::Lazy;
+use prometheus::{
+    register_histogram, register_int_counter, register_int_counter_vec, register_int_gauge,
+    register_int_gauge_vec, Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+};
+
+use crate::policy::{Reason, Shape};
+
+/// The router's metric handles.
+pub struct Metrics {
+    /// Routed requests by replica, decision reason and shape.
+    pub requests: IntCounterVec,
+    /// Connection failures that moved a request to another replica, by failed replica.
+    pub failovers: IntCounterVec,
+    /// 1 when the replica is live (health check passing, not ejected).
+    pub replica_up: IntGaugeVec,
+    /// Requests in flight per replica.
+    pub in_flight: IntGaugeVec,
+    /// Declared KV capacity per replica, tokens.
+    pub kv_tokens: IntGaugeVec,
+    /// Errors the router itself answered, by kind.
+    pub errors: IntCounterVec,
+    /// Config reloads by result (`ok`, `error`).
+    pub reloads: IntCounterVec,
+    /// Entries and heap bytes of the prefix index.
+    pub index_entries: IntGauge,
+    pub index_bytes: IntGauge,
+    /// Time from request start to the replica's response header.
+    pub upstream_header_seconds: Histogram,
+    /// Requests that arrived with no live replica at all.
+    pub no_replica: IntCounter,
+}
+
+/// The process-wide metrics.
+pub static METRICS: Lazy<Metrics> = Lazy::new(|| Metrics {
+    requests: register_int_counter_vec!(
+        "prefix_router_requests_total",
+        "Requests routed, by replica, decision and shape",
+        &["replica", "decision", "shape"]
+    )
+    .expect("register"),
+    failovers: register_int_counter_vec!(
+        "prefix_router_failovers_total",
+        "Connection failures to a replica that were retried on another",
+        &["replica"]
+    )
+    .expect("register"),
+    replica_up: register_int_gauge_vec!(
+        "prefix_router_replica_up",
+        "1 when the replica's health check passes and it is not ejected",
+        &["replica"]
+    )
+    .expect("register"),
+    in_flight: register_int_gauge_vec!(
+        "prefix_router_in_flight_requests",
+        "Requests in flight per replica",
+        &["replica"]
+    )
+    .expect("register"),
+    kv_tokens: register_int_gauge_vec!(
+        "prefix_router_replica_kv_capacity_tokens",
+        "Declared KV cache capacity per replica (config kv_tokens)",
+        &["replica"]
+    )
+    .expect("register"),
+    errors: register_int_counter_vec!(
+        "prefix_router_errors_total",
+        "Errors answered by the router, by kind",
+        &["kind"]
+    )
+    .expect("register"),
+    reloads: register_int_counter_vec!(
+        "prefix_router_config_reloads_total",
+        "Config file reloads, by result",
+        &["result"]
+    )
+    .expect("register"),
+    index_entries: register_int_gauge!(
+        "prefix_router_prefix_index_entries",
+        "Entries in the prefix index"
+    )
+    .expect("register"),
+    index_bytes: register_int_gauge!(
+        "prefix_router_prefix_index_bytes",
+        "Heap bytes of the prefix index"
+    )
+    .expect("register"),
+    upstream_header_seconds: register_histogram!(
+        "prefix_router_upstream_header_seconds",
+        "Time from request arrival to the replica's response header (TTFB incl. body read)",
+        vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
+    )
+    .expect("register"),
+    no_replica: register_int_counter!(
+        "prefix_router_no_replica_total",
+        "Requests answered 503 because no replica was live"
+    )
+    .expect("register"),
+});
+
+impl Metrics {
+    /// Creates every label-free series and the error and reload series at 0,
+    /// so dashboards and alerts see them before the first event.
+    pub fn init(&self) {
+        for kind in crate::errors::RouterError::CODES {
+            self.errors.with_label_values(&[kind]);
+        }
+        for result in ["ok", "error"] {
+            self.reloads.with_label_values(&[result]);
+        }
+    }
+
+    /// Creates a replica's series at their current values (0 for counters).
+    pub fn add_replica(&self, replica: &crate::replicas::Replica) {
+        let name = replica.name.as_str();
+        self.replica_up
+            .with_label_values(&[name])
+            .set(i64::from(replica.live()));
+        self.in_flight
+            .with_label_values(&[name])
+            .set(i64::from(replica.in_flight()));
+        self.kv_tokens
+            .with_label_values(&[name])
+            .set(replica.kv_tokens().unwrap_or(0) as i64);
+        self.failovers.with_label_values(&[name]);
+        for reason in Reason::ALL {
+            if reason != Reason::NoReplica {
+                for shape in [Shape::Continuation, Shape::Single] {
+                    self.requests
+                        .with_label_values(&[name, reason.as_str(), shape.as_str()]);
+                }
+            }
+        }
+    }
+
+    /// Counts one routed request.
+    pub fn routed(&self, replica: &str, reason: Reason, shape: Shape) {
+        self.requests
+            .with_label_values(&[replica, reason.as_str(), shape.as_str()])
+            .inc();
+    }
+
+    /// Drops the gauges of a replica that left the set (its counters stay, as
+    /// Prometheus counters should).
+    pub fn forget_replica(&self, replica: &str) {
+        for g in [&self.replica_up, &self.in_flight, &self.kv_tokens] {
+            let _ = g.remove_label_values(&[replica]);
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! The prefix index: prefix hash -> the replica that most recently served it,
+//! capped in entries with least-recently-used eviction, O(1) per operation.
+//!
+//! Entries live in a slab threaded by a doubly linked recency list; the map
+//! from hash to slot uses the hash itself (keys are already xxh3 outputs).
+//! Cost per entry: a 32-byte slot plus a 17-byte hash-map bucket at the
+//! table's load factor; `heap_bytes` reports it and `docs/performance.md` the
+//! measured cost per tracked conversation.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+const NIL: u32 = u32::MAX;
+/// Marks an unused tail-length slot; tail lengths are below the block size (< 65535).
+const NO_TAIL: u16 = u16::MAX;
+/// Tail lengths remembered per block: prompts that ended inside the next block.
+pub(crate) const TAILS: usize = 4;
+
+/// What the index knows of one prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry {
+    /// The replica that served this prefix most recently.
+    pub replica: u32,
+    /// Lengths past this block at which recorded prompts ended, newest first.
+    tails: [u16; TAILS],
+}
+
+impl Entry {
+    fn new(replica: u32) -> Self {
+        Self {
+            replica,
+            tails: [NO_TAIL; TAILS],
+        }
+    }
+
+    /// Tail lengths recorded after this block, newest first.
+    pub fn tails(&self) -> impl Iterator<Item = usize> + '_ {
+        self.tails
+            .iter()
+            .take_while(|t| **t != NO_TAIL)
+            .map(|t| *t as usize)
+    }
+
+    /// Remembers that a prompt ended `len` bytes past this block.
+    pub fn add_tail(&mut self, len: u16) {
+        let pos = self.tails.iter().position(|t| *t == len || *t == NO_TAIL);
+        let end = pos.unwrap_or(TAILS - 1);
+        self.tails.copy_within(0..end, 1);
+        self.tails[0] = len;
+    }
+}
+
+#[derive(Debug)]
+struct Slot {
+    key: u64,
+    entry: Entry,
+    prev: u32,
+    next: u32,
+}
+
+/// Keys are uniformly distributed hashes already: use them as their own hash.
+#[derive(Default)]
+struct Identity(u64);
+
+impl Hasher for Identity {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// A capped LRU map from prefix hash to [`Entry`].
+#[derive(Debug)]
+pub(crate) struct PrefixIndex {
+    map: HashMap<u64, u32, BuildHasherDefault<Identity>>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// Most recently used.
+    head: u32,
+    /// Least recently used: evicted first.
+    tail: u32,
+    cap: usize,
+}
+
+impl PrefixIndex {
+    /// An empty index holding at most `cap` entries (at least 1).
+    pub fn new(cap: usize) -> Self {
+        Self {
+            map: HashMap::default(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            cap: cap.max(1),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Heap bytes held: slab slots plus hash-map buckets (key, slot, control byte).
+    pub fn heap_bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<Slot>()
+            + self.map.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
+            + self.free.capacity() * std::mem::size_of::<u32>()
+    }
+
+    /// Looks a prefix up without changing its recency.
+    pub fn get(&self, key: u64) -> Option<&Entry> {
+        self.map.get(&key).map(|s| &self.slots[*s as usize].entry)
+    }
+
+    /// Makes `key` the most recent entry, served by `replica`, evicting the
+    /// least recent entry when the cap is exceeded. Returns the entry.
+    pub fn upsert(&mut self, key: u64, replica: u32) -> &mut Entry {
+        let slot = match self.map.get(&key) {
+            Some(s) => {
+                let s = *s;
+                self.unlink(s);
+                self.slots[s as usize].entry.replica = replica;
+                s
+            }
+            None => {
+                if self.map.len() >= self.cap {
+                    self.evict_lru();
+                }
+                let slot = Slot {
+                    key,
+                    entry: Entry::new(replica),
+                    prev: NIL,
+                    next: NIL,
+                };
+                let s = match self.free.pop() {
+                    Some(s) => {
+                        self.slots[s as usize] = slot;
+                        s
+                    }
+                    None => {
+                        self.slots.push(slot);
+                        (self.slots.len() - 1) as u32
+                    }
+                };
+                self.map.insert(key, s);
+                s
+            }
+        };
+        self.push_front(slot);
+        &mut self.slots[slot as usize].entry
+    }
+
+    /// Drops every entry served by `replica` (it left the replica set).
+    pub fn forget_replica(&mut self, replica: u32) {
+        let doomed: Vec<u32> = self
+            .map
+            .values()
+            .copied()
+            .filter(|s| self.slots[*s as usize].entry.replica == replica)
+            .collect();
+        for s in doomed {
+            self.remove(s);
+        }
+    }
+
+    fn evict_lru(&mut self) {
+        if self.tail != NIL {
+            self.remove(self.tail);
+        }
+    }
+
+    fn remove(&mut self, s: u32) {
+        self.unlink(s);
+        self.map.remove(&self.slots[s as usize].key);
+        self.free.push(s);
+    }
+
+    fn unlink(&mut self, s: u32) {
+        let (prev, next) = {
+            let slot = &self.slots[s as usize];
+            (slot.prev, slot.next)
+        };
+        match prev {
+            NIL => self.head = next,
+            p => self.slots[p as usize].next = next,
+        }
+        match next {
+            NIL => self.tail = prev,
+            n => self.slots[n as usize].prev = prev,
+        }
+    }
+
+    fn push_front(&mut self, s: u32) {
+        let old = self.head;
+        {
+            let slot = &mut self.slots[s as usize];
+            slot.prev = NIL;
+            slot.next = old;
+        }
+        match old {
+            NIL => self.tail = s,
+            o => self.slots[o as usize].prev = s,
+        }
+        self.head = s;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn least_recently_used_entry_is_evicted_first() {
+        let mut idx = PrefixIndex::new(2);
+        idx.upsert(1, 0);
+        idx.upsert(2, 0);
+        idx.upsert(1, 0); // touch 1: 2 is now the oldest
+        idx.upsert(3, 0);
+        assert_eq!(idx.len(), 2);
+        assert!(idx.get(1).is_some());
+        assert!(idx.get(2).is_none());
+        assert!(idx.get(3).is_some());
+    }
+
+    #[test]
+    fn upsert_moves_the_prefix_to_the_new_replica() {
+        let mut idx = PrefixIndex::new(8);
+        idx.upsert(7, 0);
+        idx.upsert(7, 1);
+        assert_eq!(idx.get(7).map(|e| e.replica), Some(1));
+        assert_eq!(idx.len(), 1);
+    }
+
+    #[test]
+    fn forgetting_a_replica_drops_only_its_entries() {
+        let mut idx = PrefixIndex::new(8);
+        idx.upsert(1, 0);
+        idx.upsert(2, 1);
+        idx.upsert(3, 0);
+        idx.forget_replica(0);
+        assert_eq!(idx.len(), 1);
+        assert!(idx.get(2).is_some());
+        // Freed slots are reused and the recency list stays consistent.
+        for k in 10..20 {
+            idx.upsert(k, 1);
+        }
+        assert_eq!(idx.len(), 8);
+    }
+
+    #[test]
+    fn tails_keep_the_newest_distinct_lengths() {
+        let mut e = Entry::new(0);
+        for t in [5, 6, 5, 7, 8, 9] {
+            e.add_tail(t);
+        }
+        assert_eq!(e.tails().collect::<Vec<_>>(), vec![9, 8, 7, 5]);
+    }
+}

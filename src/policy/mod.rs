@@ -1,0 +1,439 @@
+//! The routing policy, pure: request shape and prefix in, replica out.
+//!
+//! ```text
+//! RULE (mode `shape`, the default)
+//!   shape   = continuation  if an explicit key is given (prompt_cache_key, x-session-id)
+//!                           or the prompt extends a prompt routed before (its exact end matches)
+//!                           or the continuation rule holds:
+//!                             model_turn     (default) an assistant / tool / function turn is present
+//!                             multi_message  (the seed's literal rule) more than one message
+//!             = single      otherwise
+//!   single        -> counter over live replicas                          reason `spread`
+//!   continuation  -> known explicit key on a live replica                reason `key`
+//!                 -> else the live replica holding the longest prefix    reason `pin`
+//!                    (`fallback` when a longer match sat on a down replica)
+//!                 -> else counter                                        reason `spread`
+//!   load guard    (off by default) a prefix placement whose replica has more than
+//!                 `load_guard` requests in flight above the least-loaded live replica
+//!                 moves to the next-best live cached replica         reason `guard`
+//! MODES
+//!   roundrobin    counter for everything
+//!   affinity      everything by prefix: longest live match, else a rendezvous
+//!                 hash of the first block over live replicas             reason `hash`
+//! PARAMETERS      PolicyConfig: mode, continuation, block_bytes, max_entries, load_guard
+//! STATE           the prefix index (capped LRU) and the counter; every placement is
+//!                 recorded, so a failover's re-placement moves the pin with it.
+//! ```
+//!
+//! No I/O, no clock, no threads: replica liveness and load are passed in.
+
+mod index;
+mod prefix;
+
+pub use prefix::PrefixChain;
+
+use index::PrefixIndex;
+use prefix::explicit_key_hash;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Which rule places requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Pin continuations, spread singles (the product's rule).
+    Shape,
+    /// Counter for everything (comparison arm).
+    RoundRobin,
+    /// Prefix for everything (comparison arm).
+    Affinity,
+}
+
+/// Which requests count as continuations on their own (without a prefix match).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContinuationRule {
+    /// An earlier model turn is present: an assistant message or a tool result.
+    ModelTurn,
+    /// More than one message (the seed's literal rule; pins shared-system-prompt one-shots).
+    MultiMessage,
+}
+
+/// Policy parameters; defaults live in the config module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicyConfig {
+    pub mode: Mode,
+    pub continuation: ContinuationRule,
+    /// Block size of the prefix hash chain, 1..=65535 bytes.
+    pub block_bytes: usize,
+    /// Cap on prefix index entries (blocks plus prompt ends plus explicit keys).
+    pub max_entries: usize,
+    /// In-flight excess over the least-loaded live replica that moves a pinned
+    /// request to its next-best cached replica; `None` disables the guard.
+    pub load_guard: Option<u32>,
+}
+
+/// A replica as the policy sees it; the id is stable across reloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ReplicaId(pub u32);
+
+/// Liveness and load of one replica at decision time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaState {
+    pub id: ReplicaId,
+    pub live: bool,
+    pub in_flight: u32,
+}
+
+/// What the policy needs of a request: its prefix chain and shape signals.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub chain: PrefixChain,
+    /// An assistant / tool / function turn is present.
+    pub model_turn: bool,
+    /// Number of messages (1 for a completions prompt).
+    pub messages: usize,
+    /// Explicit conversation key (`prompt_cache_key`, then `x-session-id`).
+    pub key: Option<String>,
+}
+
+/// The request's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    Continuation,
+    Single,
+}
+
+/// Why a replica was chosen; `as_str` is the header and metric label value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The live replica holding the longest matching prefix.
+    Pin,
+    /// The counter (singles, unmatched continuations, roundrobin mode).
+    Spread,
+    /// The replica that served this explicit conversation key.
+    Key,
+    /// The replica holding a longer prefix is down; placed on the best live one.
+    Fallback,
+    /// The load guard moved the request off an overloaded cached replica.
+    Guard,
+    /// Affinity mode with no match: a hash of the first block.
+    Hash,
+    /// No replica is live.
+    NoReplica,
+}
+
+impl Reason {
+    /// Every reason, for pre-registering metric labels.
+    pub const ALL: [Reason; 7] = [
+        Reason::Pin,
+        Reason::Spread,
+        Reason::Key,
+        Reason::Fallback,
+        Reason::Guard,
+        Reason::Hash,
+        Reason::NoReplica,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Pin => "pin",
+            Reason::Spread => "spread",
+            Reason::Key => "key",
+            Reason::Fallback => "fallback",
+            Reason::Guard => "guard",
+            Reason::Hash => "hash",
+            Reason::NoReplica => "none",
+        }
+    }
+}
+
+impl Shape {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Shape::Continuation => "continuation",
+            Shape::Single => "single",
+        }
+    }
+}
+
+/// One placement and its explanation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// `None` when no replica is live.
+    pub replica: Option<ReplicaId>,
+    pub shape: Shape,
+    pub reason: Reason,
+    /// Bytes of canonical prompt already seen on the chosen replica.
+    pub matched_bytes: usize,
+}
+
+/// A prefix the index knows: where it ends and who served it.
+#[derive(Debug, Clone, Copy)]
+struct Match {
+    pos: usize,
+    replica: ReplicaId,
+    /// An exact earlier prompt end (not only a shared block).
+    end: bool,
+}
+
+/// The routing state: prefix index and counter.
+#[derive(Debug)]
+pub struct Policy {
+    cfg: PolicyConfig,
+    index: PrefixIndex,
+    counter: u64,
+}
+
+impl Policy {
+    pub fn new(cfg: PolicyConfig) -> Self {
+        let cfg = PolicyConfig {
+            block_bytes: cfg.block_bytes.clamp(1, u16::MAX as usize),
+            ..cfg
+        };
+        Self {
+            index: PrefixIndex::new(cfg.max_entries),
+            cfg,
+            counter: 0,
+        }
+    }
+
+    pub fn config(&self) -> &PolicyConfig {
+        &self.cfg
+    }
+
+    /// Hashes a prompt with this policy's block size (pure; call it outside any lock).
+    pub fn chain(&self, text: Vec<u8>, message_ends: Vec<usize>) -> PrefixChain {
+        PrefixChain::new(text, message_ends, self.cfg.block_bytes)
+    }
+
+    /// Entries in the prefix index.
+    pub fn tracked_entries(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Heap bytes held by the prefix index.
+    pub fn index_bytes(&self) -> usize {
+        self.index.heap_bytes()
+    }
+
+    /// Places a request that has no prompt (other paths, unparsable bodies): the counter.
+    pub fn spread(&mut self, replicas: &[ReplicaState]) -> Decision {
+        let live = live_sorted(replicas);
+        Decision {
+            replica: self.count(&live),
+            shape: Shape::Single,
+            reason: reason_or_none(&live, Reason::Spread),
+            matched_bytes: 0,
+        }
+    }
+
+    /// Places a request and records the placement (so later turns, and a
+    /// re-placement after failover, see it).
+    pub fn place(&mut self, req: &Request, replicas: &[ReplicaState]) -> Decision {
+        let live = live_sorted(replicas);
+        if req.chain.is_empty() && req.key.is_none() {
+            return self.spread(replicas);
+        }
+        if self.cfg.mode == Mode::RoundRobin {
+            let shape = self.shape_of(req, false);
+            return Decision {
+                shape,
+                ..self.spread(replicas)
+            };
+        }
+        let matches = self.matches(&req.chain);
+        let shape = self.shape_of(req, matches.iter().any(|m| m.end));
+        let key = req.key.as_deref().map(explicit_key_hash);
+        let mut d = Decision {
+            replica: None,
+            shape,
+            reason: Reason::NoReplica,
+            matched_bytes: 0,
+        };
+        if live.is_empty() {
+            return d;
+        }
+        let keyed = key
+            .and_then(|k| self.index.get(k))
+            .map(|e| ReplicaId(e.replica));
+        if let Some(r) = keyed.filter(|r| live.iter().any(|s| s.id == *r)) {
+            d.replica = Some(r);
+            d.reason = Reason::Key;
+            d.matched_bytes = longest_on(&matches, r);
+        } else if shape == Shape::Continuation || self.cfg.mode == Mode::Affinity {
+            self.by_prefix(req.chain.head_hash(), &matches, &live, &mut d);
+            if keyed.is_some() {
+                d.reason = Reason::Fallback;
+            }
+        } else {
+            d.replica = self.count(&live);
+            d.reason = Reason::Spread;
+        }
+        if let Some(r) = d.replica {
+            self.record(&req.chain, key, r);
+        }
+        d
+    }
+
+    /// Drops everything the index holds for a replica that left the set.
+    pub fn forget_replica(&mut self, id: ReplicaId) {
+        self.index.forget_replica(id.0);
+    }
+
+    fn shape_of(&self, req: &Request, extends: bool) -> Shape {
+        let rule = match self.cfg.continuation {
+            ContinuationRule::ModelTurn => req.model_turn,
+            ContinuationRule::MultiMessage => req.messages > 1,
+        };
+        if rule || extends || req.key.is_some() {
+            Shape::Continuation
+        } else {
+            Shape::Single
+        }
+    }
+
+    /// Prefix placement: the longest live match (guarded), else the counter
+    /// (`shape`) or a rendezvous hash (`affinity`).
+    fn by_prefix(&mut self, head: u64, matches: &[Match], live: &[ReplicaState], d: &mut Decision) {
+        let first_live = matches
+            .iter()
+            .position(|m| live.iter().any(|s| s.id == m.replica));
+        let Some(i) = first_live else {
+            if self.cfg.mode == Mode::Affinity {
+                d.replica = rendezvous(head, live);
+                d.reason = Reason::Hash;
+            } else {
+                d.replica = self.count(live);
+                d.reason = Reason::Spread;
+            }
+            if !matches.is_empty() {
+                d.reason = Reason::Fallback;
+            }
+            return;
+        };
+        let mut chosen = matches[i];
+        d.reason = if i == 0 {
+            Reason::Pin
+        } else {
+            Reason::Fallback
+        };
+        if let Some(limit) = self.cfg.load_guard {
+            let load = |r: ReplicaId| live.iter().find(|s| s.id == r).map_or(0, |s| s.in_flight);
+            let floor = live.iter().map(|s| s.in_flight).min().unwrap_or(0);
+            let over = |r: ReplicaId| load(r) > floor.saturating_add(limit);
+            if over(chosen.replica) {
+                let next = matches[i..].iter().find(|m| {
+                    m.replica != chosen.replica
+                        && live.iter().any(|s| s.id == m.replica)
+                        && !over(m.replica)
+                });
+                if let Some(m) = next {
+                    chosen = *m;
+                    d.reason = Reason::Guard;
+                }
+            }
+        }
+        d.replica = Some(chosen.replica);
+        d.matched_bytes = chosen.pos;
+    }
+
+    /// Every known prefix of this prompt, longest first.
+    fn matches(&self, chain: &PrefixChain) -> Vec<Match> {
+        let b = chain.block_bytes;
+        let mut out = Vec::new();
+        let mut depth = 0;
+        while let Some(e) = chain.blocks.get(depth).and_then(|h| self.index.get(*h)) {
+            depth += 1;
+            out.push(Match {
+                pos: depth * b,
+                replica: ReplicaId(e.replica),
+                end: false,
+            });
+        }
+        // An earlier prompt that this one extends ended past the deepest
+        // matching block and before the next block boundary.
+        let base = depth * b;
+        let upto = (base + b - 1).min(chain.len());
+        let tails = self
+            .index
+            .get(chain.block_hash(depth))
+            .map(|e| e.tails().map(|t| base + t).collect::<Vec<_>>())
+            .unwrap_or_default();
+        let mut ends: Vec<usize> = chain
+            .message_ends
+            .iter()
+            .copied()
+            .chain(std::iter::once(chain.len()))
+            .chain(tails)
+            .filter(|p| *p > 0 && *p >= base && *p <= upto)
+            .collect();
+        ends.sort_unstable();
+        ends.dedup();
+        for pos in ends {
+            if let Some(e) = self.index.get(chain.end_hash(pos)) {
+                out.push(Match {
+                    pos,
+                    replica: ReplicaId(e.replica),
+                    end: true,
+                });
+            }
+        }
+        out.sort_by_key(|m| std::cmp::Reverse(m.pos));
+        out
+    }
+
+    /// Records that `replica` now holds this prompt's prefix. The end key goes in
+    /// first and block 1 last, so LRU eviction trims a conversation from its tail.
+    fn record(&mut self, chain: &PrefixChain, key: Option<u64>, replica: ReplicaId) {
+        let r = replica.0;
+        if let Some(k) = key {
+            self.index.upsert(k, r);
+        }
+        if chain.is_empty() {
+            return;
+        }
+        let n = chain.blocks.len();
+        let tail = (chain.len() - n * chain.block_bytes) as u16;
+        self.index.upsert(chain.end_hash(chain.len()), r);
+        self.index.upsert(chain.block_hash(n), r).add_tail(tail);
+        for h in chain.blocks[..n.saturating_sub(1)].iter().rev() {
+            self.index.upsert(*h, r);
+        }
+    }
+
+    fn count(&mut self, live: &[ReplicaState]) -> Option<ReplicaId> {
+        if live.is_empty() {
+            return None;
+        }
+        let i = (self.counter % live.len() as u64) as usize;
+        self.counter = self.counter.wrapping_add(1);
+        Some(live[i].id)
+    }
+}
+
+fn live_sorted(replicas: &[ReplicaState]) -> Vec<ReplicaState> {
+    let mut live: Vec<ReplicaState> = replicas.iter().filter(|r| r.live).copied().collect();
+    live.sort_by_key(|r| r.id);
+    live
+}
+
+fn reason_or_none(live: &[ReplicaState], reason: Reason) -> Reason {
+    if live.is_empty() {
+        Reason::NoReplica
+    } else {
+        reason
+    }
+}
+
+fn longest_on(matches: &[Match], r: ReplicaId) -> usize {
+    matches.iter().find(|m| m.replica == r).map_or(0, |m| m.pos)
+}
+
+/// Highest-random-weight choice: stable per key, and only the keys of a
+/// replica that leaves move.
+fn rendezvous(key: u64, live: &[ReplicaState]) -> Option<ReplicaId> {
+    live.iter()
+        .max_by_key(|s| xxh3_64_with_seed(&s.id.0.to_le_bytes(), key))
+        .map(|s| s.id)
+}
+
+#[cfg(test)]
+mod tests;

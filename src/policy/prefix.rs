@@ -1,0 +1,134 @@
+//! Prefix identity: a chain of hashes over fixed-size blocks of a prompt's canonical text.
+//!
+//! ```text
+//! H_0      = SEED                                  (the empty prefix)
+//! H_{k+1}  = xxh3(text[kB .. (k+1)B], seed = H_k)   one per full block of B bytes
+//! End(p)   = xxh3(text[kB .. p], seed = H_k ^ END)  the prefix ending exactly at p, k = p / B
+//! ```
+//!
+//! `H_k` identifies the first `k` blocks, so two prompts that share their first
+//! `kB` bytes share `H_1..H_k` whatever follows — the longest matching prefix is
+//! found by walking the chain. A prompt rarely ends on a block boundary, so its
+//! exact end gets its own key `End(len)`; a later prompt finds it by testing its
+//! own message ends and the tail lengths recorded at its deepest matching block.
+//! A prompt shorter than one block therefore still has an identity (`End(len)`
+//! seeded by `H_0`), which is what the seed's "first N KiB" hash lacked.
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Hash of the empty prefix, `H_0`.
+pub(crate) const SEED: u64 = 0x7072_6566_6978_2d72; // "prefix-r"
+const END: u64 = 0x656e_645f_6f66_5f70; // "end_of_p"
+const KEY: u64 = 0x6578_706c_6963_6974; // "explicit"
+
+/// The hash chain of one prompt, computed once per request outside any lock.
+#[derive(Debug, Clone)]
+pub struct PrefixChain {
+    pub(crate) block_bytes: usize,
+    /// The canonical text, kept to hash candidate ends at lookup time.
+    pub(crate) text: Vec<u8>,
+    /// `H_1..H_n`, one per full block.
+    pub(crate) blocks: Vec<u64>,
+    /// Byte offsets where a message ends (candidate ends of an earlier prompt).
+    pub(crate) message_ends: Vec<usize>,
+}
+
+impl PrefixChain {
+    /// Hashes `text` in blocks of `block_bytes` (at least 1).
+    /// `message_ends` are the offsets where a message of the prompt ends.
+    pub fn new(text: Vec<u8>, message_ends: Vec<usize>, block_bytes: usize) -> Self {
+        let block_bytes = block_bytes.max(1);
+        let mut blocks = Vec::with_capacity(text.len() / block_bytes);
+        let mut h = SEED;
+        for block in text.chunks_exact(block_bytes) {
+            h = xxh3_64_with_seed(block, h);
+            blocks.push(h);
+        }
+        Self {
+            block_bytes,
+            text,
+            blocks,
+            message_ends,
+        }
+    }
+
+    /// Length of the canonical text in bytes.
+    pub fn len(&self) -> usize {
+        self.text.len()
+    }
+
+    /// Whether the prompt is empty (it then has no identity worth recording).
+    pub fn is_empty(&self) -> bool {
+        self.text.is_empty()
+    }
+
+    /// `H_k` for `k` full blocks (`H_0` is the seed).
+    pub(crate) fn block_hash(&self, k: usize) -> u64 {
+        if k == 0 {
+            SEED
+        } else {
+            self.blocks[k - 1]
+        }
+    }
+
+    /// `End(pos)`: the key of the prefix that ends exactly at `pos`.
+    pub(crate) fn end_hash(&self, pos: usize) -> u64 {
+        let k = pos / self.block_bytes;
+        xxh3_64_with_seed(
+            &self.text[k * self.block_bytes..pos],
+            self.block_hash(k) ^ END,
+        )
+    }
+
+    /// The hash of the first block, or of the whole prompt when it is shorter:
+    /// what `affinity` mode places by when nothing matches.
+    pub(crate) fn head_hash(&self) -> u64 {
+        match self.blocks.first() {
+            Some(h) => *h,
+            None => self.end_hash(self.text.len()),
+        }
+    }
+}
+
+/// The index key for an explicit conversation key (`prompt_cache_key`, `x-session-id`).
+pub(crate) fn explicit_key_hash(key: &str) -> u64 {
+    xxh3_64_with_seed(key.as_bytes(), KEY)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_leading_blocks_share_hashes_whatever_follows() {
+        let a = PrefixChain::new(b"aaaabbbbccccXX".to_vec(), vec![], 4);
+        let b = PrefixChain::new(b"aaaabbbbddddYYYY".to_vec(), vec![], 4);
+        assert_eq!(a.blocks.len(), 3);
+        assert_eq!(b.blocks.len(), 4);
+        assert_eq!(a.blocks[..2], b.blocks[..2]);
+        assert_ne!(a.blocks[2], b.blocks[2]);
+    }
+
+    #[test]
+    fn end_of_a_prompt_is_found_inside_a_longer_one() {
+        let short = PrefixChain::new(b"hello wor".to_vec(), vec![], 4);
+        let long = PrefixChain::new(b"hello world, again".to_vec(), vec![], 4);
+        assert_eq!(short.end_hash(9), long.end_hash(9));
+        assert_ne!(short.end_hash(9), long.end_hash(10));
+    }
+
+    #[test]
+    fn prompt_shorter_than_a_block_has_an_identity() {
+        let a = PrefixChain::new(b"hi".to_vec(), vec![], 1024);
+        let b = PrefixChain::new(b"ho".to_vec(), vec![], 1024);
+        assert!(a.blocks.is_empty());
+        assert_ne!(a.head_hash(), b.head_hash());
+    }
+
+    #[test]
+    fn end_keys_differ_from_block_keys_at_a_boundary() {
+        let a = PrefixChain::new(b"abcdefgh".to_vec(), vec![], 4);
+        assert_ne!(a.end_hash(4), a.blocks[0]);
+        assert_ne!(a.end_hash(8), a.blocks[1]);
+    }
+}

@@ -1,0 +1,166 @@
+//! Unit tests of the policy's mechanics on canonical texts (bodies: `tests/routing.rs`).
+
+use super::*;
+
+const B: usize = 16;
+
+fn cfg(mode: Mode) -> PolicyConfig {
+    PolicyConfig {
+        mode,
+        continuation: ContinuationRule::ModelTurn,
+        block_bytes: B,
+        max_entries: 10_000,
+        load_guard: None,
+    }
+}
+
+fn replicas(live: &[bool]) -> Vec<ReplicaState> {
+    live.iter()
+        .enumerate()
+        .map(|(i, l)| ReplicaState {
+            id: ReplicaId(i as u32),
+            live: *l,
+            in_flight: 0,
+        })
+        .collect()
+}
+
+/// A request whose text is `text`, one message ending at its end.
+fn req(text: &str, model_turn: bool) -> Request {
+    Request {
+        chain: PrefixChain::new(text.as_bytes().to_vec(), vec![text.len()], B),
+        model_turn,
+        messages: 1,
+        key: None,
+    }
+}
+
+#[test]
+fn singles_alternate_and_continuations_follow_their_prefix() {
+    let mut p = Policy::new(cfg(Mode::Shape));
+    let rs = replicas(&[true, true]);
+    let first = p.place(&req("conversation A: hello", false), &rs);
+    let other = p.place(&req("unrelated one-shot", false), &rs);
+    assert_ne!(first.replica, other.replica);
+    let next = p.place(&req("conversation A: hello / reply / more", true), &rs);
+    assert_eq!(next.replica, first.replica);
+    assert_eq!(next.reason, Reason::Pin);
+    assert_eq!(next.matched_bytes, "conversation A: hello".len());
+}
+
+#[test]
+fn extending_an_earlier_prompt_is_a_continuation_without_a_model_turn() {
+    let mut p = Policy::new(cfg(Mode::Shape));
+    let rs = replicas(&[true, true]);
+    let a = p.place(
+        &req("a prompt of some length that spans blocks", false),
+        &rs,
+    );
+    p.place(&req("filler", false), &rs);
+    let b = p.place(
+        &req("a prompt of some length that spans blocks, extended", false),
+        &rs,
+    );
+    assert_eq!(b.shape, Shape::Continuation);
+    assert_eq!(b.replica, a.replica);
+}
+
+#[test]
+fn shared_blocks_alone_do_not_make_a_continuation() {
+    let mut p = Policy::new(cfg(Mode::Shape));
+    let rs = replicas(&[true, true]);
+    let system = "a long shared system prompt, several blocks long. ";
+    let a = p.place(&req(&format!("{system}question one"), false), &rs);
+    let b = p.place(&req(&format!("{system}question two"), false), &rs);
+    assert_eq!(b.shape, Shape::Single);
+    assert_ne!(a.replica, b.replica);
+}
+
+#[test]
+fn pinned_replica_down_falls_back_and_the_pin_moves() {
+    let mut p = Policy::new(cfg(Mode::Shape));
+    let both = replicas(&[true, true]);
+    p.place(&req("x", false), &both); // advance the counter
+    let first = p.place(&req("the conversation", false), &both);
+    assert_eq!(first.replica, Some(ReplicaId(1)));
+    let down = replicas(&[true, false]);
+    let moved = p.place(&req("the conversation and more", true), &down);
+    assert_eq!(moved.replica, Some(ReplicaId(0)));
+    assert_eq!(moved.reason, Reason::Fallback);
+    // Replica 1 comes back: the conversation stays where it moved.
+    let after = p.place(&req("the conversation and more and more", true), &both);
+    assert_eq!(after.replica, Some(ReplicaId(0)));
+    assert_eq!(after.reason, Reason::Pin);
+}
+
+#[test]
+fn a_replica_that_comes_back_keeps_its_pins() {
+    let mut p = Policy::new(cfg(Mode::Shape));
+    let both = replicas(&[true, true]);
+    let a = p.place(&req("conversation one", false), &both);
+    let b = p.place(&req("conversation two", false), &both);
+    assert_ne!(a.replica, b.replica);
+    // An unrelated request while b's replica is down does not touch b's pin.
+    let mut down = both.clone();
+    down[b.replica.unwrap().0 as usize].live = false;
+    p.place(&req("something else", false), &down);
+    let again = p.place(&req("conversation two, turn two", true), &both);
+    assert_eq!(again.replica, b.replica);
+}
+
+#[test]
+fn explicit_key_wins_over_the_prefix() {
+    let mut p = Policy::new(cfg(Mode::Shape));
+    let rs = replicas(&[true, true]);
+    let mut first = req("turn one", false);
+    first.key = Some("session-9".into());
+    let d1 = p.place(&first, &rs);
+    assert_eq!(d1.shape, Shape::Continuation);
+    let mut unrelated = req("completely different text", false);
+    unrelated.key = Some("session-9".into());
+    for _ in 0..3 {
+        let d = p.place(&unrelated, &rs);
+        assert_eq!((d.replica, d.reason), (d1.replica, Reason::Key));
+    }
+}
+
+#[test]
+fn load_guard_moves_to_the_next_best_cached_replica_not_the_least_loaded() {
+    let mut p = Policy::new(PolicyConfig {
+        load_guard: Some(2),
+        ..cfg(Mode::Affinity)
+    });
+    let mut rs = replicas(&[true, true, true]);
+    let shared = "a shared prefix of two blocks.."; // 30 bytes: one full block
+    p.place(&req(shared, false), &rs); // affinity: hash placement
+    let long = format!("{shared} then a longer conversation");
+    let owner_of_long = p.place(&req(&long, false), &rs).replica.unwrap();
+    // Make the short prefix live elsewhere: re-place it with the long owner down.
+    rs[owner_of_long.0 as usize].live = false;
+    let short_owner = p.place(&req(shared, false), &rs).replica.unwrap();
+    rs[owner_of_long.0 as usize].live = true;
+    assert_ne!(short_owner, owner_of_long);
+    rs[owner_of_long.0 as usize].in_flight = 10;
+    let d = p.place(&req(&format!("{long}!"), true), &rs);
+    assert_eq!(d.reason, Reason::Guard);
+    assert_eq!(d.replica, Some(short_owner));
+}
+
+#[test]
+fn no_live_replica_is_no_decision() {
+    let mut p = Policy::new(cfg(Mode::Shape));
+    let d = p.place(&req("hello", true), &replicas(&[false, false]));
+    assert_eq!((d.replica, d.reason), (None, Reason::NoReplica));
+    let d = p.spread(&[]);
+    assert_eq!((d.replica, d.reason), (None, Reason::NoReplica));
+}
+
+#[test]
+fn forgetting_a_replica_drops_its_pins() {
+    let mut p = Policy::new(cfg(Mode::Shape));
+    let rs = replicas(&[true, true]);
+    let a = p.place(&req("conversation", false), &rs);
+    p.forget_replica(a.replica.unwrap());
+    let d = p.place(&req("conversation, continued", true), &rs);
+    assert_eq!(d.reason, Reason::Spread);
+}

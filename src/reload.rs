@@ -1,0 +1,169 @@
+//! Hot reload: file -> parse -> validate -> swap the replica set. An invalid
+//! file is logged and counted, and the previous set stays in force. Policy state
+//! (pins, counter) survives; pins to removed replicas are dropped so they move.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
+
+use crate::config::{Config, ConfigError};
+use crate::metrics::METRICS;
+use crate::policy::Policy;
+use crate::replicas::{Change, Replicas};
+
+/// Watches one config file.
+pub struct Reloader {
+    pub path: PathBuf,
+    pub interval: Duration,
+    pub env_policy: Option<String>,
+    pub replicas: Arc<Replicas>,
+    pub policy: Arc<Mutex<Policy>>,
+    /// The text last seen (applied or rejected), so a file is judged once.
+    last: Mutex<Option<String>>,
+    /// The configuration in force, to flag edits that need a restart.
+    running: Mutex<Config>,
+}
+
+impl Reloader {
+    pub fn new(
+        path: PathBuf,
+        running: Config,
+        env_policy: Option<String>,
+        replicas: Arc<Replicas>,
+        policy: Arc<Mutex<Policy>>,
+    ) -> Self {
+        let last = std::fs::read_to_string(&path).ok();
+        Self {
+            interval: crate::config::ms(running.reload_interval_ms),
+            path,
+            env_policy,
+            replicas,
+            policy,
+            last: Mutex::new(last),
+            running: Mutex::new(running),
+        }
+    }
+
+    /// Re-reads the file if it changed. `Ok(None)`: unchanged.
+    pub fn check(&self) -> Result<Option<Change>, ConfigError> {
+        let text = std::fs::read_to_string(&self.path).map_err(|source| ConfigError::Read {
+            path: self.path.display().to_string(),
+            source,
+        });
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if let Ok(t) = &text {
+            if last.as_deref() == Some(t.as_str()) {
+                return Ok(None);
+            }
+            *last = Some(t.clone());
+        }
+        let cfg = Config::parse(&text?, self.env_policy.as_deref())?;
+        Ok(Some(self.apply(cfg)))
+    }
+
+    fn apply(&self, cfg: Config) -> Change {
+        let change = self.replicas.apply(&cfg.replicas);
+        {
+            let mut policy = self.policy.lock().unwrap_or_else(|p| p.into_inner());
+            for r in &change.removed {
+                policy.forget_replica(r.id);
+            }
+        }
+        for r in &change.removed {
+            METRICS.forget_replica(&r.name);
+        }
+        for r in self.replicas.snapshot().iter() {
+            METRICS.add_replica(r);
+        }
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let needs_restart = Config {
+            replicas: running.replicas.clone(),
+            ..cfg.clone()
+        } != *running;
+        if needs_restart {
+            log::warn!(
+                "config: only `replicas` is reloaded; other edits apply at the next restart"
+            );
+        }
+        running.replicas = cfg.replicas;
+        change
+    }
+
+    fn report(&self, result: Result<Option<Change>, ConfigError>) {
+        match result {
+            Ok(None) => {}
+            Ok(Some(change)) => {
+                METRICS.reloads.with_label_values(&["ok"]).inc();
+                let names = |v: &[Arc<crate::replicas::Replica>]| {
+                    v.iter()
+                        .map(|r| r.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                };
+                log::info!(
+                    "config reloaded from {}: added [{}] (join after a passing health check), removed [{}] (draining)",
+                    self.path.display(),
+                    names(&change.added),
+                    names(&change.removed)
+                );
+            }
+            Err(e) => {
+                METRICS.reloads.with_label_values(&["error"]).inc();
+                log::error!(
+                    "config reload rejected, previous replica list stays in force: {}: {e}",
+                    self.path.display()
+                );
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for Reloader {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(self.interval);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => self.report(self.check()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::PolicyConfig;
+
+    fn reloader(dir: &std::path::Path, yaml: &str) -> Reloader {
+        let path = dir.join("router.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        let cfg = Config::parse(yaml, None).unwrap();
+        let replicas = Arc::new(Replicas::new(&cfg.replicas));
+        let policy = Arc::new(Mutex::new(Policy::new(PolicyConfig {
+            ..cfg.policy_config()
+        })));
+        Reloader::new(path, cfg, None, replicas, policy)
+    }
+
+    #[test]
+    fn invalid_edit_keeps_the_previous_set_and_a_valid_one_applies() {
+        let dir = std::env::temp_dir().join(format!("prefix-router-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let r = reloader(&dir, "replicas:\n- {name: a, addr: \"127.0.0.1:1\"}\n");
+        assert!(r.check().unwrap().is_none(), "unchanged file");
+        std::fs::write(&r.path, "replicas:\n- {name: a, adr: \"127.0.0.1:1\"}\n").unwrap();
+        assert!(r.check().unwrap_err().to_string().contains("adr"));
+        assert_eq!(r.replicas.snapshot().len(), 1);
+        std::fs::write(&r.path, "replicas:\n- {name: b, addr: \"127.0.0.1:2\"}\n").unwrap();
+        let change = r.check().unwrap().unwrap();
+        assert_eq!(change.added[0].name, "b");
+        assert_eq!(change.removed[0].name, "a");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

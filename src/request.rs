@@ -1,0 +1,398 @@
+//! Request body -> shape signals and the canonical prompt text the policy hashes.
+//!
+//! Canonical text, the same for a conversation on every turn: per message the
+//! text of its content (a string, or the `text` of each part, tool results'
+//! nested content included), `0x1F`, its role, then `0x1E`. Anthropic's
+//! top-level `system` is a first `system` message wherever its key stands; a
+//! completions `prompt` is its text (strings of a list joined by `0x1E`, token
+//! ids as decimal numbers). Unknown fields are ignored.
+
+use std::fmt;
+
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+use crate::policy::{PrefixChain, Request};
+
+/// Paths whose body is read and routed by prompt.
+pub const ROUTED_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/messages"];
+
+const ROLE_SEP: u8 = 0x1F;
+const MESSAGE_END: u8 = 0x1E;
+
+/// Whether `path` (without query) carries a prompt the policy routes by.
+pub fn is_routed_path(path: &str) -> bool {
+    ROUTED_PATHS.contains(&path)
+}
+
+/// Why a body could not be read as a prompt (it is still forwarded, spread).
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("request body is not a JSON object: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// The prompt of one request, canonicalised.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Prompt {
+    pub text: Vec<u8>,
+    /// Offsets just past each message.
+    pub message_ends: Vec<usize>,
+    /// An assistant / tool / function turn is present.
+    pub model_turn: bool,
+    pub messages: usize,
+    /// `prompt_cache_key` from the body.
+    pub key: Option<String>,
+}
+
+impl Prompt {
+    /// Parses an OpenAI chat / completions or Anthropic messages body. Text is
+    /// appended to the canonical buffer as the parser meets it: no per-string
+    /// allocation, one copy.
+    pub fn parse(body: &[u8]) -> Result<Self, RequestError> {
+        let mut p = Prompt {
+            text: Vec::with_capacity(body.len()),
+            ..Prompt::default()
+        };
+        let mut de = serde_json::Deserializer::from_slice(body);
+        de.deserialize_map(Top(&mut p))?;
+        de.end()?;
+        Ok(p)
+    }
+
+    /// The policy's view: hashes the text; `header_key` (`x-session-id`) is used
+    /// when the body gave no `prompt_cache_key`.
+    pub fn into_request(self, block_bytes: usize, header_key: Option<&str>) -> Request {
+        let key = self
+            .key
+            .or_else(|| header_key.filter(|k| !k.is_empty()).map(str::to_owned));
+        Request {
+            chain: PrefixChain::new(self.text, self.message_ends, block_bytes),
+            model_turn: self.model_turn,
+            messages: self.messages,
+            key,
+        }
+    }
+
+    /// Closes a message whose content was appended since `start`: the role goes
+    /// after the content, so the two may come in either order in the JSON.
+    fn end_message(&mut self, role: &str) {
+        self.text.push(ROLE_SEP);
+        self.text.extend_from_slice(role.as_bytes());
+        self.text.push(MESSAGE_END);
+        self.message_ends.push(self.text.len());
+        self.messages += 1;
+        self.model_turn |= matches!(role, "assistant" | "tool" | "function");
+    }
+}
+
+macro_rules! expecting {
+    ($what:literal) => {
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str($what)
+        }
+    };
+}
+
+/// The top-level object.
+struct Top<'p>(&'p mut Prompt);
+
+impl<'de> Visitor<'de> for Top<'_> {
+    type Value = ();
+    expecting!("a JSON object");
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let p = self.0;
+        while let Some(key) = map.next_key::<Key>()? {
+            match key.0.as_deref() {
+                Some("messages") => map.next_value_seed(Messages(p))?,
+                Some("system") => {
+                    // Anthropic's system prompt leads the conversation wherever the key is.
+                    let (text, ends, messages) = (
+                        std::mem::take(&mut p.text),
+                        std::mem::take(&mut p.message_ends),
+                        p.messages,
+                    );
+                    p.messages = 0;
+                    map.next_value_seed(Content(p))?;
+                    p.end_message("system");
+                    let shift = p.text.len();
+                    p.text.extend_from_slice(&text);
+                    p.message_ends.extend(ends.into_iter().map(|e| e + shift));
+                    p.messages += messages;
+                }
+                Some("prompt") => {
+                    map.next_value_seed(Texts(p))?;
+                    p.messages += 1;
+                }
+                Some("prompt_cache_key") => {
+                    p.key = map
+                        .next_value::<Option<String>>()?
+                        .filter(|k| !k.is_empty());
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A map key, borrowed when possible; `None` for keys we do not need.
+struct Key(Option<String>);
+
+impl<'de> serde::Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Key;
+            expecting!("a key");
+            fn visit_str<E>(self, v: &str) -> Result<Key, E> {
+                const WANTED: [&str; 8] = [
+                    "messages",
+                    "system",
+                    "prompt",
+                    "prompt_cache_key",
+                    "role",
+                    "content",
+                    "text",
+                    "type",
+                ];
+                Ok(Key(WANTED.contains(&v).then(|| v.to_owned())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// `messages`: a list of message objects.
+struct Messages<'p>(&'p mut Prompt);
+
+impl<'de> DeserializeSeed<'de> for Messages<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Messages<'_> {
+    type Value = ();
+    expecting!("a list of messages");
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Message(self.0))?.is_some() {}
+        Ok(())
+    }
+}
+
+/// One message: its content is appended, then its role.
+struct Message<'p>(&'p mut Prompt);
+
+impl<'de> DeserializeSeed<'de> for Message<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Message<'_> {
+    type Value = ();
+    expecting!("a message object");
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let p = self.0;
+        let mut role = String::new();
+        while let Some(key) = map.next_key::<Key>()? {
+            match key.0.as_deref() {
+                Some("role") => role = map.next_value()?,
+                Some("content") => map.next_value_seed(Content(p))?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        p.end_message(&role);
+        Ok(())
+    }
+}
+
+/// Message content: a string, a list of parts, or anything else (ignored).
+struct Content<'p>(&'p mut Prompt);
+
+impl<'de> DeserializeSeed<'de> for Content<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Content<'_> {
+    type Value = ();
+    expecting!("message content");
+
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        self.0.text.extend_from_slice(v.as_bytes());
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Content(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+    /// A part: `text` counts, a nested `content` (tool results) counts, and a
+    /// tool part marks a model turn.
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let p = self.0;
+        while let Some(key) = map.next_key::<Key>()? {
+            match key.0.as_deref() {
+                Some("text" | "content") => map.next_value_seed(Content(&mut *p))?,
+                Some("type") => {
+                    let kind: Option<String> = map.next_value()?;
+                    p.model_turn |= matches!(
+                        kind.as_deref(),
+                        Some("tool_result" | "tool_use" | "function_call_output")
+                    );
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_none<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+}
+
+/// A completions `prompt`: a string, or nested lists of strings and token ids
+/// (list items joined by `0x1E`, token ids as decimal numbers).
+struct Texts<'p>(&'p mut Prompt);
+
+impl<'de> DeserializeSeed<'de> for Texts<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Texts<'_> {
+    type Value = ();
+    expecting!("a prompt: a string, token ids, or a list of them");
+
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        self.0.text.extend_from_slice(v.as_bytes());
+        Ok(())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<(), E> {
+        self.0.text.extend_from_slice(format!("{v} ").as_bytes());
+        Ok(())
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<(), E> {
+        self.0.text.extend_from_slice(format!("{v} ").as_bytes());
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut first = true;
+        loop {
+            let start = self.0.text.len();
+            if !first {
+                self.0.text.push(MESSAGE_END);
+            }
+            if seq.next_element_seed(Texts(&mut *self.0))?.is_none() {
+                self.0.text.truncate(start);
+                return Ok(());
+            }
+            first = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Prompt {
+        Prompt::parse(s.as_bytes()).expect("valid body")
+    }
+
+    #[test]
+    fn a_conversation_canonicalises_to_an_extension_of_its_earlier_turn() {
+        let t1 = parse(
+            r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"q1"}]}"#,
+        );
+        let t2 = parse(
+            r#"{"model":"m","messages":[{"role":"system","content":"S"},{"role":"user","content":[{"type":"text","text":"q1"}]},
+                {"role":"assistant","content":null,"tool_calls":[{"id":"x"}]},{"role":"tool","content":"r"}]}"#,
+        );
+        assert!(t2.text.starts_with(&t1.text));
+        assert!(t2.message_ends.contains(&t1.text.len()));
+        assert!(!t1.model_turn);
+        assert!(t2.model_turn);
+        assert_eq!((t1.messages, t2.messages), (2, 4));
+    }
+
+    #[test]
+    fn anthropic_system_and_tool_results_count() {
+        let p = parse(
+            r#"{"system":[{"type":"text","text":"be brief"}],"messages":[{"role":"user","content":[
+                {"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"42"}]}]}]}"#,
+        );
+        assert!(p.model_turn);
+        assert_eq!(p.messages, 2);
+        let text = String::from_utf8(p.text).unwrap();
+        assert!(text.contains("be brief") && text.contains("42"));
+    }
+
+    #[test]
+    fn key_order_does_not_change_the_canonical_text() {
+        let a = parse(r#"{"system":"S","messages":[{"role":"user","content":"q"}]}"#);
+        let b = parse(r#"{"messages":[{"content":"q","role":"user"}],"system":"S"}"#);
+        assert_eq!(a, b);
+        assert_eq!(a.message_ends.len(), 2);
+    }
+
+    #[test]
+    fn completions_prompts_of_every_form_have_text() {
+        assert_eq!(parse(r#"{"prompt":"abc"}"#).text, b"abc");
+        assert_eq!(parse(r#"{"prompt":["a","b"]}"#).text, b"a\x1eb");
+        assert_eq!(parse(r#"{"prompt":[1,2]}"#).text, b"1 \x1e2 ");
+        assert_eq!(parse(r#"{"prompt":"caf\u00e9"}"#).text, "café".as_bytes());
+    }
+
+    #[test]
+    fn explicit_key_prefers_the_body_then_the_header() {
+        let body =
+            parse(r#"{"prompt":"x","prompt_cache_key":"conv-1"}"#).into_request(64, Some("h"));
+        assert_eq!(body.key.as_deref(), Some("conv-1"));
+        let header = parse(r#"{"prompt":"x"}"#).into_request(64, Some("h"));
+        assert_eq!(header.key.as_deref(), Some("h"));
+    }
+
+    #[test]
+    fn not_json_is_an_error_not_a_panic() {
+        assert!(Prompt::parse(b"{not json").is_err());
+        assert!(Prompt::parse(b"[1,2]").is_err());
+        assert_eq!(
+            parse(r#"{"messages":[{"role":"user","content":{"odd":1}}],"x":[1]}"#).messages,
+            1
+        );
+    }
+}

@@ -1,0 +1,265 @@
+//! Test harness: real `replica-sim` and `prefix-router` processes on loopback,
+//! started on free ports and polled until ready, plus a small blocking HTTP/1.1
+//! client that can send chunked bodies, `Expect: 100-continue`, and read SSE
+//! event by event.
+#![allow(dead_code)]
+
+pub mod http;
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub use http::{get, post_json, Response};
+
+/// Polls `f` every 20 ms until it returns `Some`, or panics after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A replica-sim process.
+pub struct Sim {
+    pub name: String,
+    pub addr: SocketAddr,
+    child: Child,
+}
+
+impl Sim {
+    /// Starts a simulator on a free port with fast defaults for tests
+    /// (prefill 10M tokens/s, decode 1000 tokens/s) plus `args`.
+    pub fn start(name: &str, args: &[&str]) -> Sim {
+        Self::start_on("127.0.0.1:0", name, args)
+    }
+
+    /// Starts a simulator on a given address (a restart on the same port).
+    pub fn start_on(listen: &str, name: &str, args: &[&str]) -> Sim {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_replica-sim"));
+        cmd.args(["--listen", listen, "--name", name]);
+        for (flag, fast) in [("--prefill-tps", "10000000"), ("--decode-tps", "1000")] {
+            if !args.contains(&flag) {
+                cmd.args([flag, fast]);
+            }
+        }
+        let mut child = cmd
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn replica-sim");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read listen line");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("replica-sim said {line:?}"));
+        Sim {
+            name: name.to_owned(),
+            addr,
+            child,
+        }
+    }
+
+    /// Stops the process at once (SIGKILL), like a crashed or restarted engine.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// `GET /sim/stats` as JSON.
+    pub fn stats(&self) -> serde_json::Value {
+        get(self.addr, "/sim/stats").json()
+    }
+
+    /// Makes `/health` answer 200 (`true`) or 503.
+    pub fn set_healthy(&self, ok: bool) {
+        let path = format!("/sim/health?ok={ok}");
+        assert_eq!(
+            http::request(self.addr, "POST", &path, &[], b"").status,
+            200
+        );
+    }
+
+    /// A replica entry for the router's YAML.
+    pub fn yaml(&self) -> String {
+        format!("  - {{name: {}, addr: \"{}\"}}\n", self.name, self.addr)
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A free loopback port (bound and released; the router binds it next).
+pub fn free_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+/// A prefix-router process with its config file.
+pub struct Router {
+    pub addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub config: PathBuf,
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Router {
+    /// Starts the router with `extra` YAML (e.g. `policy: affinity`) in front of
+    /// `sims`, and waits until every sim is reported up on `/metrics`.
+    pub fn start(sims: &[&Sim], extra: &str) -> Router {
+        Self::start_with_env(sims, extra, &[])
+    }
+
+    pub fn start_with_env(sims: &[&Sim], extra: &str, env: &[(&str, &str)]) -> Router {
+        let r = Self::spawn(&Self::yaml(sims, extra), env);
+        for s in sims {
+            r.wait_replica_up(&s.name, true);
+        }
+        r
+    }
+
+    /// The YAML for `sims` plus `extra` top-level keys (`listen` is filled in by `spawn`).
+    pub fn yaml(sims: &[&Sim], extra: &str) -> String {
+        let mut y = String::from(extra);
+        if !y.is_empty() && !y.ends_with('\n') {
+            y.push('\n');
+        }
+        y.push_str("replicas:\n");
+        if sims.is_empty() {
+            y = y.replace("replicas:\n", "replicas: []\n");
+        }
+        for s in sims {
+            y.push_str(&s.yaml());
+        }
+        y
+    }
+
+    /// Starts the router on `yaml` without waiting for replicas.
+    pub fn spawn(yaml: &str, env: &[(&str, &str)]) -> Router {
+        let addr = free_addr();
+        let metrics_addr = free_addr();
+        let dir = std::env::temp_dir().join(format!(
+            "prefix-router-test-{}-{}",
+            std::process::id(),
+            addr.port()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let config = dir.join("router.yaml");
+        let head = format!(
+            "listen: \"{addr}\"\nmetrics_listen: \"{metrics_addr}\"\nreload_interval_ms: 100\n"
+        );
+        std::fs::write(&config, format!("{head}{yaml}")).expect("write config");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_prefix-router"));
+        cmd.arg("--config")
+            .arg(&config)
+            .env_remove("PREFIX_ROUTER_POLICY")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn prefix-router");
+        let r = Router {
+            addr,
+            metrics_addr,
+            config,
+            child,
+            dir,
+        };
+        wait_for("router metrics endpoint", Duration::from_secs(20), || {
+            http::try_request(r.metrics_addr, "GET", "/metrics", &[], b"")
+                .ok()
+                .filter(|resp| resp.status == 200)
+        });
+        wait_for("router proxy port", Duration::from_secs(20), || {
+            std::net::TcpStream::connect(r.addr).ok()
+        });
+        r
+    }
+
+    /// Rewrites the config file (same listen ports) with new replicas / keys.
+    pub fn rewrite(&self, yaml: &str) {
+        let head = format!(
+            "listen: \"{}\"\nmetrics_listen: \"{}\"\nreload_interval_ms: 100\n",
+            self.addr, self.metrics_addr
+        );
+        let tmp = self.dir.join("router.yaml.tmp");
+        std::fs::write(&tmp, format!("{head}{yaml}")).expect("write config");
+        std::fs::rename(&tmp, &self.config).expect("replace config");
+    }
+
+    /// Writes raw text to the config file (for invalid-file tests).
+    pub fn write_raw(&self, text: &str) {
+        std::fs::write(&self.config, text).expect("write config");
+    }
+
+    /// The value of a metric series (exact name with labels), 0 when absent.
+    pub fn metric(&self, series: &str) -> f64 {
+        let text = get(self.metrics_addr, "/metrics").text();
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(series)
+                    .and_then(|rest| rest.strip_prefix(' '))
+                    .and_then(|v| v.trim().parse().ok())
+            })
+            .unwrap_or(0.0)
+    }
+
+    /// Waits until `prefix_router_replica_up{replica=name}` equals `up`.
+    pub fn wait_replica_up(&self, name: &str, up: bool) {
+        let series = format!("prefix_router_replica_up{{replica=\"{name}\"}}");
+        let want = if up { 1.0 } else { 0.0 };
+        wait_for(
+            &format!("{series} == {want}"),
+            Duration::from_secs(20),
+            || (self.metric(&series) == want).then_some(()),
+        );
+    }
+
+    /// `POST path` with a JSON body through the router.
+    pub fn post(&self, path: &str, body: &serde_json::Value) -> Response {
+        post_json(self.addr, path, body)
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A chat body of one user message.
+pub fn single(text: &str) -> serde_json::Value {
+    serde_json::json!({"model": "m", "max_tokens": 2,
+        "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": text}]})
+}
+
+/// A chat body of a conversation after `turns` turns (assistant turns included).
+pub fn conversation(topic: &str, turns: usize) -> serde_json::Value {
+    let mut m = vec![serde_json::json!({"role": "system", "content": "You are an agent."})];
+    for t in 0..turns {
+        m.push(serde_json::json!({"role": "user", "content": format!("{topic} step {t}")}));
+        m.push(serde_json::json!({"role": "assistant", "content": format!("{topic} result {t}")}));
+    }
+    m.push(serde_json::json!({"role": "user", "content": format!("{topic} step {turns}")}));
+    serde_json::json!({"model": "m", "max_tokens": 2, "messages": m})
+}

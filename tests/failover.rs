@@ -1,0 +1,149 @@
+//! Failover and health, black-box: replicas stopped, restarted, not yet loaded.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{conversation, single, wait_for, Router, Sim};
+
+/// Health checks every minute: only the request path can notice an outage in time.
+const SLOW_HEALTH: &str = "health_check: {interval_ms: 60000}\n";
+
+#[test]
+fn six_requests_during_a_replica_stop_all_succeed_with_one_failover() {
+    let (a, mut b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], SLOW_HEALTH);
+    b.kill();
+    for i in 0..6 {
+        let r = router.post("/v1/chat/completions", &single(&format!("during stop {i}")));
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_eq!(r.replica(), "a");
+    }
+    assert_eq!(
+        router.metric("prefix_router_failovers_total{replica=\"b\"}"),
+        1.0
+    );
+    assert_eq!(
+        router.metric("prefix_router_replica_up{replica=\"b\"}"),
+        0.0
+    );
+}
+
+#[test]
+fn a_pinned_conversation_moves_when_its_replica_dies_and_stays_moved() {
+    let (mut a, mut b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], SLOW_HEALTH);
+    let first = router.post("/v1/chat/completions", &conversation("moving", 0));
+    let home = first.replica().to_owned();
+    let (dead, other) = if home == "a" {
+        (&mut a, "b")
+    } else {
+        (&mut b, "a")
+    };
+    dead.kill();
+    let moved = router.post("/v1/chat/completions", &conversation("moving", 1));
+    assert_eq!(moved.status, 200);
+    assert_eq!(moved.replica(), other);
+    assert_eq!(moved.decision(), "fallback");
+    let next = router.post("/v1/chat/completions", &conversation("moving", 2));
+    assert_eq!((next.replica(), next.decision()), (other, "pin"));
+}
+
+#[test]
+fn all_replicas_down_is_an_immediate_503_in_openai_json() {
+    let (mut a, mut b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], SLOW_HEALTH);
+    a.kill();
+    b.kill();
+    for _ in 0..3 {
+        let r = router.post("/v1/chat/completions", &single("anyone?"));
+        assert_eq!(r.status, 503);
+        let e = r.json();
+        assert_eq!(e["error"]["code"], "no_replica");
+        assert_eq!(e["error"]["type"], "server_error");
+        assert!(e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no replica"));
+    }
+    let r = common::get(router.addr, "/v1/models");
+    assert_eq!(r.status, 503);
+}
+
+#[test]
+fn a_pooled_connection_closed_by_the_replica_is_retried_invisibly() {
+    // The replica closes each keep-alive connection, unanswered, when a second
+    // request arrives on it: what a proxy sees when it reuses a connection the
+    // engine just closed (idle timeout, restart).
+    let a = Sim::start("a", &["--close-after-requests", "1"]);
+    let router = Router::start(&[&a], SLOW_HEALTH);
+    for i in 0..4 {
+        let r = router.post("/v1/chat/completions", &single(&format!("reuse {i}")));
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+    }
+    assert_eq!(a.stats()["requests"], 4);
+    assert_eq!(
+        router.metric("prefix_router_replica_up{replica=\"a\"}"),
+        1.0,
+        "not ejected"
+    );
+}
+
+#[test]
+fn a_replica_rejoins_after_its_health_check_passes() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], "health_check: {interval_ms: 200}\n");
+    b.set_healthy(false);
+    router.wait_replica_up("b", false);
+    for i in 0..4 {
+        assert_eq!(
+            router
+                .post("/v1/chat/completions", &single(&format!("q{i}")))
+                .replica(),
+            "a"
+        );
+    }
+    b.set_healthy(true);
+    router.wait_replica_up("b", true);
+    let picks: Vec<String> = (0..4)
+        .map(|i| {
+            router
+                .post("/v1/chat/completions", &single(&format!("r{i}")))
+                .replica()
+                .to_owned()
+        })
+        .collect();
+    assert!(picks.contains(&"b".to_owned()), "{picks:?}");
+}
+
+#[test]
+fn a_replica_still_loading_gets_no_traffic() {
+    let a = Sim::start("a", &[]);
+    let loading = Sim::start("loading", &["--loading-ms", "600000"]);
+    let router = Router::spawn(
+        &Router::yaml(&[&a, &loading], "health_check: {interval_ms: 200}\n"),
+        &[],
+    );
+    router.wait_replica_up("a", true);
+    // Let at least one health check of the loading replica complete.
+    wait_for(
+        "a failed check of the loading replica",
+        Duration::from_secs(10),
+        || {
+            (router.metric("prefix_router_replica_up{replica=\"loading\"}") == 0.0
+                && common::get(router.metrics_addr, "/metrics")
+                    .text()
+                    .contains("replica=\"loading\""))
+            .then_some(())
+        },
+    );
+    for i in 0..6 {
+        assert_eq!(
+            router
+                .post("/v1/chat/completions", &single(&format!("q{i}")))
+                .replica(),
+            "a"
+        );
+    }
+    assert_eq!(loading.stats()["requests"], 0);
+}

@@ -1,0 +1,296 @@
+//! Black-box tests of the proxy path: the real binary, real replica-sim
+//! processes, real HTTP. Placement, bodies byte for byte, SSE, bad input.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::http::{self, EventStream, Framing};
+use common::{conversation, single, wait_for, Router, Sim};
+use serde_json::json;
+
+#[test]
+fn multi_turn_conversations_stay_on_their_replica() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], "");
+    let mut homes: HashMap<&str, String> = HashMap::new();
+    for turn in 0..6 {
+        for topic in ["alpha", "beta", "gamma"] {
+            router.post(
+                "/v1/chat/completions",
+                &single(&format!("noise {topic} {turn}")),
+            );
+            let r = router.post("/v1/chat/completions", &conversation(topic, turn));
+            assert_eq!(r.status, 200, "{}", r.text());
+            let home = homes.entry(topic).or_insert_with(|| r.replica().to_owned());
+            assert_eq!(r.replica(), home, "{topic} moved at turn {turn}");
+            if turn > 0 {
+                assert_eq!(r.decision(), "pin");
+            }
+            assert_eq!(r.header("x-sim-replica"), Some(home.as_str()));
+        }
+    }
+}
+
+#[test]
+fn a_burst_of_singles_is_spread_over_both_replicas() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], "");
+    let addr = router.addr;
+    let replicas: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                s.spawn(move || {
+                    let r = http::post_json(
+                        addr,
+                        "/v1/chat/completions",
+                        &single(&format!("burst question {i}")),
+                    );
+                    assert_eq!(r.status, 200);
+                    assert_eq!(r.decision(), "spread");
+                    r.replica().to_owned()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    let on_a = replicas.iter().filter(|r| *r == "a").count();
+    assert_eq!(
+        on_a, 4,
+        "counter spread should split 8 singles 4/4: {replicas:?}"
+    );
+}
+
+#[test]
+fn bodies_reach_the_replica_byte_for_byte_at_every_size_and_framing() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "max_body_bytes: 16777216\n");
+    for size in [70 * 1024, 1 << 20, 8 << 20] {
+        let filler = "x".repeat(size);
+        let body =
+            serde_json::to_vec(&json!({"model": "m", "max_tokens": 1, "prompt": filler})).unwrap();
+        let want = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&body));
+        for framing in [Framing::ContentLength, Framing::Chunked(64 * 1024 + 7)] {
+            let r = http::send(router.addr, "POST", "/v1/completions", &[], &body, framing)
+                .unwrap_or_else(|e| panic!("{size} {framing:?}: {e}"));
+            assert_eq!(r.status, 200, "{size} {framing:?}: {}", r.text());
+            assert_eq!(
+                r.header("x-sim-body-bytes"),
+                Some(body.len().to_string().as_str()),
+                "{size} {framing:?}"
+            );
+            assert_eq!(
+                r.header("x-sim-body-xxh3"),
+                Some(want.as_str()),
+                "{size} {framing:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn expect_100_continue_is_answered_and_the_body_forwarded() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "");
+    let body = serde_json::to_vec(&single("continue please")).unwrap();
+    let r = http::request(
+        router.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("expect", "100-continue")],
+        &body,
+    );
+    assert!(r.continued, "no 100 Continue before the body");
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("x-sim-body-bytes"),
+        Some(body.len().to_string().as_str())
+    );
+}
+
+#[test]
+fn sse_events_arrive_as_they_are_generated() {
+    // 10 tokens at 5 tokens/s: the replica spends ~2 s generating.
+    let a = Sim::start("a", &["--decode-tps", "5"]);
+    let router = Router::start(&[&a], "");
+    let mut body = single("stream please");
+    body["stream"] = json!(true);
+    body["max_tokens"] = json!(10);
+    let mut s = EventStream::open(router.addr, "/v1/chat/completions", &body);
+    assert_eq!(s.status, 200);
+    assert_eq!(s.header("content-type"), Some("text/event-stream"));
+    let mut arrivals = Vec::new();
+    let start = Instant::now();
+    while let Some(ev) = s.next_event() {
+        arrivals.push((start.elapsed(), ev));
+    }
+    assert_eq!(
+        arrivals.last().map(|(_, e)| e.as_str()),
+        Some("data: [DONE]")
+    );
+    assert_eq!(arrivals.len(), 12, "role, 10 tokens, [DONE]");
+    // Buffering would deliver everything at once, after generation ended.
+    let first = arrivals[1].0;
+    let last = arrivals[arrivals.len() - 1].0;
+    assert!(
+        last - first >= Duration::from_millis(1200),
+        "events bunched: {arrivals:?}"
+    );
+}
+
+#[test]
+fn a_client_that_disconnects_cancels_the_replica_request() {
+    let a = Sim::start("a", &["--decode-tps", "5"]);
+    let router = Router::start(&[&a], "");
+    let mut body = single("long stream");
+    body["stream"] = json!(true);
+    body["max_tokens"] = json!(1000);
+    let mut s = EventStream::open(router.addr, "/v1/chat/completions", &body);
+    assert!(s.next_event().is_some());
+    assert!(s.next_event().is_some());
+    drop(s);
+    wait_for(
+        "the replica to see the cancellation",
+        Duration::from_secs(10),
+        || {
+            let st = a.stats();
+            (st["cancelled"] == 1 && st["running"] == 0).then_some(())
+        },
+    );
+}
+
+#[test]
+fn invalid_json_is_forwarded_and_answered_by_the_engine() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], "");
+    let r = http::request(
+        router.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        b"{not json",
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(r.decision(), "spread");
+    assert!(r.json()["error"]["message"].is_string());
+    // The router is unaffected.
+    assert_eq!(
+        router.post("/v1/chat/completions", &single("fine")).status,
+        200
+    );
+}
+
+#[test]
+fn a_body_over_the_limit_gets_413_as_openai_json() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "max_body_bytes: 1000\n");
+    let big = serde_json::to_vec(&single(&"y".repeat(5000))).unwrap();
+    for framing in [Framing::ContentLength, Framing::Chunked(100)] {
+        let r = http::send(
+            router.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            &big,
+            framing,
+        )
+        .expect("response");
+        assert_eq!(r.status, 413, "{framing:?}");
+        let e = r.json();
+        assert_eq!(e["error"]["code"], "body_too_large");
+        assert_eq!(e["error"]["type"], "invalid_request_error");
+    }
+    assert_eq!(a.stats()["requests"], 0, "nothing reached the replica");
+    assert_eq!(
+        router.post("/v1/chat/completions", &single("small")).status,
+        200
+    );
+}
+
+#[test]
+fn a_body_that_stalls_gets_408_and_other_requests_are_unaffected() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "body_read_timeout_ms: 300\n");
+    let addr = router.addr;
+    let stalled = std::thread::spawn(move || {
+        http::send_stalled(addr, "/v1/chat/completions", 1000, b"{\"messages\"")
+    });
+    assert_eq!(
+        router
+            .post("/v1/chat/completions", &single("meanwhile"))
+            .status,
+        200
+    );
+    let r = stalled.join().expect("thread");
+    assert_eq!(r.status, 408);
+    assert_eq!(r.json()["error"]["code"], "body_timeout");
+}
+
+#[test]
+fn other_paths_are_proxied_with_the_counter() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], "");
+    let r1 = http::get(router.addr, "/v1/models");
+    let r2 = http::get(router.addr, "/v1/models");
+    assert_eq!((r1.status, r2.status), (200, 200));
+    assert_ne!(r1.replica(), r2.replica());
+    assert_eq!(r1.json()["data"][0]["id"], "sim");
+    let emb = router.post("/v1/embeddings", &json!({"input": "x".repeat(100_000)}));
+    assert_eq!(emb.status, 200);
+    assert!(emb.json()["x_body_bytes"].as_u64().unwrap() > 100_000);
+}
+
+#[test]
+fn policy_env_var_overrides_the_config() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let rr = Router::start_with_env(
+        &[&a, &b],
+        "policy: shape\n",
+        &[("PREFIX_ROUTER_POLICY", "roundrobin")],
+    );
+    let picks: Vec<String> = (0..4)
+        .map(|t| {
+            rr.post("/v1/chat/completions", &conversation("rr", t))
+                .replica()
+                .to_owned()
+        })
+        .collect();
+    assert_ne!(picks[0], picks[1], "roundrobin must not pin: {picks:?}");
+    assert_ne!(picks[1], picks[2], "roundrobin must not pin: {picks:?}");
+    drop(rr);
+    let aff = Router::start_with_env(
+        &[&a, &b],
+        "policy: shape\n",
+        &[("PREFIX_ROUTER_POLICY", "affinity")],
+    );
+    let system = "shared system prompt ".repeat(200);
+    let picks: Vec<String> = (0..4)
+        .map(|i| {
+            let body = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": format!("q{i}")}]});
+            aff.post("/v1/chat/completions", &body).replica().to_owned()
+        })
+        .collect();
+    assert!(
+        picks.iter().all(|p| *p == picks[0]),
+        "affinity must pin shared prefixes: {picks:?}"
+    );
+}
+
+#[test]
+fn metrics_count_requests_by_replica_and_decision() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "");
+    router.post("/v1/chat/completions", &conversation("m", 0));
+    router.post("/v1/chat/completions", &conversation("m", 1));
+    let pin = router.metric(
+        "prefix_router_requests_total{decision=\"pin\",replica=\"a\",shape=\"continuation\"}",
+    );
+    let spread = router
+        .metric("prefix_router_requests_total{decision=\"spread\",replica=\"a\",shape=\"single\"}");
+    assert_eq!((pin, spread), (1.0, 1.0));
+    assert!(router.metric("prefix_router_prefix_index_entries") > 0.0);
+}
