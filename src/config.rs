@@ -64,7 +64,33 @@ pub struct Config {
     pub reload_interval_ms: u64,
     /// Pingora worker threads for the proxy.
     pub threads: usize,
+    /// TLS to every replica (requires a build with `--features tls`).
+    pub replica_tls: ReplicaTls,
     pub replicas: Vec<Replica>,
+}
+
+/// `replica_tls:` — one setting for the whole fleet.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicaTls {
+    pub enabled: bool,
+    /// Server name sent and verified; empty: none (IP-only certificates).
+    pub sni: String,
+    /// Verify the replica's certificate and host name.
+    pub verify: bool,
+    /// PEM file of CAs to trust instead of the system's.
+    pub ca_file: Option<String>,
+}
+
+impl Default for ReplicaTls {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            sni: String::new(),
+            verify: true,
+            ca_file: None,
+        }
+    }
 }
 
 /// `policy:` values.
@@ -138,6 +164,7 @@ impl Default for Config {
             load_guard_in_flight: None,
             reload_interval_ms: 1_000,
             threads: 2,
+            replica_tls: ReplicaTls::default(),
             replicas: Vec::new(),
         }
     }
@@ -235,6 +262,20 @@ impl Config {
         if self.threads == 0 {
             return Err(invalid("threads", "must be positive"));
         }
+        if self.replica_tls.enabled && !cfg!(feature = "tls") {
+            return Err(invalid(
+                "replica_tls.enabled",
+                "this build has no TLS support; build with `cargo build --features tls`",
+            ));
+        }
+        if let Some(ca) = &self.replica_tls.ca_file {
+            if !Path::new(ca).is_file() {
+                return Err(invalid(
+                    "replica_tls.ca_file",
+                    format!("`{ca}` is not a file"),
+                ));
+            }
+        }
         let (mut names, mut addrs) = (HashSet::new(), HashSet::new());
         for (i, r) in self.replicas.iter().enumerate() {
             let field = |f: &str| format!("replicas[{i}].{f}");
@@ -326,6 +367,18 @@ mod tests {
             let e = Config::parse(yaml, None).unwrap_err().to_string();
             assert!(e.contains(field), "{yaml}: {e}");
         }
+    }
+
+    #[test]
+    fn tls_without_the_feature_is_a_clear_error() {
+        let r = Config::parse("replica_tls: {enabled: true}\n", None);
+        if cfg!(feature = "tls") {
+            assert!(r.is_ok());
+        } else {
+            assert!(r.unwrap_err().to_string().contains("--features tls"));
+        }
+        let e = Config::parse("replica_tls: {ca_file: /nonexistent}\n", None).unwrap_err();
+        assert!(e.to_string().contains("replica_tls.ca_file"), "{e}");
     }
 
     #[test]

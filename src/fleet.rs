@@ -16,6 +16,10 @@ use pingora_load_balancing::health_check::{HealthCheck, HttpHealthCheck};
 use pingora_load_balancing::selection::{BackendIter, BackendSelection};
 use pingora_load_balancing::{Backend, LoadBalancer};
 
+use pingora_core::connectors::http::Connector as HttpConnector;
+use pingora_core::connectors::ConnectorOptions;
+
+use crate::config::ReplicaTls;
 use crate::metrics::METRICS;
 use crate::replicas::Replicas;
 
@@ -24,11 +28,29 @@ pub type Fleet = LoadBalancer<PolicySelection>;
 
 /// Builds the background service: discovery every 200 ms (so reloads join fast)
 /// and a health check of every replica every `interval`.
-pub fn fleet(replicas: Arc<Replicas>, health_path: &str, interval: Duration) -> Result<Fleet> {
+pub fn fleet(
+    replicas: Arc<Replicas>,
+    health_path: &str,
+    interval: Duration,
+    tls: &ReplicaTls,
+) -> Result<Fleet> {
     let backends =
         pingora_load_balancing::Backends::new(Box::new(Discovery(Arc::clone(&replicas))));
     let mut lb = LoadBalancer::from_backends(backends);
-    let mut http = HttpHealthCheck::new("localhost", false);
+    let host = if tls.sni.is_empty() {
+        "localhost"
+    } else {
+        &tls.sni
+    };
+    let mut http = HttpHealthCheck::new(host, tls.enabled);
+    if tls.enabled {
+        http.peer_template.sni = tls.sni.clone();
+        http.peer_template.options.verify_cert = tls.verify;
+        http.peer_template.options.verify_hostname = tls.verify && !tls.sni.is_empty();
+        let mut options = ConnectorOptions::new(0);
+        options.ca_file = tls.ca_file.clone();
+        http.set_connector(HttpConnector::new(Some(options)));
+    }
     http.req.set_uri(
         health_path
             .parse()

@@ -55,6 +55,7 @@ fn main() -> anyhow::Result<()> {
         threads: cfg.threads,
         grace_period_seconds: Some(1),
         graceful_shutdown_timeout_seconds: Some(30),
+        ca_file: cfg.replica_tls.ca_file.clone(),
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
@@ -72,6 +73,7 @@ fn main() -> anyhow::Result<()> {
             Arc::clone(&replicas),
             &cfg.health_check.path,
             prefix_router::config::ms(cfg.health_check.interval_ms),
+            &cfg.replica_tls,
         )
         .context("health check")?,
     );

@@ -49,6 +49,7 @@ pub struct Settings {
     pub read_timeout: Duration,
     pub write_timeout: Duration,
     pub idle_timeout: Duration,
+    pub tls: crate::config::ReplicaTls,
 }
 
 impl Settings {
@@ -61,6 +62,7 @@ impl Settings {
             read_timeout: ms(c.timeouts.read_ms),
             write_timeout: ms(c.timeouts.write_ms),
             idle_timeout: ms(c.timeouts.idle_ms),
+            tls: c.replica_tls.clone(),
         }
     }
 }
@@ -219,8 +221,11 @@ impl ProxyHttp for Router {
                 ctx.tried.push(replica.id);
                 continue;
             }
-            let mut peer = HttpPeer::new(replica.addr, false, String::new());
+            let tls = &self.settings.tls;
+            let mut peer = HttpPeer::new(replica.addr, tls.enabled, tls.sni.clone());
             let o = &mut peer.options;
+            o.verify_cert = tls.verify;
+            o.verify_hostname = tls.verify && !tls.sni.is_empty();
             o.connection_timeout = Some(self.settings.connect_timeout);
             o.total_connection_timeout = Some(self.settings.connect_timeout);
             o.read_timeout = Some(self.settings.read_timeout);

@@ -49,14 +49,20 @@ impl Prompt {
     /// appended to the canonical buffer as the parser meets it: no per-string
     /// allocation, one copy.
     pub fn parse(body: &[u8]) -> Result<Self, RequestError> {
-        let mut p = Prompt {
-            text: Vec::with_capacity(body.len()),
-            ..Prompt::default()
+        let mut parser = Parser {
+            prompt: Prompt {
+                text: Vec::with_capacity(body.len()),
+                ..Prompt::default()
+            },
+            scratch: String::new(),
         };
-        let mut de = serde_json::Deserializer::from_slice(body);
-        de.deserialize_map(Top(&mut p))?;
+        // Validating UTF-8 once up front lets serde_json skip it per string.
+        let body =
+            std::str::from_utf8(body).map_err(<serde_json::Error as serde::de::Error>::custom)?;
+        let mut de = serde_json::Deserializer::from_str(body);
+        de.deserialize_map(Top(&mut parser))?;
         de.end()?;
-        Ok(p)
+        Ok(parser.prompt)
     }
 
     /// The policy's view: hashes the text; `header_key` (`x-session-id`) is used
@@ -85,6 +91,26 @@ impl Prompt {
     }
 }
 
+/// Parsing state: the prompt being built and a reused buffer for short strings
+/// (roles, part types), so parsing allocates per body, not per message.
+struct Parser {
+    prompt: Prompt,
+    scratch: String,
+}
+
+impl std::ops::Deref for Parser {
+    type Target = Prompt;
+    fn deref(&self) -> &Prompt {
+        &self.prompt
+    }
+}
+
+impl std::ops::DerefMut for Parser {
+    fn deref_mut(&mut self) -> &mut Prompt {
+        &mut self.prompt
+    }
+}
+
 macro_rules! expecting {
     ($what:literal) => {
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -94,7 +120,7 @@ macro_rules! expecting {
 }
 
 /// The top-level object.
-struct Top<'p>(&'p mut Prompt);
+struct Top<'p>(&'p mut Parser);
 
 impl<'de> Visitor<'de> for Top<'_> {
     type Value = ();
@@ -102,10 +128,10 @@ impl<'de> Visitor<'de> for Top<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let p = self.0;
-        while let Some(key) = map.next_key::<Key>()? {
-            match key.0.as_deref() {
-                Some("messages") => map.next_value_seed(Messages(p))?,
-                Some("system") => {
+        while let Some(key) = map.next_key::<Field>()? {
+            match key {
+                Field::Messages => map.next_value_seed(Messages(p))?,
+                Field::System => {
                     // Anthropic's system prompt leads the conversation wherever the key is.
                     let (text, ends, messages) = (
                         std::mem::take(&mut p.text),
@@ -120,11 +146,11 @@ impl<'de> Visitor<'de> for Top<'_> {
                     p.message_ends.extend(ends.into_iter().map(|e| e + shift));
                     p.messages += messages;
                 }
-                Some("prompt") => {
+                Field::Prompt => {
                     map.next_value_seed(Texts(p))?;
                     p.messages += 1;
                 }
-                Some("prompt_cache_key") => {
+                Field::CacheKey => {
                     p.key = map
                         .next_value::<Option<String>>()?
                         .filter(|k| !k.is_empty());
@@ -138,35 +164,69 @@ impl<'de> Visitor<'de> for Top<'_> {
     }
 }
 
-/// A map key, borrowed when possible; `None` for keys we do not need.
-struct Key(Option<String>);
+/// The map keys the parser acts on; everything else is skipped unparsed.
+enum Field {
+    Messages,
+    System,
+    Prompt,
+    CacheKey,
+    Role,
+    Content,
+    Text,
+    Type,
+    Other,
+}
 
-impl<'de> serde::Deserialize<'de> for Key {
+impl<'de> serde::Deserialize<'de> for Field {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl Visitor<'_> for V {
-            type Value = Key;
+            type Value = Field;
             expecting!("a key");
-            fn visit_str<E>(self, v: &str) -> Result<Key, E> {
-                const WANTED: [&str; 8] = [
-                    "messages",
-                    "system",
-                    "prompt",
-                    "prompt_cache_key",
-                    "role",
-                    "content",
-                    "text",
-                    "type",
-                ];
-                Ok(Key(WANTED.contains(&v).then(|| v.to_owned())))
+            fn visit_str<E>(self, v: &str) -> Result<Field, E> {
+                Ok(match v {
+                    "messages" => Field::Messages,
+                    "system" => Field::System,
+                    "prompt" => Field::Prompt,
+                    "prompt_cache_key" => Field::CacheKey,
+                    "role" => Field::Role,
+                    "content" => Field::Content,
+                    "text" => Field::Text,
+                    "type" => Field::Type,
+                    _ => Field::Other,
+                })
             }
         }
         d.deserialize_str(V)
     }
 }
 
+/// A short string written into a reused buffer (roles, part types).
+struct Word<'b>(&'b mut String);
+
+impl<'de> DeserializeSeed<'de> for Word<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl Visitor<'_> for Word<'_> {
+    type Value = ();
+    expecting!("a string");
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        self.0.clear();
+        self.0.push_str(v);
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        self.0.clear();
+        Ok(())
+    }
+}
+
 /// `messages`: a list of message objects.
-struct Messages<'p>(&'p mut Prompt);
+struct Messages<'p>(&'p mut Parser);
 
 impl<'de> DeserializeSeed<'de> for Messages<'_> {
     type Value = ();
@@ -186,7 +246,7 @@ impl<'de> Visitor<'de> for Messages<'_> {
 }
 
 /// One message: its content is appended, then its role.
-struct Message<'p>(&'p mut Prompt);
+struct Message<'p>(&'p mut Parser);
 
 impl<'de> DeserializeSeed<'de> for Message<'_> {
     type Value = ();
@@ -201,23 +261,25 @@ impl<'de> Visitor<'de> for Message<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let p = self.0;
-        let mut role = String::new();
-        while let Some(key) = map.next_key::<Key>()? {
-            match key.0.as_deref() {
-                Some("role") => role = map.next_value()?,
-                Some("content") => map.next_value_seed(Content(p))?,
+        let mut role = std::mem::take(&mut p.scratch);
+        role.clear();
+        while let Some(key) = map.next_key::<Field>()? {
+            match key {
+                Field::Role => map.next_value_seed(Word(&mut role))?,
+                Field::Content => map.next_value_seed(Content(&mut *p))?,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
         }
         p.end_message(&role);
+        p.scratch = role;
         Ok(())
     }
 }
 
 /// Message content: a string, a list of parts, or anything else (ignored).
-struct Content<'p>(&'p mut Prompt);
+struct Content<'p>(&'p mut Parser);
 
 impl<'de> DeserializeSeed<'de> for Content<'_> {
     type Value = ();
@@ -242,15 +304,17 @@ impl<'de> Visitor<'de> for Content<'_> {
     /// tool part marks a model turn.
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let p = self.0;
-        while let Some(key) = map.next_key::<Key>()? {
-            match key.0.as_deref() {
-                Some("text" | "content") => map.next_value_seed(Content(&mut *p))?,
-                Some("type") => {
-                    let kind: Option<String> = map.next_value()?;
+        while let Some(key) = map.next_key::<Field>()? {
+            match key {
+                Field::Text | Field::Content => map.next_value_seed(Content(&mut *p))?,
+                Field::Type => {
+                    let mut kind = std::mem::take(&mut p.scratch);
+                    map.next_value_seed(Word(&mut kind))?;
                     p.model_turn |= matches!(
-                        kind.as_deref(),
-                        Some("tool_result" | "tool_use" | "function_call_output")
+                        kind.as_str(),
+                        "tool_result" | "tool_use" | "function_call_output"
                     );
+                    p.scratch = kind;
                 }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
@@ -281,7 +345,7 @@ impl<'de> Visitor<'de> for Content<'_> {
 
 /// A completions `prompt`: a string, or nested lists of strings and token ids
 /// (list items joined by `0x1E`, token ids as decimal numbers).
-struct Texts<'p>(&'p mut Prompt);
+struct Texts<'p>(&'p mut Parser);
 
 impl<'de> DeserializeSeed<'de> for Texts<'_> {
     type Value = ();
