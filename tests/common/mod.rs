@@ -35,7 +35,8 @@ pub struct Sim {
 
 impl Sim {
     /// Starts a simulator on a free port with fast defaults for tests
-    /// (prefill 10M tokens/s, decode 1000 tokens/s) plus `args`.
+    /// (prefill 10M tokens/s, no reuse cost, decode 1000 steps/s, a 10M-token
+    /// card) plus `args`.
     pub fn start(name: &str, args: &[&str]) -> Sim {
         Self::start_on("127.0.0.1:0", name, args)
     }
@@ -44,7 +45,13 @@ impl Sim {
     pub fn start_on(listen: &str, name: &str, args: &[&str]) -> Sim {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_replica-sim"));
         cmd.args(["--listen", listen, "--name", name]);
-        for (flag, fast) in [("--prefill-tps", "10000000"), ("--decode-tps", "1000")] {
+        let fast = [
+            ("--prefill-tps", "10000000"),
+            ("--reuse-s-per-token", "0"),
+            ("--decode-tps", "1000"),
+            ("--kv-tokens", "10000000"),
+        ];
+        for (flag, fast) in fast {
             if !args.contains(&flag) {
                 cmd.args([flag, fast]);
             }

@@ -1,10 +1,26 @@
-//! The model of one card: a prefix cache of token blocks with LRU eviction,
-//! prefill and decode rates, and the counters vLLM exports. Time is model time;
-//! the HTTP layer divides by `--time-scale` when it sleeps.
+//! The model of one card, as a deterministic step function in model time.
 //!
-//! Tokens are estimated as `bytes / bytes_per_token` of the prompt text (4 by
-//! default, close to BPE tokenizers on English). The prompt text is the same
-//! canonical text the router hashes, so a cache hit here means the same prefix.
+//! ```text
+//! KV POOL    kv_tokens / block_tokens blocks, shared by running sequences and
+//!            cached prefix blocks (the seed's capacity wall comes from this).
+//!            Full prompt blocks are identified by a hash chain and stay cached,
+//!            unreferenced, after their sequence ends; LRU eviction frees them.
+//! ADMISSION  FIFO: a waiting request starts when blocks for its whole prompt
+//!            (cached ones are shared, not copied) and its first output block fit.
+//! STEP       continuous batching with chunked prefill: every decoding sequence
+//!            gets one token, then prefilling sequences share the rest of a
+//!            `chunk_tokens` budget in arrival order.
+//!            time = prefill tokens / prefill_tps
+//!                 + (decoding ? 1 / decode_tps : 0)
+//!                 + cached tokens of sequences whose prefill starts * reuse_s_per_token
+//! PREEMPTION a decoding sequence that needs a block when none is free evicts
+//!            cached blocks first, then preempts the newest running sequence,
+//!            which restarts from the queue head (recompute, as vLLM does).
+//! TOKENS     bytes / bytes_per_token of the canonical prompt text (4: close to
+//!            BPE tokenizers on English and code).
+//! ```
+//! Calibration (docs/simulator.md): prefill_tps 33,300 and reuse 1.2e-5 s/token
+//! give a 90k-token prompt 2.7 s cold and ~1.1 s warm, the seed's figures.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -18,108 +34,370 @@ pub struct EngineConfig {
     pub bytes_per_token: u64,
     /// Prefill throughput, tokens per model second.
     pub prefill_tps: f64,
+    /// One decode step for the whole batch, per model second.
+    pub decode_tps: f64,
+    /// Model seconds per cached token reused by a prefill (attention over it).
+    pub reuse_s_per_token: f64,
+    /// Token budget of one step (chunked prefill).
+    pub chunk_tokens: u64,
 }
 
-/// What admitting a prompt cost.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Admission {
-    pub prompt_tokens: u64,
-    pub cached_tokens: u64,
-    /// Model seconds of prefill for the uncached tokens.
-    pub prefill_s: f64,
+/// A sequence's identity, chosen by the caller.
+pub type SeqId = u64;
+
+/// What a step produced for one sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// Prefill finished: the first token is out.
+    First {
+        prompt_tokens: u64,
+        cached_tokens: u64,
+    },
+    /// One more token.
+    Token,
+    /// The last token; the sequence left the card.
+    Done,
 }
 
-/// The card's state.
+#[derive(Debug)]
+struct Seq {
+    id: SeqId,
+    /// Hash of each full prompt block.
+    blocks: Vec<u64>,
+    prompt_tokens: u64,
+    max_tokens: u64,
+    cached_tokens: u64,
+    prefilled: u64,
+    generated: u64,
+    /// Private blocks (partial prompt block and output).
+    private_blocks: u64,
+    /// Whether its shared blocks are referenced (admitted).
+    admitted: bool,
+}
+
+impl Seq {
+    fn in_prefill(&self) -> bool {
+        self.prefilled < self.prompt_tokens
+    }
+}
+
+/// The card.
 #[derive(Debug)]
 pub struct Engine {
     pub cfg: EngineConfig,
-    /// Cached block hash -> last use tick.
-    blocks: HashMap<u64, u64>,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    /// Cached block hash -> references from running sequences.
+    refs: HashMap<u64, u32>,
+    /// Unreferenced cached blocks, least recently used first (hash, stamp).
     lru: VecDeque<(u64, u64)>,
-    tick: u64,
+    /// Last release stamp of each unreferenced block (stale `lru` records skip).
+    released: HashMap<u64, u64>,
+    stamp: u64,
+    private_in_use: u64,
+    pub counters: Counters,
+}
+
+/// Lifetime counters, named after vLLM's metrics.
+#[derive(Debug, Default, Clone)]
+pub struct Counters {
     pub prefix_queries: u64,
     pub prefix_hits: u64,
-    pub prompt_tokens_total: u64,
-    pub generation_tokens_total: u64,
-    pub requests_total: u64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub requests: u64,
+    pub preemptions: u64,
 }
 
 impl Engine {
     pub fn new(cfg: EngineConfig) -> Self {
         Self {
             cfg,
-            blocks: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            refs: HashMap::new(),
             lru: VecDeque::new(),
-            tick: 0,
-            prefix_queries: 0,
-            prefix_hits: 0,
-            prompt_tokens_total: 0,
-            generation_tokens_total: 0,
-            requests_total: 0,
+            released: HashMap::new(),
+            stamp: 0,
+            private_in_use: 0,
+            counters: Counters::default(),
         }
     }
 
-    fn capacity_blocks(&self) -> usize {
-        (self.cfg.kv_tokens / self.cfg.block_tokens.max(1)) as usize
+    fn capacity(&self) -> u64 {
+        self.cfg.kv_tokens / self.cfg.block_tokens.max(1)
     }
 
-    /// Fraction of the KV pool holding cached blocks.
+    fn used(&self) -> u64 {
+        self.refs.len() as u64 + self.released.len() as u64 + self.private_in_use
+    }
+
+    /// Fraction of KV blocks held by running sequences (vLLM's kv_cache_usage_perc).
     pub fn kv_usage(&self) -> f64 {
-        self.blocks.len() as f64 / self.capacity_blocks().max(1) as f64
+        (self.refs.len() as u64 + self.private_in_use) as f64 / self.capacity().max(1) as f64
     }
 
-    /// Looks the prompt's blocks up, caches them, and prices the prefill.
-    pub fn admit(&mut self, text: &[u8]) -> Admission {
-        let block_bytes = (self.cfg.block_tokens * self.cfg.bytes_per_token).max(1) as usize;
-        let prompt_tokens = (text.len() as u64)
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    /// Token count of a prompt text.
+    pub fn tokens(&self, text: &[u8]) -> u64 {
+        (text.len() as u64)
             .div_ceil(self.cfg.bytes_per_token)
-            .max(1);
+            .max(1)
+    }
+
+    /// Queues a request with its canonical prompt text. Like vLLM's
+    /// `max_model_len` check, a request that could not fit the card alone is refused.
+    pub fn submit(&mut self, id: SeqId, text: &[u8], max_tokens: u64) -> Result<(), String> {
+        let prompt_tokens = self.tokens(text);
+        let limit = self.capacity() * self.cfg.block_tokens - 2 * self.cfg.block_tokens;
+        if prompt_tokens + max_tokens > limit {
+            return Err(format!(
+                "This model's maximum context length is {limit} tokens. However, you requested \
+                 {} tokens ({prompt_tokens} in the messages, {max_tokens} in the completion).",
+                prompt_tokens + max_tokens
+            ));
+        }
+        let block_bytes = (self.cfg.block_tokens * self.cfg.bytes_per_token).max(1) as usize;
         let mut h = 0u64;
-        let mut cached_blocks = 0u64;
-        let mut matching = true;
-        let mut hashes = Vec::with_capacity(text.len() / block_bytes);
-        for block in text.chunks_exact(block_bytes) {
-            h = xxh3_64_with_seed(block, h);
-            hashes.push(h);
-            if matching && self.blocks.contains_key(&h) {
-                cached_blocks += 1;
-            } else {
-                matching = false;
-            }
-        }
-        for h in hashes {
-            self.touch(h);
-        }
-        let cached_tokens = (cached_blocks * self.cfg.block_tokens).min(prompt_tokens);
-        self.prefix_queries += prompt_tokens;
-        self.prefix_hits += cached_tokens;
-        self.prompt_tokens_total += prompt_tokens;
-        self.requests_total += 1;
-        Admission {
+        let blocks = text
+            .chunks_exact(block_bytes)
+            .map(|b| {
+                h = xxh3_64_with_seed(b, h);
+                h
+            })
+            .collect();
+        self.waiting.push_back(Seq {
+            id,
+            blocks,
             prompt_tokens,
-            cached_tokens,
-            prefill_s: (prompt_tokens - cached_tokens) as f64 / self.cfg.prefill_tps,
+            max_tokens: max_tokens.max(1),
+            cached_tokens: 0,
+            prefilled: 0,
+            generated: 0,
+            private_blocks: 0,
+            admitted: false,
+        });
+        self.counters.requests += 1;
+        Ok(())
+    }
+
+    /// Drops a request wherever it is (the client left); its blocks are released.
+    pub fn cancel(&mut self, id: SeqId) {
+        if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            self.waiting.remove(i);
+        }
+        if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            let s = self.running.remove(i);
+            self.release(&s);
         }
     }
 
-    fn touch(&mut self, h: u64) {
-        self.tick += 1;
-        self.blocks.insert(h, self.tick);
-        self.lru.push_back((h, self.tick));
-        while self.blocks.len() > self.capacity_blocks() {
-            match self.lru.pop_front() {
-                // Only the newest record of a block counts; older ones are stale.
-                Some((old, t)) if self.blocks.get(&old) == Some(&t) => {
-                    self.blocks.remove(&old);
-                }
-                Some(_) => {}
-                None => break,
+    /// Runs one step: returns its model duration and the events it produced.
+    /// Zero duration and no events when idle.
+    pub fn step(&mut self) -> (f64, Vec<(SeqId, Event)>) {
+        self.admit();
+        let mut events = Vec::new();
+        let mut budget = self.cfg.chunk_tokens.max(1);
+        let mut decoding = false;
+        let mut prefill_tokens = 0u64;
+        let mut reuse_tokens = 0u64;
+        // Decode first: one token per sequence past its prefill.
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].in_prefill() || budget == 0 {
+                i += 1;
+                continue;
+            }
+            if !self.grow(i) {
+                continue; // preempted something; re-examine index i
+            }
+            let s = &mut self.running[i];
+            s.generated += 1;
+            budget -= 1;
+            decoding = true;
+            self.counters.generation_tokens += 1;
+            if s.generated >= s.max_tokens {
+                events.push((s.id, Event::Done));
+                let s = self.running.remove(i);
+                self.release(&s);
+            } else {
+                events.push((s.id, Event::Token));
+                i += 1;
             }
         }
-        if self.lru.len() > 4 * self.capacity_blocks().max(1024) {
-            let blocks = &self.blocks;
-            self.lru.retain(|(h, t)| blocks.get(h) == Some(t));
+        // Prefill chunks in arrival order.
+        for s in self.running.iter_mut().filter(|s| s.in_prefill()) {
+            if budget == 0 {
+                break;
+            }
+            if s.prefilled == s.cached_tokens {
+                reuse_tokens += s.cached_tokens;
+            }
+            let n = (s.prompt_tokens - s.prefilled).min(budget);
+            s.prefilled += n;
+            budget -= n;
+            prefill_tokens += n;
+            if !s.in_prefill() {
+                // The prefill step also yields the first token.
+                s.generated = 1;
+                self.counters.generation_tokens += 1;
+                events.push((
+                    s.id,
+                    Event::First {
+                        prompt_tokens: s.prompt_tokens,
+                        cached_tokens: s.cached_tokens,
+                    },
+                ));
+                if s.max_tokens == 1 {
+                    events.push((s.id, Event::Done));
+                }
+            }
         }
+        let done: Vec<SeqId> = self
+            .running
+            .iter()
+            .filter(|s| !s.in_prefill() && s.generated >= s.max_tokens)
+            .map(|s| s.id)
+            .collect();
+        for id in done {
+            if let Some(i) = self.running.iter().position(|s| s.id == id) {
+                let s = self.running.remove(i);
+                self.release(&s);
+            }
+        }
+        let mut t = prefill_tokens as f64 / self.cfg.prefill_tps
+            + reuse_tokens as f64 * self.cfg.reuse_s_per_token;
+        if decoding {
+            t += 1.0 / self.cfg.decode_tps;
+        }
+        (t, events)
+    }
+
+    /// Starts waiting requests, in order, while their blocks fit.
+    fn admit(&mut self) {
+        while let Some(s) = self.waiting.front() {
+            let cached = s
+                .blocks
+                .iter()
+                .take_while(|h| self.refs.contains_key(h) || self.released.contains_key(h))
+                .count() as u64;
+            let full = s.blocks.len() as u64;
+            let partial = u64::from(s.prompt_tokens % self.cfg.block_tokens != 0);
+            // New shared blocks, the partial block, and room for the first output tokens.
+            let need = (full - cached) + partial + 1;
+            let reusable = s.blocks[..cached as usize]
+                .iter()
+                .filter(|h| self.released.contains_key(h))
+                .count() as u64;
+            let free = self.capacity().saturating_sub(self.used());
+            let evictable = self.released.len() as u64 - reusable;
+            if need > free + evictable {
+                return;
+            }
+            let Some(mut s) = self.waiting.pop_front() else {
+                return;
+            };
+            for h in &s.blocks[..cached as usize] {
+                self.reference(*h);
+            }
+            while self.capacity() < self.used() + need && self.evict_one() {}
+            for h in &s.blocks[cached as usize..] {
+                self.reference(*h);
+            }
+            s.private_blocks = partial + 1;
+            self.private_in_use += s.private_blocks;
+            s.cached_tokens =
+                (cached * self.cfg.block_tokens).min(s.prompt_tokens.saturating_sub(1));
+            s.prefilled = s.cached_tokens;
+            s.admitted = true;
+            self.counters.prefix_queries += s.prompt_tokens;
+            self.counters.prefix_hits += s.cached_tokens;
+            self.counters.prompt_tokens += s.prompt_tokens;
+            self.running.push(s);
+        }
+    }
+
+    /// Gives running sequence `i` room for one more token; may evict cached
+    /// blocks or preempt the newest sequence. False when `i` itself moved.
+    fn grow(&mut self, i: usize) -> bool {
+        let s = &self.running[i];
+        let tokens = s.prompt_tokens + s.generated + 1;
+        let held = s.blocks.len() as u64 + s.private_blocks;
+        if tokens <= held * self.cfg.block_tokens {
+            return true;
+        }
+        loop {
+            if self.used() < self.capacity() {
+                self.running[i].private_blocks += 1;
+                self.private_in_use += 1;
+                return true;
+            }
+            if self.evict_one() {
+                continue;
+            }
+            // Preempt the newest sequence (possibly `i` itself): recompute later.
+            let Some(victim) = self.running.pop() else {
+                return false;
+            };
+            self.release(&victim);
+            self.counters.preemptions += 1;
+            let last = self.running.len();
+            self.waiting.push_front(Seq {
+                cached_tokens: 0,
+                prefilled: 0,
+                generated: 0,
+                private_blocks: 0,
+                admitted: false,
+                ..victim
+            });
+            if last == i {
+                return false;
+            }
+        }
+    }
+
+    fn reference(&mut self, h: u64) {
+        self.released.remove(&h);
+        *self.refs.entry(h).or_insert(0) += 1;
+    }
+
+    fn release(&mut self, s: &Seq) {
+        if !s.admitted {
+            return;
+        }
+        self.private_in_use -= s.private_blocks;
+        for h in &s.blocks {
+            if let Some(n) = self.refs.get_mut(h) {
+                *n -= 1;
+                if *n == 0 {
+                    self.refs.remove(h);
+                    self.stamp += 1;
+                    self.released.insert(*h, self.stamp);
+                    self.lru.push_back((*h, self.stamp));
+                }
+            }
+        }
+    }
+
+    fn evict_one(&mut self) -> bool {
+        while let Some((h, stamp)) = self.lru.pop_front() {
+            if self.released.get(&h) == Some(&stamp) {
+                self.released.remove(&h);
+                return true;
+            }
+        }
+        false
     }
 }
 
@@ -127,34 +405,101 @@ impl Engine {
 mod tests {
     use super::*;
 
-    fn engine(kv_tokens: u64) -> Engine {
+    /// The calibrated card (the binary's defaults).
+    fn card(kv_tokens: u64) -> Engine {
         Engine::new(EngineConfig {
             kv_tokens,
             block_tokens: 16,
             bytes_per_token: 4,
-            prefill_tps: 1000.0,
+            prefill_tps: 33_300.0,
+            decode_tps: 50.0,
+            reuse_s_per_token: 1.2e-5,
+            chunk_tokens: 8192,
         })
     }
 
-    #[test]
-    fn a_repeated_prompt_is_served_from_cache() {
-        let mut e = engine(10_000);
-        let text = vec![b'a'; 6400];
-        let cold = e.admit(&text);
-        let warm = e.admit(&text);
-        assert_eq!(cold.cached_tokens, 0);
-        assert_eq!(warm.cached_tokens, 1600);
-        assert!(warm.prefill_s < cold.prefill_s / 10.0);
+    /// Runs until idle; returns (model time, TTFT and finish time per sequence).
+    fn run(e: &mut Engine) -> (f64, HashMap<SeqId, (f64, f64, u64)>) {
+        let mut t = 0.0;
+        let mut out: HashMap<SeqId, (f64, f64, u64)> = HashMap::new();
+        while !e.idle() {
+            let (dt, events) = e.step();
+            t += dt;
+            for (id, ev) in events {
+                match ev {
+                    Event::First { cached_tokens, .. } => {
+                        out.insert(id, (t, 0.0, cached_tokens));
+                    }
+                    Event::Done => out.get_mut(&id).expect("first").1 = t,
+                    Event::Token => {}
+                }
+            }
+        }
+        (t, out)
+    }
+
+    fn text(salt: u64, tokens: u64) -> Vec<u8> {
+        let line = format!("document {salt}: some words about the topic at hand. ");
+        line.repeat((tokens * 4) as usize / line.len() + 1)
+            .into_bytes()[..(tokens * 4) as usize]
+            .to_vec()
     }
 
     #[test]
-    fn cache_is_bounded_by_kv_tokens() {
-        let mut e = engine(160); // 10 blocks
-        let a: Vec<u8> = (0..6400u32).map(|i| (i % 251) as u8).collect();
-        let b: Vec<u8> = (0..6400u32).map(|i| (i % 241) as u8).collect();
-        e.admit(&a);
-        e.admit(&b);
-        assert!(e.kv_usage() <= 1.0);
-        assert_eq!(e.admit(&a).cached_tokens, 0, "a was evicted by b");
+    fn ninety_k_tokens_prefill_cold_in_2_7_s_and_warm_in_about_1_1_s() {
+        let mut e = card(122_636);
+        let prompt = text(1, 90_000);
+        e.submit(1, &prompt, 1).unwrap();
+        let (_, cold) = run(&mut e);
+        let mut longer = prompt.clone();
+        longer.extend_from_slice(&text(2, 1_000));
+        e.submit(2, &longer, 1).unwrap();
+        let (_, warm) = run(&mut e);
+        let (cold, warm) = (cold[&1].0, warm[&2].0);
+        assert!((cold - 2.7).abs() < 0.1, "cold {cold}");
+        assert!((warm - 1.1).abs() < 0.1, "warm {warm}");
+    }
+
+    #[test]
+    fn a_running_sequence_and_cached_prefixes_share_the_pool() {
+        let mut e = card(16 * 100); // 100 blocks
+        e.submit(1, &text(1, 16 * 60), 1).unwrap();
+        run(&mut e);
+        e.submit(2, &text(2, 16 * 60), 1).unwrap();
+        run(&mut e);
+        // Only 100 blocks: the second prompt evicted most of the first.
+        e.submit(3, &text(1, 16 * 60), 1).unwrap();
+        let (_, out) = run(&mut e);
+        assert!(out[&3].2 < 16 * 60 / 2, "cached {}", out[&3].2);
+    }
+
+    #[test]
+    fn decode_waits_for_nothing_but_its_batch() {
+        let mut e = card(122_636);
+        e.submit(1, &text(1, 100), 50).unwrap();
+        let (t, out) = run(&mut e);
+        // 49 decode steps at 50 steps/s after a tiny prefill.
+        assert!((out[&1].1 - 0.98).abs() < 0.02 && t == out[&1].1, "{out:?}");
+    }
+
+    #[test]
+    fn a_request_larger_than_the_card_is_refused() {
+        let mut e = card(1_000);
+        assert!(e
+            .submit(1, &text(1, 2_000), 1)
+            .unwrap_err()
+            .contains("maximum context length"));
+    }
+
+    #[test]
+    fn preemption_frees_room_and_everything_still_finishes() {
+        let mut e = card(16 * 40);
+        for i in 0..3 {
+            e.submit(i, &text(i + 10, 16 * 10), 200).unwrap();
+        }
+        let (_, out) = run(&mut e);
+        assert_eq!(out.len(), 3);
+        assert!(out.values().all(|(_, done, _)| *done > 0.0));
+        assert!(e.counters.preemptions > 0);
     }
 }

@@ -10,6 +10,7 @@
 
 mod engine;
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -25,9 +26,9 @@ use hyper::body::{Frame, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
-use engine::{Engine, EngineConfig};
+use engine::{Engine, EngineConfig, Event, SeqId};
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "A simulated single-GPU OpenAI-compatible replica")]
@@ -48,11 +49,17 @@ struct Cli {
     #[arg(long, default_value_t = 4)]
     bytes_per_token: u64,
     /// Prefill throughput, tokens per second (model time).
-    #[arg(long, default_value_t = 33_000.0)]
+    #[arg(long, default_value_t = 33_300.0)]
     prefill_tps: f64,
-    /// Decode speed per sequence, tokens per second (model time).
+    /// Decode steps per second for the whole batch (model time).
     #[arg(long, default_value_t = 50.0)]
     decode_tps: f64,
+    /// Model seconds per cached token a prefill reuses (attention over it).
+    #[arg(long, default_value_t = 1.2e-5)]
+    reuse_s_per_token: f64,
+    /// Token budget of one scheduler step (chunked prefill).
+    #[arg(long, default_value_t = 8192)]
+    chunk_tokens: u64,
     /// Model seconds per wall second: 10 runs ten times faster than a card.
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
@@ -72,9 +79,60 @@ struct Cli {
 struct Sim {
     cli: Cli,
     engine: Mutex<Engine>,
+    /// Event channel of each request on the card.
+    streams: Mutex<HashMap<SeqId, mpsc::UnboundedSender<Event>>>,
+    /// Wakes the scheduler when a request arrives on an idle card.
+    arrived: Notify,
+    next_id: AtomicU64,
     healthy: AtomicBool,
     running: AtomicU64,
     cancelled: AtomicU64,
+    /// Model-time TTFT histogram (vllm:time_to_first_token_seconds).
+    ttft: Mutex<Histogram>,
+}
+
+/// Cumulative buckets in vLLM's bounds.
+#[derive(Default)]
+struct Histogram {
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+const TTFT_BOUNDS: [f64; 16] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+
+impl Histogram {
+    fn observe(&mut self, v: f64) {
+        if self.counts.is_empty() {
+            self.counts = vec![0; TTFT_BOUNDS.len()];
+        }
+        for (i, b) in TTFT_BOUNDS.iter().enumerate() {
+            if v <= *b {
+                self.counts[i] += 1;
+            }
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+
+    fn render(&self, name: &str, labels: &str) -> String {
+        let mut out = format!("# TYPE {name} histogram\n");
+        for (i, b) in TTFT_BOUNDS.iter().enumerate() {
+            let c = self.counts.get(i).copied().unwrap_or(0);
+            out.push_str(&format!("{name}_bucket{{{labels},le=\"{b}\"}} {c}\n"));
+        }
+        out.push_str(&format!(
+            "{name}_bucket{{{labels},le=\"+Inf\"}} {}\n",
+            self.count
+        ));
+        out.push_str(&format!(
+            "{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {}\n",
+            self.sum, self.count
+        ));
+        out
+    }
 }
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -113,10 +171,6 @@ impl hyper::body::Body for ChannelBody {
 }
 
 impl Sim {
-    fn model_sleep(&self, model_s: f64) -> Duration {
-        Duration::from_secs_f64((model_s / self.cli.time_scale).max(0.0))
-    }
-
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let (parts, body) = req.into_parts();
         let path = parts.uri.path().to_owned();
@@ -182,44 +236,69 @@ impl Sim {
             .pointer("/stream_options/include_usage")
             .and_then(Value::as_bool)
             .unwrap_or(false);
-        let admission = self.engine.lock().expect("engine lock").admit(&text);
         let kind = Kind::of(path);
-        let mut running = Running::start(&self);
-        tokio::time::sleep(self.model_sleep(admission.prefill_s)).await;
+        let (mut running, mut events) = match Running::start(&self, &text, max_tokens) {
+            Ok(r) => r,
+            Err(msg) => return self.tag(error(StatusCode::BAD_REQUEST, &msg), received),
+        };
+        // Time to first token: the card admits, prefills and emits the first token.
+        let (prompt_tokens, cached_tokens) = loop {
+            match events.recv().await {
+                Some(Event::First {
+                    prompt_tokens,
+                    cached_tokens,
+                }) => {
+                    running.first_token();
+                    break (prompt_tokens, cached_tokens);
+                }
+                Some(_) => continue,
+                None => return error(StatusCode::INTERNAL_SERVER_ERROR, "engine stopped"),
+            }
+        };
         let usage = json!({
-            "prompt_tokens": admission.prompt_tokens,
+            "prompt_tokens": prompt_tokens,
             "completion_tokens": max_tokens,
-            "total_tokens": admission.prompt_tokens + max_tokens,
-            "prompt_tokens_details": {"cached_tokens": admission.cached_tokens},
+            "total_tokens": prompt_tokens + max_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens},
         });
-        let step = self.model_sleep(1.0 / self.cli.decode_tps);
         if !stream {
-            tokio::time::sleep(step * max_tokens as u32).await;
-            running.finish(max_tokens);
+            while let Some(ev) = events.recv().await {
+                if ev == Event::Done {
+                    break;
+                }
+            }
+            running.finish();
             let text = "tok ".repeat(max_tokens as usize);
             return self.tag(
-                json_response(StatusCode::OK, &kind.full(&text, &usage)),
+                json_response(StatusCode::OK, &kind.full(text.trim_end(), &usage)),
                 received,
             );
         }
-        let (tx, rx) = mpsc::channel::<Bytes>(4);
+        let (tx, rx) = mpsc::channel::<Bytes>(16);
         tokio::spawn(async move {
-            let mut sent = 0;
-            let mut events = vec![kind.first_event()];
-            for i in 0..max_tokens {
-                events.push(kind.delta_event(if i == 0 { "tok" } else { " tok" }));
-            }
-            events.extend(kind.last_events(usage_in_stream.then_some(&usage)));
-            for (i, ev) in events.into_iter().enumerate() {
-                if i > 1 {
-                    tokio::time::sleep(step).await;
+            let mut pending = vec![kind.first_event(), kind.delta_event("tok")];
+            let mut done = max_tokens == 1;
+            loop {
+                for ev in pending.drain(..) {
+                    if tx.send(Bytes::from(ev)).await.is_err() {
+                        return; // the client left: `running` cancels the sequence
+                    }
                 }
-                if tx.send(Bytes::from(ev)).await.is_err() {
-                    return; // the client left: `running` counts a cancellation
+                if done {
+                    break;
                 }
-                sent += 1;
+                match events.recv().await {
+                    Some(Event::Token) => pending.push(kind.delta_event(" tok")),
+                    Some(Event::Done) => {
+                        pending.push(kind.delta_event(" tok"));
+                        pending.extend(kind.last_events(usage_in_stream.then_some(&usage)));
+                        done = true;
+                    }
+                    Some(Event::First { .. }) => {}
+                    None => return,
+                }
             }
-            running.finish(sent.min(max_tokens));
+            running.finish();
         });
         let mut r = Response::new(BodyExt::boxed(ChannelBody(rx)));
         r.headers_mut().insert(
@@ -229,6 +308,33 @@ impl Sim {
         r.headers_mut()
             .insert("cache-control", "no-cache".parse().expect("static header"));
         self.tag(r, received)
+    }
+
+    /// Drives the card: one engine step at a time, paced so that model time
+    /// runs `time_scale` times faster than wall time, events delivered at the
+    /// end of their step.
+    async fn schedule(self: Arc<Self>) {
+        let mut clock = tokio::time::Instant::now();
+        loop {
+            let (dt, events) = self.engine.lock().expect("engine lock").step();
+            if events.is_empty() && dt == 0.0 {
+                if self.engine.lock().expect("engine lock").idle() {
+                    self.arrived.notified().await;
+                } else {
+                    tokio::task::yield_now().await;
+                }
+                clock = tokio::time::Instant::now();
+                continue;
+            }
+            clock += Duration::from_secs_f64(dt / self.cli.time_scale);
+            tokio::time::sleep_until(clock).await;
+            let streams = self.streams.lock().expect("streams lock");
+            for (id, ev) in events {
+                if let Some(tx) = streams.get(&id) {
+                    let _ = tx.send(ev);
+                }
+            }
+        }
     }
 
     fn tag(&self, mut r: Response<Body>, (len, hash): (usize, u128)) -> Response<Body> {
@@ -247,69 +353,114 @@ impl Sim {
 
     fn stats(&self) -> Value {
         let e = self.engine.lock().expect("engine lock");
+        let c = &e.counters;
         json!({
             "name": self.cli.name,
-            "requests": e.requests_total,
+            "requests": c.requests,
             "running": self.running.load(Relaxed),
             "cancelled": self.cancelled.load(Relaxed),
-            "prompt_tokens": e.prompt_tokens_total,
-            "cached_tokens": e.prefix_hits,
+            "prompt_tokens": c.prompt_tokens,
+            "cached_tokens": c.prefix_hits,
+            "preemptions": c.preemptions,
             "kv_usage": e.kv_usage(),
         })
     }
 
     /// vLLM's metric names (v0.10+, `vllm:` prefix, `model_name` label).
     fn metrics(&self) -> String {
-        let e = self.engine.lock().expect("engine lock");
+        let (running, waiting, usage, c) = {
+            let e = self.engine.lock().expect("engine lock");
+            (e.running(), e.waiting(), e.kv_usage(), e.counters.clone())
+        };
         let l = "{model_name=\"sim\"}";
-        format!(
-            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{l} {}\n\
-             # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{l} 0\n\
-             # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{l} {}\n\
+        let mut out = format!(
+            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{l} {running}\n\
+             # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{l} {waiting}\n\
+             # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{l} {usage}\n\
              # TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total{l} {}\n\
              # TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total{l} {}\n\
              # TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total{l} {}\n\
-             # TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total{l} {}\n",
-            self.running.load(Relaxed),
-            e.kv_usage(),
-            e.prefix_queries,
-            e.prefix_hits,
-            e.prompt_tokens_total,
-            e.generation_tokens_total,
-        )
+             # TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total{l} {}\n\
+             # TYPE vllm:num_preemptions counter\nvllm:num_preemptions_total{l} {}\n",
+            c.prefix_queries, c.prefix_hits, c.prompt_tokens, c.generation_tokens, c.preemptions,
+        );
+        out.push_str(
+            &self
+                .ttft
+                .lock()
+                .expect("ttft lock")
+                .render("vllm:time_to_first_token_seconds", "model_name=\"sim\""),
+        );
+        out
     }
 }
 
-/// A request on the card; dropped unfinished (client gone) it counts as cancelled.
+/// A request on the card; dropped unfinished (client gone) it is cancelled.
 struct Running {
     sim: Arc<Sim>,
+    id: SeqId,
+    started: tokio::time::Instant,
+    first_seen: bool,
     done: bool,
 }
 
 impl Running {
-    fn start(sim: &Arc<Sim>) -> Self {
-        sim.running.fetch_add(1, Relaxed);
-        Self {
-            sim: Arc::clone(sim),
-            done: false,
-        }
-    }
-
-    fn finish(&mut self, generated: u64) {
-        self.done = true;
-        self.sim
+    /// Submits the request; returns the guard and its event channel.
+    fn start(
+        sim: &Arc<Sim>,
+        text: &[u8],
+        max_tokens: u64,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Event>), String> {
+        let id = sim.next_id.fetch_add(1, Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        sim.streams.lock().expect("streams lock").insert(id, tx);
+        if let Err(e) = sim
             .engine
             .lock()
             .expect("engine lock")
-            .generation_tokens_total += generated;
+            .submit(id, text, max_tokens)
+        {
+            sim.streams.lock().expect("streams lock").remove(&id);
+            return Err(e);
+        }
+        sim.running.fetch_add(1, Relaxed);
+        sim.arrived.notify_one();
+        Ok((
+            Self {
+                sim: Arc::clone(sim),
+                id,
+                started: tokio::time::Instant::now(),
+                first_seen: false,
+                done: false,
+            },
+            rx,
+        ))
+    }
+
+    /// Records the model-time TTFT once (wall time times the time scale).
+    fn first_token(&mut self) {
+        if !std::mem::replace(&mut self.first_seen, true) {
+            let model_s = self.started.elapsed().as_secs_f64() * self.sim.cli.time_scale;
+            self.sim.ttft.lock().expect("ttft lock").observe(model_s);
+        }
+    }
+
+    fn finish(&mut self) {
+        self.done = true;
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
         self.sim.running.fetch_sub(1, Relaxed);
+        self.sim
+            .streams
+            .lock()
+            .expect("streams lock")
+            .remove(&self.id);
         if !self.done {
             self.sim.cancelled.fetch_add(1, Relaxed);
+            self.sim.engine.lock().expect("engine lock").cancel(self.id);
         }
     }
 }
@@ -423,12 +574,20 @@ async fn main() -> std::io::Result<()> {
             block_tokens: cli.block_tokens,
             bytes_per_token: cli.bytes_per_token,
             prefill_tps: cli.prefill_tps,
+            decode_tps: cli.decode_tps,
+            reuse_s_per_token: cli.reuse_s_per_token,
+            chunk_tokens: cli.chunk_tokens,
         })),
+        streams: Mutex::new(HashMap::new()),
+        arrived: Notify::new(),
+        next_id: AtomicU64::new(0),
         healthy: AtomicBool::new(loading.is_zero()),
         running: AtomicU64::new(0),
         cancelled: AtomicU64::new(0),
+        ttft: Mutex::new(Histogram::default()),
         cli,
     });
+    tokio::spawn(Arc::clone(&sim).schedule());
     if !loading.is_zero() {
         let s = Arc::clone(&sim);
         tokio::spawn(async move {
