@@ -1,5 +1,5 @@
 # The two commands of the README, plus the benchmarks.
-.PHONY: run test bench prepare
+.PHONY: run test bench results prepare
 
 prepare:
 	scripts/prepare.sh
@@ -19,3 +19,9 @@ test: prepare
 bench: prepare
 	cargo bench --bench decision | tee target/bench-decision.txt
 	scripts/perf-report.py
+
+# The three policies side by side on simulated cards; rewrites docs/results.md (+ .svg).
+results: prepare
+	cargo build --release --bins
+	target/release/routebench compare --time-scale 10 --out bench-out \
+		--results docs/results.md --preface docs/results-preface.md

@@ -62,6 +62,8 @@ pub struct Config {
     pub load_guard_in_flight: Option<u32>,
     /// How often the config file is checked for changes.
     pub reload_interval_ms: u64,
+    /// Window of the per-replica working-set estimate (capacity gauges and warning).
+    pub working_set_window_s: u32,
     /// Pingora worker threads for the proxy.
     pub threads: usize,
     /// TLS to every replica (requires a build with `--features tls`).
@@ -163,6 +165,7 @@ impl Default for Config {
             prefix_index: PrefixIndex::default(),
             load_guard_in_flight: None,
             reload_interval_ms: 1_000,
+            working_set_window_s: 300,
             threads: 2,
             replica_tls: ReplicaTls::default(),
             replicas: Vec::new(),
@@ -248,6 +251,7 @@ impl Config {
             ("timeouts.read_ms", self.timeouts.read_ms),
             ("timeouts.write_ms", self.timeouts.write_ms),
             ("reload_interval_ms", self.reload_interval_ms),
+            ("working_set_window_s", u64::from(self.working_set_window_s)),
         ] {
             if v == 0 {
                 return Err(invalid(field, "must be positive"));

@@ -7,9 +7,10 @@
 //! - [`config`]: the YAML file; [`reload`]: hot reload of its replica list.
 //! - [`replicas`]: the live set; [`fleet`]: Pingora discovery, health checks, selection.
 //! - [`proxy`]: the Pingora `ProxyHttp`; [`errors`]: OpenAI-style error bodies;
-//!   [`metrics`]: every Prometheus metric.
+//!   [`metrics`]: every Prometheus metric; [`capacity`]: working set vs KV capacity.
 #![forbid(unsafe_code)]
 
+pub mod capacity;
 pub mod config;
 pub mod errors;
 pub mod fleet;

@@ -10,6 +10,7 @@ use pingora_core::server::configuration::ServerConf;
 use pingora_core::server::Server;
 use pingora_core::services::background::background_service;
 
+use prefix_router::capacity::CapacityWatch;
 use prefix_router::config::{Config, EMBEDDED_DEFAULT, POLICY_ENV};
 use prefix_router::fleet::fleet;
 use prefix_router::metrics::METRICS;
@@ -61,6 +62,7 @@ fn main() -> anyhow::Result<()> {
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
 
+    let started = std::time::Instant::now();
     let replicas = Arc::new(Replicas::new(&cfg.replicas));
     METRICS.init();
     for r in replicas.snapshot().iter() {
@@ -82,7 +84,14 @@ fn main() -> anyhow::Result<()> {
         policy: Arc::clone(&policy),
         replicas: Arc::clone(&replicas),
         fleet: fleet_service.task(),
+        started,
     };
+    let capacity = CapacityWatch::new(
+        started,
+        cfg.working_set_window_s,
+        Arc::clone(&policy),
+        Arc::clone(&replicas),
+    );
     let mut proxy = pingora_proxy::http_proxy_service(&server.configuration, router);
     proxy.add_tcp(&cfg.listen);
     let mut metrics = pingora_prometheus::prometheus_http_service();
@@ -92,6 +101,7 @@ fn main() -> anyhow::Result<()> {
         let reloader = Reloader::new(path, cfg, env_policy, replicas, policy);
         server.add_service(background_service("reload", reloader));
     }
+    server.add_service(background_service("capacity", capacity));
     server.add_service(fleet_service);
     server.add_service(proxy);
     server.add_service(metrics);

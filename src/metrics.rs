@@ -22,6 +22,8 @@ pub struct Metrics {
     pub in_flight: IntGaugeVec,
     /// Declared KV capacity per replica, tokens.
     pub kv_tokens: IntGaugeVec,
+    /// Estimated prefix working set placed on each replica, tokens.
+    pub working_set: IntGaugeVec,
     /// Errors the router itself answered, by kind.
     pub errors: IntCounterVec,
     /// Config reloads by result (`ok`, `error`).
@@ -36,7 +38,8 @@ pub struct Metrics {
 }
 
 /// The process-wide metrics.
-pub static METRICS: Lazy<Metrics> = Lazy::new(|| Metrics {
+pub static METRICS: Lazy<Metrics> = Lazy::new(|| {
+    Metrics {
     requests: register_int_counter_vec!(
         "prefix_router_requests_total",
         "Requests routed, by replica, decision and shape",
@@ -64,6 +67,12 @@ pub static METRICS: Lazy<Metrics> = Lazy::new(|| Metrics {
     kv_tokens: register_int_gauge_vec!(
         "prefix_router_replica_kv_capacity_tokens",
         "Declared KV cache capacity per replica (config kv_tokens)",
+        &["replica"]
+    )
+    .expect("register"),
+    working_set: register_int_gauge_vec!(
+        "prefix_router_replica_working_set_tokens",
+        "Distinct prompt tokens placed on the replica within working_set_window_s (estimate, bytes/4)",
         &["replica"]
     )
     .expect("register"),
@@ -100,6 +109,7 @@ pub static METRICS: Lazy<Metrics> = Lazy::new(|| Metrics {
         "Requests answered 503 because no replica was live"
     )
     .expect("register"),
+}
 });
 
 impl Metrics {
@@ -127,6 +137,7 @@ impl Metrics {
             .with_label_values(&[name])
             .set(replica.kv_tokens().unwrap_or(0) as i64);
         self.failovers.with_label_values(&[name]);
+        self.working_set.with_label_values(&[name]);
         for reason in Reason::ALL {
             if reason != Reason::NoReplica {
                 for shape in [Shape::Continuation, Shape::Single] {
@@ -147,7 +158,12 @@ impl Metrics {
     /// Drops the gauges of a replica that left the set (its counters stay, as
     /// Prometheus counters should).
     pub fn forget_replica(&self, replica: &str) {
-        for g in [&self.replica_up, &self.in_flight, &self.kv_tokens] {
+        for g in [
+            &self.replica_up,
+            &self.in_flight,
+            &self.kv_tokens,
+            &self.working_set,
+        ] {
             let _ = g.remove_label_values(&[replica]);
         }
     }

@@ -24,6 +24,7 @@ use pingora_core::{Error, ErrorType, Result};
 use pingora_http::ResponseHeader;
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
+use crate::capacity::clock_s;
 use crate::config::{ms, Config};
 use crate::errors::RouterError;
 use crate::fleet::Fleet;
@@ -73,6 +74,8 @@ pub struct Router {
     pub policy: Arc<Mutex<Policy>>,
     pub replicas: Arc<Replicas>,
     pub fleet: Arc<Fleet>,
+    /// Process start: the policy's clock counts seconds from it.
+    pub started: std::time::Instant,
 }
 
 /// Per-request state.
@@ -196,6 +199,7 @@ impl ProxyHttp for Router {
             let states = Replicas::states(&list, &ctx.tried);
             let decision = {
                 let mut policy = self.lock_policy();
+                policy.set_clock(clock_s(self.started));
                 let d = match &ctx.request {
                     Some(r) => policy.place(r, &states),
                     None => policy.spread(&states),

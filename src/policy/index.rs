@@ -56,6 +56,10 @@ struct Slot {
     entry: Entry,
     prev: u32,
     next: u32,
+    /// Clock (seconds) of the last upsert.
+    touched: u32,
+    /// A block of prompt text (not a prompt end or an explicit key).
+    block: bool,
 }
 
 /// Keys are uniformly distributed hashes already: use them as their own hash.
@@ -118,14 +122,18 @@ impl PrefixIndex {
         self.map.get(&key).map(|s| &self.slots[*s as usize].entry)
     }
 
-    /// Makes `key` the most recent entry, served by `replica`, evicting the
-    /// least recent entry when the cap is exceeded. Returns the entry.
-    pub fn upsert(&mut self, key: u64, replica: u32) -> &mut Entry {
+    /// Makes `key` the most recent entry, served by `replica`, stamped `now_s`,
+    /// evicting the least recent entry when the cap is exceeded. `block` marks
+    /// entries that stand for a block of prompt text. Returns the entry.
+    pub fn upsert(&mut self, key: u64, replica: u32, now_s: u32, block: bool) -> &mut Entry {
         let slot = match self.map.get(&key) {
             Some(s) => {
                 let s = *s;
                 self.unlink(s);
-                self.slots[s as usize].entry.replica = replica;
+                let slot = &mut self.slots[s as usize];
+                slot.entry.replica = replica;
+                slot.touched = now_s;
+                slot.block = block;
                 s
             }
             None => {
@@ -137,6 +145,8 @@ impl PrefixIndex {
                     entry: Entry::new(replica),
                     prev: NIL,
                     next: NIL,
+                    touched: now_s,
+                    block,
                 };
                 let s = match self.free.pop() {
                     Some(s) => {
@@ -154,6 +164,25 @@ impl PrefixIndex {
         };
         self.push_front(slot);
         &mut self.slots[slot as usize].entry
+    }
+
+    /// The replica of each block entry touched at or after `since_s`, newest
+    /// first; stops at the first older entry (the recency list is in clock order).
+    pub fn recent_blocks(&self, since_s: u32) -> impl Iterator<Item = u32> + '_ {
+        let mut at = self.head;
+        std::iter::from_fn(move || {
+            while at != NIL {
+                let slot = &self.slots[at as usize];
+                if slot.touched < since_s {
+                    return None;
+                }
+                at = slot.next;
+                if slot.block {
+                    return Some(slot.entry.replica);
+                }
+            }
+            None
+        })
     }
 
     /// Drops every entry served by `replica` (it left the replica set).
@@ -218,10 +247,10 @@ mod tests {
     #[test]
     fn least_recently_used_entry_is_evicted_first() {
         let mut idx = PrefixIndex::new(2);
-        idx.upsert(1, 0);
-        idx.upsert(2, 0);
-        idx.upsert(1, 0); // touch 1: 2 is now the oldest
-        idx.upsert(3, 0);
+        idx.upsert(1, 0, 0, true);
+        idx.upsert(2, 0, 0, true);
+        idx.upsert(1, 0, 0, true); // touch 1: 2 is now the oldest
+        idx.upsert(3, 0, 0, true);
         assert_eq!(idx.len(), 2);
         assert!(idx.get(1).is_some());
         assert!(idx.get(2).is_none());
@@ -231,8 +260,8 @@ mod tests {
     #[test]
     fn upsert_moves_the_prefix_to_the_new_replica() {
         let mut idx = PrefixIndex::new(8);
-        idx.upsert(7, 0);
-        idx.upsert(7, 1);
+        idx.upsert(7, 0, 0, true);
+        idx.upsert(7, 1, 0, true);
         assert_eq!(idx.get(7).map(|e| e.replica), Some(1));
         assert_eq!(idx.len(), 1);
     }
@@ -240,17 +269,28 @@ mod tests {
     #[test]
     fn forgetting_a_replica_drops_only_its_entries() {
         let mut idx = PrefixIndex::new(8);
-        idx.upsert(1, 0);
-        idx.upsert(2, 1);
-        idx.upsert(3, 0);
+        idx.upsert(1, 0, 0, true);
+        idx.upsert(2, 1, 0, true);
+        idx.upsert(3, 0, 0, true);
         idx.forget_replica(0);
         assert_eq!(idx.len(), 1);
         assert!(idx.get(2).is_some());
         // Freed slots are reused and the recency list stays consistent.
         for k in 10..20 {
-            idx.upsert(k, 1);
+            idx.upsert(k, 1, 0, true);
         }
         assert_eq!(idx.len(), 8);
+    }
+
+    #[test]
+    fn recent_blocks_stop_at_the_window_and_skip_other_entries() {
+        let mut idx = PrefixIndex::new(8);
+        idx.upsert(1, 0, 10, true);
+        idx.upsert(2, 1, 20, true);
+        idx.upsert(3, 1, 30, false);
+        idx.upsert(4, 0, 30, true);
+        assert_eq!(idx.recent_blocks(20).collect::<Vec<_>>(), vec![0, 1]);
+        assert_eq!(idx.recent_blocks(0).count(), 3);
     }
 
     #[test]

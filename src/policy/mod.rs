@@ -174,12 +174,13 @@ struct Match {
     end: bool,
 }
 
-/// The routing state: prefix index and counter.
+/// The routing state: prefix index, counter, and the clock the caller sets.
 #[derive(Debug)]
 pub struct Policy {
     cfg: PolicyConfig,
     index: PrefixIndex,
     counter: u64,
+    clock_s: u32,
 }
 
 impl Policy {
@@ -192,7 +193,27 @@ impl Policy {
             index: PrefixIndex::new(cfg.max_entries),
             cfg,
             counter: 0,
+            clock_s: 0,
         }
+    }
+
+    /// Sets the clock (seconds, monotonic) that stamps what is recorded next.
+    pub fn set_clock(&mut self, now_s: u32) {
+        self.clock_s = self.clock_s.max(now_s);
+    }
+
+    /// Bytes of distinct prompt blocks placed on each replica within the last
+    /// `window_s` seconds: the prefix cache each replica is asked to hold.
+    pub fn working_set(&self, window_s: u32) -> Vec<(ReplicaId, u64)> {
+        let since = self.clock_s.saturating_sub(window_s);
+        let mut by: Vec<(ReplicaId, u64)> = Vec::new();
+        for r in self.index.recent_blocks(since) {
+            match by.iter_mut().find(|(id, _)| id.0 == r) {
+                Some((_, b)) => *b += self.cfg.block_bytes as u64,
+                None => by.push((ReplicaId(r), self.cfg.block_bytes as u64)),
+            }
+        }
+        by
     }
 
     pub fn config(&self) -> &PolicyConfig {
@@ -383,19 +404,24 @@ impl Policy {
     /// Records that `replica` now holds this prompt's prefix. The end key goes in
     /// first and block 1 last, so LRU eviction trims a conversation from its tail.
     fn record(&mut self, chain: &PrefixChain, key: Option<u64>, replica: ReplicaId) {
-        let r = replica.0;
+        let (r, now) = (replica.0, self.clock_s);
         if let Some(k) = key {
-            self.index.upsert(k, r);
+            self.index.upsert(k, r, now, false);
         }
         if chain.is_empty() {
             return;
         }
         let n = chain.blocks.len();
         let tail = (chain.len() - n * chain.block_bytes) as u16;
-        self.index.upsert(chain.end_hash(chain.len()), r);
-        self.index.upsert(chain.block_hash(n), r).add_tail(tail);
+        self.index
+            .upsert(chain.end_hash(chain.len()), r, now, false);
+        // Block n (or the empty prefix, which is no block, when n is 0) keeps
+        // the tail length of this prompt's end.
+        self.index
+            .upsert(chain.block_hash(n), r, now, n > 0)
+            .add_tail(tail);
         for h in chain.blocks[..n.saturating_sub(1)].iter().rev() {
-            self.index.upsert(*h, r);
+            self.index.upsert(*h, r, now, true);
         }
     }
 

@@ -164,3 +164,26 @@ fn forgetting_a_replica_drops_its_pins() {
     let d = p.place(&req("conversation, continued", true), &rs);
     assert_eq!(d.reason, Reason::Spread);
 }
+
+#[test]
+fn working_set_counts_distinct_recent_blocks_per_replica() {
+    let mut p = Policy::new(cfg(Mode::Shape));
+    let rs = replicas(&[true, true]);
+    p.set_clock(100);
+    let a = "a".repeat(B * 10);
+    let first = p.place(&req(&a, false), &rs).replica.unwrap();
+    // The same conversation grown: its blocks count once.
+    p.place(&req(&format!("{a}{}", "b".repeat(B * 5)), true), &rs);
+    p.set_clock(200);
+    let other = p
+        .place(&req(&"c".repeat(B * 3), false), &rs)
+        .replica
+        .unwrap();
+    assert_ne!(first, other);
+    let ws = p.working_set(1000);
+    let bytes = |r: ReplicaId| ws.iter().find(|(id, _)| *id == r).map_or(0, |(_, b)| *b);
+    assert_eq!(bytes(first), (B * 15) as u64);
+    assert_eq!(bytes(other), (B * 3) as u64);
+    // Only the last 50 seconds: the first conversation has aged out.
+    assert_eq!(p.working_set(50).len(), 1);
+}

@@ -30,6 +30,8 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
 pub struct Sim {
     pub name: String,
     pub addr: SocketAddr,
+    /// `--kv-tokens` when given: also declared to the router.
+    pub kv_tokens: Option<u64>,
     child: Child,
 }
 
@@ -72,9 +74,15 @@ impl Sim {
             .strip_prefix("listening on ")
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("replica-sim said {line:?}"));
+        let kv_tokens = args
+            .iter()
+            .position(|a| *a == "--kv-tokens")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok());
         Sim {
             name: name.to_owned(),
             addr,
+            kv_tokens,
             child,
         }
     }
@@ -101,7 +109,11 @@ impl Sim {
 
     /// A replica entry for the router's YAML.
     pub fn yaml(&self) -> String {
-        format!("  - {{name: {}, addr: \"{}\"}}\n", self.name, self.addr)
+        let kv = self
+            .kv_tokens
+            .map(|k| format!(", kv_tokens: {k}"))
+            .unwrap_or_default();
+        format!("  - {{name: {}, addr: \"{}\"{kv}}}\n", self.name, self.addr)
     }
 }
 
@@ -124,6 +136,13 @@ pub struct Router {
     pub config: PathBuf,
     child: Child,
     dir: PathBuf,
+}
+
+impl Router {
+    /// What the router logged (at `warn` and above).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("router.log")).unwrap_or_default()
+    }
 }
 
 impl Router {
@@ -178,7 +197,7 @@ impl Router {
             .env_remove("PREFIX_ROUTER_POLICY")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(std::fs::File::create(dir.join("router.log")).expect("log file"));
         for (k, v) in env {
             cmd.env(k, v);
         }

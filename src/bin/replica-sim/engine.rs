@@ -482,6 +482,23 @@ mod tests {
         assert!((out[&1].1 - 0.98).abs() < 0.02 && t == out[&1].1, "{out:?}");
     }
 
+    /// Makespan of `n` distinct cold prompts of `tokens` tokens submitted at once.
+    fn burst(n: u64, tokens: u64, max_tokens: u64) -> f64 {
+        let mut e = card(122_636);
+        for i in 0..n {
+            e.submit(i, &text(i + 100, tokens), max_tokens).unwrap();
+        }
+        run(&mut e).0
+    }
+
+    #[test]
+    fn sixteen_cold_20k_prompts_take_about_30_s_on_one_card_and_18_6_on_two() {
+        let one_card = burst(16, 20_000, 350);
+        let two_cards = burst(8, 20_000, 350); // each card takes half
+        assert!((one_card - 30.1).abs() < 1.5, "one card {one_card}");
+        assert!((two_cards - 18.6).abs() < 1.0, "two cards {two_cards}");
+    }
+
     #[test]
     fn a_request_larger_than_the_card_is_refused() {
         let mut e = card(1_000);

@@ -278,6 +278,9 @@ impl Sim {
         tokio::spawn(async move {
             let mut pending = vec![kind.first_event(), kind.delta_event("tok")];
             let mut done = max_tokens == 1;
+            if done {
+                pending.extend(kind.last_events(usage_in_stream.then_some(&usage)));
+            }
             loop {
                 for ev in pending.drain(..) {
                     if tx.send(Bytes::from(ev)).await.is_err() {

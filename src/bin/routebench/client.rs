@@ -1,0 +1,145 @@
+//! A plain OpenAI client that times one streamed chat completion: time to the
+//! first streamed event (TTFT) and to the end, with what the response says
+//! about placement (`x-prefix-router-*` headers, when present) and caching
+//! (`usage.prompt_tokens_details.cached_tokens`, or llama.cpp's `timings.cache_n`).
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::client::legacy::{connect::HttpConnector, Client as HyperClient};
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+
+/// One timed request.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Sample {
+    /// Scenario-defined labels: which conversation, which turn, which kind.
+    pub group: String,
+    pub turn: usize,
+    /// Model seconds (wall seconds times the time scale).
+    pub ttft_s: f64,
+    pub total_s: f64,
+    /// Seconds since the scenario started, model time.
+    pub start_s: f64,
+    pub status: u16,
+    pub replica: String,
+    pub decision: String,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+}
+
+/// The endpoint and how to turn wall time into model time.
+#[derive(Clone)]
+pub struct Client {
+    http: HyperClient<HttpConnector, Full<Bytes>>,
+    base: String,
+    pub model: String,
+    /// Model seconds per wall second (the simulators' `--time-scale`; 1 for real engines).
+    pub scale: f64,
+    pub epoch: Instant,
+}
+
+impl Client {
+    pub fn new(base: &str, model: &str, scale: f64) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        Self {
+            http: HyperClient::builder(TokioExecutor::new()).build(connector),
+            base: base.trim_end_matches('/').to_owned(),
+            model: model.to_owned(),
+            scale,
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Model seconds since `epoch`.
+    pub fn now(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64() * self.scale
+    }
+
+    /// Streams `/v1/chat/completions` for `messages` and times it.
+    pub async fn chat(
+        &self,
+        group: &str,
+        turn: usize,
+        messages: &[Value],
+        max_tokens: u64,
+    ) -> Sample {
+        let body = json!({
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        let mut s = Sample {
+            group: group.to_owned(),
+            turn,
+            start_s: self.now(),
+            ..Sample::default()
+        };
+        let started = Instant::now();
+        let req = Request::post(format!("{}/v1/chat/completions", self.base))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())));
+        let resp = match req {
+            Ok(r) => self.http.request(r).await,
+            Err(e) => {
+                log::error!("bad request: {e}");
+                return s;
+            }
+        };
+        let resp = match resp {
+            Ok(r) => r,
+            Err(e) => {
+                log::warn!("request failed: {e}");
+                return s;
+            }
+        };
+        s.status = resp.status().as_u16();
+        let header = |n: &str| {
+            resp.headers()
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned()
+        };
+        s.replica = header("x-prefix-router-replica");
+        s.decision = header("x-prefix-router-decision");
+        let mut body = resp.into_body();
+        let mut buf = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else { break };
+            let Some(data) = frame.data_ref() else {
+                continue;
+            };
+            if s.ttft_s == 0.0 && data.windows(5).any(|w| w == b"data:") {
+                s.ttft_s = started.elapsed().as_secs_f64() * self.scale;
+            }
+            buf.extend_from_slice(data);
+        }
+        s.total_s = started.elapsed().as_secs_f64() * self.scale;
+        for line in String::from_utf8_lossy(&buf).lines() {
+            let Some(v) = line
+                .strip_prefix("data: ")
+                .and_then(|d| serde_json::from_str::<Value>(d).ok())
+            else {
+                continue;
+            };
+            if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+                s.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
+                s.cached_tokens = u
+                    .pointer("/prompt_tokens_details/cached_tokens")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
+            }
+            if let Some(n) = v.pointer("/timings/cache_n").and_then(Value::as_u64) {
+                s.cached_tokens = s.cached_tokens.max(n);
+            }
+        }
+        s
+    }
+}

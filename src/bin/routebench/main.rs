@@ -1,0 +1,344 @@
+//! routebench: the seed's scenarios against any OpenAI-compatible endpoint, and
+//! `compare`, which measures the router's three policies side by side.
+//!
+//! Scenarios: `agent-loop` (sequential-turn conversations growing toward ~90k
+//! tokens), `burst` (16 distinct cold prompts at once), `mixed` (both at once),
+//! `probe` (the same long prompt twice on one idle replica, then varying tails),
+//! `capacity` (three 50-80k-token families on two cards). Every run salts its
+//! prompts; every median comes with its p90 and sample size. Times are model
+//! seconds: wall seconds times `--time-scale` (the simulators' own; 1 for real engines).
+//!   cargo run --release --bin routebench -- run --url http://127.0.0.1:8080 --probe-url http://127.0.0.1:8001
+//!   cargo run --release --bin routebench -- compare --results docs/results.md
+
+mod client;
+mod fleet;
+mod report;
+mod scenarios;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+use client::{Client, Sample};
+use scenarios::Sizes;
+
+const ALL: [&str; 5] = ["agent-loop", "burst", "mixed", "probe", "capacity"];
+/// What the router logs when a working set exceeds a replica's KV.
+const WARNING: &str = "exceeds its KV capacity";
+
+#[derive(Parser)]
+#[command(about = "Measure LLM routing: agent loops, bursts, mixes, cache probes, capacity")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Args, Clone)]
+struct Common {
+    /// Scenarios to run (default: all).
+    #[arg(long = "scenario", value_parser = ALL)]
+    scenarios: Vec<String>,
+    /// Model seconds per wall second of the replicas (1 for real engines).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Small sizes (seconds per scenario), for tests.
+    #[arg(long)]
+    quick: bool,
+    /// The `model` field sent.
+    #[arg(long, default_value = "sim")]
+    model: String,
+    /// Where JSON samples and Markdown summaries go.
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run scenarios against one endpoint.
+    Run {
+        /// Base URL of the endpoint (the router, or a replica).
+        #[arg(long)]
+        url: String,
+        /// Base URL of one replica for `probe` (default: --url).
+        #[arg(long)]
+        probe_url: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Start the router once per policy in front of fresh simulators (or the
+    /// given replicas) and run the same scenarios against each.
+    Compare {
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "shape,roundrobin,affinity"
+        )]
+        policies: Vec<String>,
+        /// Existing replicas (`IP:port`) instead of simulators, e.g. real engines.
+        #[arg(long = "replica")]
+        replicas: Vec<SocketAddr>,
+        /// KV capacity of each simulated card (and the router's `kv_tokens`).
+        #[arg(long, default_value_t = 122_636)]
+        kv_tokens: u64,
+        /// Write the side-by-side report here (Markdown, with an SVG beside it).
+        #[arg(long)]
+        results: Option<PathBuf>,
+        /// A title line for the report.
+        #[arg(long, default_value = "simulated replicas (replica-sim)")]
+        label: String,
+        /// Markdown put before the generated tables in --results.
+        #[arg(long)]
+        preface: Option<PathBuf>,
+        /// Model seconds of the router's working-set window, and of quiet
+        /// between scenarios so each scenario's capacity warnings are its own.
+        #[arg(long, default_value_t = 60.0)]
+        window_model_s: f64,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+fn salt() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("[routebench run {nanos:x}]")
+}
+
+fn sizes(c: &Common) -> Sizes {
+    if c.quick {
+        Sizes::quick()
+    } else {
+        Sizes::seed()
+    }
+}
+
+fn chosen(c: &Common) -> Vec<String> {
+    if c.scenarios.is_empty() {
+        ALL.iter().map(|s| s.to_string()).collect()
+    } else {
+        c.scenarios.clone()
+    }
+}
+
+/// Runs one scenario; `probe` goes to `probe` (one replica), the rest to `c`.
+async fn scenario(name: &str, c: &Client, probe: &Client, s: &Sizes) -> Vec<Sample> {
+    let salt = salt();
+    match name {
+        "agent-loop" => scenarios::agent_loop(c, &salt, s).await,
+        "burst" => {
+            scenarios::burst(c, &salt, s, "burst", s.burst_requests, s.burst_doc_tokens).await
+        }
+        "mixed" => scenarios::mixed(c, &salt, s).await,
+        "probe" => scenarios::probe(probe, &salt, s).await,
+        "capacity" => scenarios::capacity(c, &salt, s).await,
+        _ => Vec::new(),
+    }
+}
+
+fn save(out: &std::path::Path, file: &str, samples: &[Sample], sizes: &Sizes) -> Result<()> {
+    std::fs::create_dir_all(out)?;
+    let v = serde_json::json!({"sizes": sizes, "samples": samples});
+    std::fs::write(out.join(file), serde_json::to_string_pretty(&v)?)?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    match Cli::parse().cmd {
+        Cmd::Run {
+            url,
+            probe_url,
+            common,
+        } => run(&url, probe_url.as_deref(), &common).await,
+        Cmd::Compare {
+            policies,
+            replicas,
+            kv_tokens,
+            results,
+            label,
+            preface,
+            window_model_s,
+            common,
+        } => {
+            let arms = Arms {
+                policies,
+                external: replicas,
+                kv_tokens,
+                window_model_s,
+            };
+            let preface = match preface {
+                Some(p) => std::fs::read_to_string(&p)
+                    .with_context(|| format!("preface {}", p.display()))?,
+                None => String::new(),
+            };
+            compare(&arms, results, &label, &preface, &common).await
+        }
+    }
+}
+
+async fn run(url: &str, probe_url: Option<&str>, common: &Common) -> Result<()> {
+    let s = sizes(common);
+    let c = Client::new(url, &common.model, common.time_scale);
+    let probe = Client::new(probe_url.unwrap_or(url), &common.model, common.time_scale);
+    let mut md = String::new();
+    for name in chosen(common) {
+        let samples = scenario(&name, &c, &probe, &s).await;
+        save(&common.out, &format!("{name}.json"), &samples, &s)?;
+        md.push_str(&report::table(
+            &name,
+            &[(url.to_owned(), report::summarize(&name, &samples))],
+        ));
+        md.push('\n');
+    }
+    std::fs::write(common.out.join("summary.md"), &md)?;
+    println!("{md}");
+    Ok(())
+}
+
+/// What `compare` starts for each policy.
+struct Arms {
+    policies: Vec<String>,
+    external: Vec<SocketAddr>,
+    kv_tokens: u64,
+    window_model_s: f64,
+}
+
+async fn compare(
+    arms: &Arms,
+    results: Option<PathBuf>,
+    label: &str,
+    preface: &str,
+    common: &Common,
+) -> Result<()> {
+    let policies = &arms.policies;
+    let s = sizes(common);
+    let names = chosen(common);
+    let mut rows: Vec<(String, report::Rows)> =
+        names.iter().map(|n| (n.clone(), Vec::new())).collect();
+    let mut turns = Vec::new();
+    let mut warnings = Vec::new();
+    let mut headline = Vec::new();
+    let started = std::time::Instant::now();
+    for policy in policies {
+        if !["shape", "roundrobin", "affinity"].contains(&policy.as_str()) {
+            bail!("unknown policy {policy}");
+        }
+        let fleet = fleet::Fleet::start(&fleet::Arm {
+            policy,
+            external: &arms.external,
+            sims: 2,
+            kv_tokens: arms.kv_tokens,
+            time_scale: common.time_scale,
+            window_s: (arms.window_model_s / common.time_scale).ceil().max(1.0) as u32,
+            dir: &common.out,
+        })
+        .with_context(|| format!("starting the {policy} arm"))?;
+        let c = Client::new(
+            &format!("http://{}", fleet.router),
+            &common.model,
+            common.time_scale,
+        );
+        let probe = Client::new(
+            &format!("http://{}", fleet.replicas[0]),
+            &common.model,
+            common.time_scale,
+        );
+        for (i, name) in names.iter().enumerate() {
+            log::info!("{policy}: {name}");
+            let before = fleet.log_lines(WARNING).len();
+            let samples = scenario(name, &c, &probe, &s).await;
+            let said = fleet.log_lines(WARNING);
+            warnings.push((
+                policy.clone(),
+                name.clone(),
+                said.len() - before,
+                said.get(before).cloned(),
+            ));
+            save(&common.out, &format!("{name}-{policy}.json"), &samples, &s)?;
+            if name == "agent-loop" {
+                turns.push((policy.clone(), report::per_turn(&samples)));
+            }
+            headline.push((
+                policy.clone(),
+                name.clone(),
+                report::headline(name, &samples),
+            ));
+            rows[i]
+                .1
+                .push((policy.clone(), report::summarize(name, &samples)));
+            // Let the router's working-set window (one model minute) pass, so the
+            // next scenario's capacity warnings are its own.
+            let quiet = (arms.window_model_s / common.time_scale).ceil().max(1.0) + 1.0;
+            tokio::time::sleep(std::time::Duration::from_secs_f64(quiet)).await;
+        }
+    }
+    let mut md = format!(
+        "### {label}\n\nOne run, {} policies in sequence, each in front of fresh replicas, one \
+         model minute of quiet between scenarios; {:.0} s wall in all. Times are model seconds \
+         (wall × {}); cells give the median, the p90 and the number of requests.\n\n",
+        policies.len(),
+        started.elapsed().as_secs_f64(),
+        common.time_scale
+    );
+    md.push_str(&report::seed_table(&headline));
+    md.push('\n');
+    for (name, r) in &rows {
+        md.push_str(&report::table(name, r));
+        md.push('\n');
+    }
+    md.push_str("Capacity warnings the router logged during each scenario (working set above a replica's `kv_tokens`):\n\n");
+    let mut warn_rows = Vec::new();
+    for policy in policies {
+        let cells = names
+            .iter()
+            .map(|n| {
+                let count = warnings
+                    .iter()
+                    .find(|w| &w.0 == policy && &w.1 == n)
+                    .map_or(0, |w| w.2);
+                (n.clone(), count.to_string())
+            })
+            .collect();
+        warn_rows.push((policy.clone(), cells));
+    }
+    md.push_str(&report::table("warnings", &warn_rows));
+    let counts: Vec<_> = warnings
+        .iter()
+        .map(|(p, n, c, _)| serde_json::json!({"policy": p, "scenario": n, "warnings": c}))
+        .collect();
+    std::fs::create_dir_all(&common.out)?;
+    std::fs::write(
+        common.out.join("warnings.json"),
+        serde_json::to_string_pretty(&counts)?,
+    )?;
+    if let Some(example) = warnings.iter().find_map(|w| w.3.as_deref()) {
+        let text = example.split("] ").last().unwrap_or(example);
+        md.push_str(&format!("\nFor example: `{text}`\n"));
+    }
+    let svg = report::svg("agent-loop: median TTFT per turn (model s)", &turns);
+    if let Some(path) = &results {
+        let name = path.with_extension("svg");
+        let name = name
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("results.svg");
+        md.push_str(&format!(
+            "\n![agent-loop: median TTFT per turn per policy]({name})\n"
+        ));
+    }
+    std::fs::create_dir_all(&common.out)?;
+    std::fs::write(common.out.join("summary.md"), &md)?;
+    std::fs::write(common.out.join("agent-loop-ttft.svg"), &svg)?;
+    if let Some(path) = results {
+        let svg_path = path.with_extension("svg");
+        std::fs::write(&svg_path, &svg)?;
+        std::fs::write(&path, format!("{preface}{md}"))?;
+        log::info!("wrote {} and {}", path.display(), svg_path.display());
+    }
+    println!("{md}");
+    Ok(())
+}

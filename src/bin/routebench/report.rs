@@ -1,0 +1,392 @@
+//! Summaries of samples (median and p90 with the sample size next to each),
+//! Markdown tables, and an SVG plot of warm-turn TTFT per turn.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use crate::client::Sample;
+
+/// Median, p90 and n of some values.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Stat {
+    pub median: f64,
+    pub p90: f64,
+    pub n: usize,
+}
+
+impl Stat {
+    pub fn of(mut v: Vec<f64>) -> Self {
+        if v.is_empty() {
+            return Self::default();
+        }
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        Self {
+            median: at(0.5),
+            p90: at(0.9),
+            n: v.len(),
+        }
+    }
+
+    /// `1.23 s (p90 1.50, n=14)`
+    pub fn show(&self) -> String {
+        if self.n == 0 {
+            return "–".into();
+        }
+        format!("{:.2} s (p90 {:.2}, n={})", self.median, self.p90, self.n)
+    }
+}
+
+/// Samples that succeeded.
+pub fn ok(samples: &[Sample]) -> impl Iterator<Item = &Sample> + Clone {
+    samples.iter().filter(|s| s.status == 200)
+}
+
+pub fn errors(samples: &[Sample]) -> usize {
+    samples.iter().filter(|s| s.status != 200).count()
+}
+
+/// Share of prompt tokens served from cache.
+pub fn cached_share<'a>(samples: impl Iterator<Item = &'a Sample>) -> f64 {
+    let (c, p) = samples.fold((0, 0), |(c, p), s| {
+        (c + s.cached_tokens, p + s.prompt_tokens)
+    });
+    if p == 0 {
+        0.0
+    } else {
+        c as f64 / p as f64
+    }
+}
+
+/// From the first start to the last finish, model seconds.
+pub fn makespan<'a>(samples: impl Iterator<Item = &'a Sample> + Clone) -> f64 {
+    let start = samples
+        .clone()
+        .map(|s| s.start_s)
+        .fold(f64::INFINITY, f64::min);
+    let end = samples.map(|s| s.start_s + s.total_s).fold(0.0, f64::max);
+    if start.is_finite() {
+        end - start
+    } else {
+        0.0
+    }
+}
+
+/// Requests per replica, e.g. `gpu0 8 / gpu1 8`.
+pub fn placement<'a>(samples: impl Iterator<Item = &'a Sample>) -> String {
+    let mut by: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in samples {
+        *by.entry(if s.replica.is_empty() {
+            "?"
+        } else {
+            &s.replica
+        })
+        .or_default() += 1;
+    }
+    by.iter()
+        .map(|(r, n)| format!("{r} {n}"))
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+/// Table cells: (column, value) pairs.
+pub type Cells = Vec<(String, String)>;
+
+/// One table: a row of cells per policy (or target).
+pub type Rows = Vec<(String, Cells)>;
+
+/// One scenario's headline figures, as (column, value) pairs.
+pub fn summarize(scenario: &str, samples: &[Sample]) -> Cells {
+    let ttft = |f: &dyn Fn(&Sample) -> bool| {
+        Stat::of(ok(samples).filter(|s| f(s)).map(|s| s.ttft_s).collect())
+    };
+    let mut row = Vec::new();
+    match scenario {
+        "agent-loop" => {
+            row.push(("cold first turn TTFT".into(), ttft(&|s| s.turn == 0).show()));
+            row.push(("warm turn TTFT".into(), ttft(&|s| s.turn > 0).show()));
+            row.push((
+                "warm cached".into(),
+                pct(cached_share(ok(samples).filter(|s| s.turn > 0))),
+            ));
+            row.push(("placement".into(), placement(ok(samples))));
+        }
+        "burst" => {
+            row.push((
+                "makespan".into(),
+                format!("{:.2} s (n={})", makespan(ok(samples)), ok(samples).count()),
+            ));
+            row.push(("TTFT".into(), ttft(&|_| true).show()));
+            row.push(("placement".into(), placement(ok(samples))));
+        }
+        "mixed" => {
+            let agent = |s: &Sample| s.group.starts_with("agent");
+            row.push((
+                "agent warm TTFT".into(),
+                ttft(&|s| agent(s) && s.turn > 0).show(),
+            ));
+            let spans: Vec<f64> = groups(samples)
+                .iter()
+                .filter(|(g, _)| g.starts_with("burst"))
+                .map(|(_, v)| makespan(v.iter().copied()))
+                .collect();
+            row.push(("burst makespan".into(), Stat::of(spans).show()));
+            row.push((
+                "burst placement".into(),
+                placement(ok(samples).filter(|s| !agent(s))),
+            ));
+        }
+        "probe" => {
+            let at = |t: usize| ok(samples).find(|s| s.turn == t);
+            let show = |s: Option<&Sample>| {
+                s.map_or("–".into(), |s| {
+                    format!("{:.2} s ({} cached)", s.ttft_s, s.cached_tokens)
+                })
+            };
+            row.push(("cold".into(), show(at(0))));
+            row.push(("same again".into(), show(at(1))));
+            row.push(("varying tail".into(), ttft(&|s| s.group == "tail").show()));
+        }
+        "capacity" => {
+            for (g, v) in groups(samples) {
+                let warm: Vec<&Sample> = v.iter().copied().filter(|s| s.turn > 0).collect();
+                let st = Stat::of(warm.iter().map(|s| s.ttft_s).collect());
+                row.push((
+                    g,
+                    format!(
+                        "{} · {} cached",
+                        st.show(),
+                        pct(cached_share(warm.into_iter()))
+                    ),
+                ));
+            }
+        }
+        _ => {}
+    }
+    row.push(("errors".into(), errors(samples).to_string()));
+    row
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.0} %", x * 100.0)
+}
+
+fn groups(samples: &[Sample]) -> BTreeMap<String, Vec<&Sample>> {
+    let mut by: BTreeMap<String, Vec<&Sample>> = BTreeMap::new();
+    for s in ok(samples) {
+        by.entry(s.group.clone()).or_default().push(s);
+    }
+    by
+}
+
+/// The figure each scenario is judged by (model seconds): warm-turn TTFT for
+/// agent loops, makespan for bursts, agent warm TTFT within mixed traffic.
+pub fn headline(scenario: &str, samples: &[Sample]) -> Option<f64> {
+    let warm = |f: &dyn Fn(&Sample) -> bool| {
+        Stat::of(
+            ok(samples)
+                .filter(|s| s.turn > 0 && f(s))
+                .map(|s| s.ttft_s)
+                .collect(),
+        )
+    };
+    match scenario {
+        "agent-loop" => Some(warm(&|_| true).median),
+        "burst" => Some(makespan(ok(samples))),
+        "mixed" => Some(warm(&|s| s.group.starts_with("agent")).median),
+        _ => None,
+    }
+}
+
+/// The seed's measurements beside this run's, per policy.
+pub fn seed_table(headline: &[(String, String, Option<f64>)]) -> String {
+    let get = |policy: &str, scenario: &str| {
+        headline
+            .iter()
+            .find(|(p, s, _)| p == policy && s == scenario)
+            .and_then(|(_, _, v)| *v)
+            .map_or("–".to_owned(), |v| format!("{v:.2} s"))
+    };
+    let mut out = String::from(
+        "| measure | seed: pinned | seed: round-robin | seed: shape rule | shape | roundrobin | affinity |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    for (label, scenario, seed) in [
+        (
+            "agent-loop warm-turn TTFT (median)",
+            "agent-loop",
+            ["1.10 s", "2.68 s", "1.10 s"],
+        ),
+        (
+            "16-prompt burst makespan",
+            "burst",
+            ["30.1 s", "18.6 s", "19.97 s"],
+        ),
+        (
+            "agent warm TTFT amid bursts (median)",
+            "mixed",
+            ["–", "–", "–"],
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "| {label} | {} | {} | {} | {} | {} | {} |",
+            seed[0],
+            seed[1],
+            seed[2],
+            get("shape", scenario),
+            get("roundrobin", scenario),
+            get("affinity", scenario)
+        );
+    }
+    out
+}
+
+/// A Markdown table: one row per policy (or target), columns from `summarize`.
+pub fn table(scenario: &str, rows: &[(String, Cells)]) -> String {
+    let Some((_, first)) = rows.first() else {
+        return String::new();
+    };
+    let mut out = format!("| {scenario} |");
+    for (col, _) in first {
+        let _ = write!(out, " {col} |");
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---|".repeat(first.len()));
+    for (name, cells) in rows {
+        let _ = write!(out, "\n| {name} |");
+        for (_, v) in cells {
+            let _ = write!(out, " {v} |");
+        }
+    }
+    out.push('\n');
+    out
+}
+
+/// Median warm-turn TTFT per turn of the agent-loop scenario, per series.
+pub fn per_turn(samples: &[Sample]) -> Vec<(usize, f64)> {
+    let mut by: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+    for s in ok(samples).filter(|s| s.group.starts_with("agent")) {
+        by.entry(s.turn).or_default().push(s.ttft_s);
+    }
+    by.into_iter()
+        .map(|(t, v)| (t, Stat::of(v).median))
+        .collect()
+}
+
+/// A line chart (SVG) of TTFT per turn, one line per series.
+pub fn svg(title: &str, series: &[(String, Vec<(usize, f64)>)]) -> String {
+    let (w, h, left, bottom, top, right) = (640.0, 360.0, 60.0, 40.0, 40.0, 130.0);
+    let max_turn = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|(t, _)| *t))
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let max_y = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|(_, y)| *y))
+        .fold(0.1, f64::max)
+        * 1.1;
+    let x = |t: f64| left + t / max_turn * (w - left - right);
+    let y = |v: f64| top + (1.0 - v / max_y) * (h - top - bottom);
+    let colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"20\" font-size=\"14\">{title}</text>\n"
+    );
+    let _ = writeln!(
+        out,
+        "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>",
+        y(0.0),
+        w - right,
+        y(0.0)
+    );
+    let _ = writeln!(
+        out,
+        "<line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{}\" stroke=\"black\"/>",
+        y(0.0)
+    );
+    for i in 0..=4 {
+        let v = max_y * i as f64 / 4.0;
+        let _ = writeln!(
+            out,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{v:.1} s</text>",
+            left - 6.0,
+            y(v) + 4.0
+        );
+    }
+    for t in 0..=max_turn as usize {
+        let _ = writeln!(
+            out,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{t}</text>",
+            x(t as f64),
+            y(0.0) + 16.0
+        );
+    }
+    let _ = writeln!(
+        out,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">turn (0 = cold first turn)</text>",
+        (left + w - right) / 2.0,
+        h - 6.0
+    );
+    for (i, (name, points)) in series.iter().enumerate() {
+        let c = colors[i % colors.len()];
+        let pts: Vec<String> = points
+            .iter()
+            .map(|(t, v)| format!("{:.1},{:.1}", x(*t as f64), y(*v)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>",
+            pts.join(" ")
+        );
+        for (t, v) in points {
+            let _ = writeln!(
+                out,
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{c}\"/>",
+                x(*t as f64),
+                y(*v)
+            );
+        }
+        let ly = top + 20.0 * i as f64;
+        let _ = writeln!(
+            out,
+            "<line x1=\"{}\" y1=\"{ly}\" x2=\"{}\" y2=\"{ly}\" stroke=\"{c}\" stroke-width=\"2\"/>",
+            w - right + 10.0,
+            w - right + 30.0
+        );
+        let _ = writeln!(
+            out,
+            "<text x=\"{}\" y=\"{}\">{name}</text>",
+            w - right + 36.0,
+            ly + 4.0
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_and_p90_with_the_sample_size() {
+        let s = Stat::of((1..=10).map(f64::from).collect());
+        assert_eq!((s.median, s.p90, s.n), (6.0, 9.0, 10));
+        assert_eq!(Stat::of(vec![]).show(), "–");
+    }
+
+    #[test]
+    fn makespan_runs_from_first_start_to_last_finish() {
+        let s = |start_s, total_s| Sample {
+            start_s,
+            total_s,
+            status: 200,
+            ..Sample::default()
+        };
+        let v = [s(1.0, 2.0), s(2.0, 5.0)];
+        assert_eq!(makespan(v.iter()), 6.0);
+    }
+}

@@ -1,0 +1,227 @@
+//! The scenarios, in model-time sizes (tokens are bytes / 4 of the text sent).
+//! Every prompt starts with the run's salt, so two runs never share a prefix.
+
+use serde_json::json;
+
+use crate::client::{Client, Sample};
+
+/// Sizes of a run; `quick` shrinks everything for CI.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Sizes {
+    pub agents: usize,
+    pub turns: usize,
+    pub agent_initial_tokens: usize,
+    pub agent_growth_tokens: usize,
+    pub agent_max_tokens: u64,
+    pub burst_requests: usize,
+    pub burst_doc_tokens: usize,
+    pub burst_max_tokens: u64,
+    pub mixed_bursts: usize,
+    pub probe_tokens: usize,
+    pub capacity_families: Vec<usize>,
+    pub capacity_turns: usize,
+}
+
+impl Sizes {
+    /// The seed's shapes: 90k-token agent contexts, 16-prompt bursts, 50-80k families.
+    pub fn seed() -> Self {
+        Self {
+            agents: 2,
+            turns: 8,
+            agent_initial_tokens: 80_000,
+            agent_growth_tokens: 1_500,
+            agent_max_tokens: 32,
+            burst_requests: 16,
+            burst_doc_tokens: 19_400,
+            burst_max_tokens: 350,
+            mixed_bursts: 3,
+            probe_tokens: 60_000,
+            // Any two on one 122,636-token card exceed it: the seed's pigeonhole.
+            capacity_families: vec![80_000, 65_000, 60_000],
+            capacity_turns: 5,
+        }
+    }
+
+    /// Under a second per scenario at --time-scale 20, for tests (run with
+    /// --kv-tokens 12000 so the capacity scenario still hits the wall).
+    pub fn quick() -> Self {
+        Self {
+            agents: 2,
+            turns: 4,
+            agent_initial_tokens: 8_000,
+            agent_growth_tokens: 300,
+            agent_max_tokens: 4,
+            burst_requests: 8,
+            burst_doc_tokens: 4_000,
+            burst_max_tokens: 8,
+            mixed_bursts: 2,
+            probe_tokens: 6_000,
+            // With --kv-tokens 12000: any two on one card exceed it.
+            capacity_families: vec![8_000, 6_500, 6_000],
+            capacity_turns: 3,
+        }
+    }
+}
+
+/// Deterministic filler text of about `tokens` tokens, distinct per `seed`.
+pub fn filler(seed: &str, tokens: usize) -> String {
+    let mut out = String::with_capacity(tokens * 4 + 64);
+    let mut i = 0u64;
+    while out.len() < tokens * 4 {
+        out.push_str(&format!(
+            "{seed} line {i}: the quick brown fox jumps over the lazy dog. "
+        ));
+        i += 1;
+    }
+    out.truncate(tokens * 4);
+    out
+}
+
+/// The reply the simulators produce (the client re-sends what it received).
+fn reply(max_tokens: u64) -> String {
+    "tok ".repeat(max_tokens as usize).trim_end().to_owned()
+}
+
+/// One agent conversation: a big first context, then tool results growing it.
+pub async fn agent(c: &Client, salt: &str, name: &str, s: &Sizes, pause_s: f64) -> Vec<Sample> {
+    let mut messages = vec![
+        json!({"role": "system", "content": format!("{salt} {name}: you are a coding agent.\n{}", filler(name, s.agent_initial_tokens))}),
+        json!({"role": "user", "content": format!("{name}: fix the failing test")}),
+    ];
+    let mut out = Vec::new();
+    for turn in 0..s.turns {
+        let sample = c.chat(name, turn, &messages, s.agent_max_tokens).await;
+        out.push(sample);
+        messages.push(json!({"role": "assistant", "content": reply(s.agent_max_tokens)}));
+        messages.push(
+            json!({"role": "tool", "tool_call_id": format!("call{turn}"),
+            "content": filler(&format!("{name} tool output {turn}"), s.agent_growth_tokens)}),
+        );
+        // Tool execution time on the client: staggers the conversations.
+        sleep_model(c, pause_s * (1.0 + turn as f64 % 3.0)).await;
+    }
+    out
+}
+
+/// `agents` conversations side by side, each a sequential-turn client.
+pub async fn agent_loop(c: &Client, salt: &str, s: &Sizes) -> Vec<Sample> {
+    // Different tool times per conversation, so their turns do not arrive in
+    // lockstep (which would let a counter pin them by accident).
+    let runs = (0..s.agents).map(|i| {
+        let name = format!("agent{i}");
+        async move { agent(c, salt, &name, s, 0.2 + 1.3 * i as f64).await }
+    });
+    join_all(runs).await.into_iter().flatten().collect()
+}
+
+/// `burst_requests` distinct cold prompts at once, sharing a system prompt.
+pub async fn burst(
+    c: &Client,
+    salt: &str,
+    s: &Sizes,
+    label: &str,
+    n: usize,
+    doc_tokens: usize,
+) -> Vec<Sample> {
+    let system = format!(
+        "{salt} {label}: answer from the document.\n{}",
+        filler("house rules", 600)
+    );
+    let runs = (0..n).map(|i| {
+        let messages = vec![
+            json!({"role": "system", "content": system}),
+            json!({"role": "user", "content": format!("{}\nQuestion {i}?", filler(&format!("{label} doc {i}"), doc_tokens))}),
+        ];
+        async move { c.chat(label, i, &messages, s.burst_max_tokens).await }
+    });
+    join_all(runs).await
+}
+
+/// Agent loops and bursts of singles at the same time.
+pub async fn mixed(c: &Client, salt: &str, s: &Sizes) -> Vec<Sample> {
+    let bursts = async {
+        let mut out = Vec::new();
+        for b in 0..s.mixed_bursts {
+            sleep_model(c, 4.0).await;
+            let label = format!("burst{b}");
+            out.extend(
+                burst(
+                    c,
+                    salt,
+                    s,
+                    &label,
+                    s.burst_requests / 2,
+                    s.burst_doc_tokens / 2,
+                )
+                .await,
+            );
+        }
+        out
+    };
+    let (mut agents, bursts) = tokio::join!(agent_loop(c, salt, s), bursts);
+    agents.extend(bursts);
+    agents
+}
+
+/// The seed's direct cache question, on one replica: the same long prompt twice
+/// on an idle replica (cold, then warm), then with three different tails.
+pub async fn probe(c: &Client, salt: &str, s: &Sizes) -> Vec<Sample> {
+    let doc = format!("{salt} probe\n{}", filler("probe document", s.probe_tokens));
+    let ask = |q: &str| vec![json!({"role": "user", "content": format!("{doc}\n{q}")})];
+    let mut out = Vec::new();
+    for (turn, group, q) in [
+        (0, "same", "Summarise."),
+        (1, "same", "Summarise."),
+        (2, "tail", "What is the first line?"),
+        (3, "tail", "What is the last line?"),
+        (4, "tail", "Count the foxes."),
+    ] {
+        out.push(c.chat(group, turn, &ask(q), 1).await);
+    }
+    out
+}
+
+/// The seed's capacity wall: concurrent families of large contexts, each a
+/// sequential-turn client, more context than the cards hold.
+pub async fn capacity(c: &Client, salt: &str, s: &Sizes) -> Vec<Sample> {
+    let runs = s.capacity_families.iter().enumerate().map(|(i, tokens)| {
+        let sizes = Sizes {
+            turns: s.capacity_turns,
+            agent_initial_tokens: *tokens,
+            agent_growth_tokens: 1_000.min(*tokens / 20),
+            ..s.clone()
+        };
+        let name = format!("family{i}-{}k", tokens / 1000);
+        async move { agent(c, salt, &name, &sizes, 0.5).await }
+    });
+    join_all(runs).await.into_iter().flatten().collect()
+}
+
+async fn sleep_model(c: &Client, model_s: f64) {
+    tokio::time::sleep(std::time::Duration::from_secs_f64(model_s / c.scale)).await;
+}
+
+/// Runs futures concurrently on this task and returns their outputs in order.
+pub async fn join_all<F: std::future::Future>(
+    futures: impl IntoIterator<Item = F>,
+) -> Vec<F::Output> {
+    let handles: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = handles.iter().map(|_| None).collect();
+    let mut pending: Vec<_> = handles.into_iter().enumerate().collect();
+    std::future::poll_fn(|cx| {
+        pending.retain_mut(|(i, f)| match f.as_mut().poll(cx) {
+            std::task::Poll::Ready(v) => {
+                outputs[*i] = Some(v);
+                false
+            }
+            std::task::Poll::Pending => true,
+        });
+        if pending.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}

@@ -1,0 +1,117 @@
+//! The capacity wall, said out loud: the working set the router has placed on
+//! each replica (distinct prompt blocks of recent requests, in tokens) beside
+//! the replica's declared `kv_tokens`, exported as gauges; a warning naming the
+//! levers when it does not fit. No placement changes: routing cannot rescue
+//! arithmetic (the seed's capacity section).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
+
+use crate::metrics::METRICS;
+use crate::policy::{Policy, ReplicaId};
+use crate::replicas::Replicas;
+
+/// Bytes of canonical prompt text per token: the estimate used everywhere
+/// (close to BPE tokenizers on English and code).
+pub const BYTES_PER_TOKEN: u64 = 4;
+
+/// How often the working set is recomputed, and how often a warning repeats
+/// while a replica stays over its capacity.
+const CHECK_EVERY: Duration = Duration::from_millis(500);
+const REWARN_EVERY_S: u32 = 60;
+
+/// Seconds since `started`: the policy's clock.
+pub fn clock_s(started: Instant) -> u32 {
+    started.elapsed().as_secs() as u32
+}
+
+/// Watches working sets against capacities (a background service).
+pub struct CapacityWatch {
+    /// The process start, shared with the proxy's policy clock.
+    pub started: Instant,
+    pub window_s: u32,
+    pub policy: Arc<Mutex<Policy>>,
+    pub replicas: Arc<Replicas>,
+    /// Replicas now over capacity, with the clock of their last warning.
+    over: Mutex<Vec<(ReplicaId, u32)>>,
+}
+
+impl CapacityWatch {
+    pub fn new(
+        started: Instant,
+        window_s: u32,
+        policy: Arc<Mutex<Policy>>,
+        replicas: Arc<Replicas>,
+    ) -> Self {
+        Self {
+            started,
+            window_s,
+            policy,
+            replicas,
+            over: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Recomputes working sets, updates the gauges, and warns on overflow.
+    pub fn check(&self) {
+        let now = clock_s(self.started);
+        let ws = {
+            let mut policy = self.policy.lock().unwrap_or_else(|p| p.into_inner());
+            policy.set_clock(now);
+            policy.working_set(self.window_s)
+        };
+        let mut over = self.over.lock().unwrap_or_else(|p| p.into_inner());
+        for r in self.replicas.snapshot().iter() {
+            let tokens = ws
+                .iter()
+                .find(|(id, _)| *id == r.id)
+                .map_or(0, |(_, bytes)| bytes / BYTES_PER_TOKEN);
+            METRICS
+                .working_set
+                .with_label_values(&[&r.name])
+                .set(tokens as i64);
+            let Some(kv) = r.kv_tokens().filter(|kv| tokens > *kv) else {
+                over.retain(|(id, _)| *id != r.id);
+                continue;
+            };
+            // Warn when a replica goes over, then once a minute while it stays over.
+            let due = match over.iter_mut().find(|(id, _)| *id == r.id) {
+                Some((_, at)) if now < *at + REWARN_EVERY_S => false,
+                Some((_, at)) => {
+                    *at = now;
+                    true
+                }
+                None => {
+                    over.push((r.id, now));
+                    true
+                }
+            };
+            if due {
+                log::warn!(
+                    "replica {}: working set ~{tokens} tokens (prompts placed in the last {} s) exceeds its KV capacity \
+                     of {kv} tokens; expect cache thrash under any policy. Levers: another card, fewer concurrent \
+                     large contexts, client-side context compaction",
+                    r.name,
+                    self.window_s
+                );
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for CapacityWatch {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(CHECK_EVERY);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => self.check(),
+            }
+        }
+    }
+}

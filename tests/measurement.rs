@@ -1,0 +1,184 @@
+//! The measurement kit, black-box: `routebench` (quick sizes) through the real
+//! router in front of `replica-sim` processes, asserting what the scenarios exist
+//! to show: pins hold, bursts use both cards, caches are hit and salted, and the
+//! capacity wall is reported.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use std::time::Duration;
+
+use common::{wait_for, Router, Sim};
+use serde_json::Value;
+
+fn out_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("routebench-test-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Runs one quick scenario; returns its samples.
+fn run(router: &Router, probe: &Sim, scenario: &str, out: &Path) -> Vec<Value> {
+    let status = Command::new(env!("CARGO_BIN_EXE_routebench"))
+        .args([
+            "run",
+            "--quick",
+            "--time-scale",
+            "20",
+            "--scenario",
+            scenario,
+        ])
+        .arg("--url")
+        .arg(format!("http://{}", router.addr))
+        .arg("--probe-url")
+        .arg(format!("http://{}", probe.addr))
+        .arg("--out")
+        .arg(out)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("run routebench");
+    assert!(status.success());
+    let text = std::fs::read_to_string(out.join(format!("{scenario}.json"))).expect("samples");
+    let v: Value = serde_json::from_str(&text).expect("json");
+    let samples = v["samples"].as_array().expect("samples").clone();
+    assert!(
+        samples.iter().all(|s| s["status"] == 200),
+        "errors in {scenario}"
+    );
+    samples
+}
+
+/// Replicas each group was placed on.
+fn placements(samples: &[Value]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut by: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for s in samples {
+        by.entry(s["group"].as_str().unwrap().to_owned())
+            .or_default()
+            .insert(s["replica"].as_str().unwrap().to_owned());
+    }
+    by
+}
+
+#[test]
+fn agent_loops_stay_pinned_hit_the_cache_and_a_salted_rerun_starts_cold() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], "");
+    let out = out_dir("agent");
+    let first = run(&router, &a, "agent-loop", &out);
+    for (group, replicas) in placements(&first) {
+        assert_eq!(replicas.len(), 1, "{group} moved: {replicas:?}");
+    }
+    for s in first.iter().filter(|s| s["turn"].as_u64() > Some(0)) {
+        assert_eq!(s["decision"], "pin");
+        assert!(
+            s["cached_tokens"].as_u64() > Some(7_000),
+            "warm turn not cached: {s}"
+        );
+    }
+    let again = run(&router, &a, "agent-loop", &out);
+    for s in again.iter().filter(|s| s["turn"] == 0) {
+        assert_eq!(
+            s["cached_tokens"], 0,
+            "a second run shares a prefix with the first: {s}"
+        );
+    }
+}
+
+#[test]
+fn a_burst_is_spread_under_shape_and_pinned_under_affinity() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let out = out_dir("burst");
+    let shape = Router::start(&[&a, &b], "policy: shape\n");
+    let spread = placements(&run(&shape, &a, "burst", &out));
+    assert_eq!(spread["burst"].len(), 2, "{spread:?}");
+    drop(shape);
+    let affinity = Router::start(&[&a, &b], "policy: affinity\n");
+    let pinned = placements(&run(&affinity, &a, "burst", &out));
+    assert_eq!(pinned["burst"].len(), 1, "{pinned:?}");
+}
+
+#[test]
+fn mixed_traffic_pins_agents_and_spreads_bursts() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], "");
+    let samples = run(&router, &a, "mixed", &out_dir("mixed"));
+    let by = placements(&samples);
+    assert!(
+        by.iter()
+            .filter(|(g, _)| g.starts_with("agent"))
+            .all(|(_, r)| r.len() == 1),
+        "{by:?}"
+    );
+    assert!(
+        by.iter()
+            .filter(|(g, _)| g.starts_with("burst"))
+            .all(|(_, r)| r.len() == 2),
+        "{by:?}"
+    );
+}
+
+#[test]
+fn the_probe_sees_a_cold_then_a_warm_replica() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "");
+    let samples = run(&router, &a, "probe", &out_dir("probe"));
+    let cached = |turn: u64| {
+        samples.iter().find(|s| s["turn"] == turn).unwrap()["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(cached(0), 0);
+    assert!(
+        cached(1) > 5_900,
+        "identical prompt not cached: {}",
+        cached(1)
+    );
+    assert!(
+        cached(2) > 5_900,
+        "the shared document not cached with another tail"
+    );
+}
+
+#[test]
+fn the_capacity_scenario_overflows_a_card_and_the_router_says_so() {
+    let kv = ["--kv-tokens", "12000"];
+    let (a, b) = (Sim::start("a", &kv), Sim::start("b", &kv));
+    let router = Router::start(&[&a, &b], "");
+    let samples = run(&router, &a, "capacity", &out_dir("capacity"));
+    let ws = |r: &str| {
+        router.metric(&format!(
+            "prefix_router_replica_working_set_tokens{{replica=\"{r}\"}}"
+        ))
+    };
+    wait_for(
+        "a working set above 12000 tokens",
+        Duration::from_secs(10),
+        || (ws("a").max(ws("b")) > 12_000.0).then_some(()),
+    );
+    let log = wait_for("the capacity warning", Duration::from_secs(10), || {
+        Some(router.log()).filter(|l| l.contains("exceeds its KV capacity of 12000 tokens"))
+    });
+    assert!(
+        log.contains("another card") && log.contains("compaction"),
+        "levers not named: {log}"
+    );
+    // Three families on two cards that each hold one: some warm turns miss.
+    let warm: Vec<&Value> = samples
+        .iter()
+        .filter(|s| s["turn"].as_u64() > Some(0))
+        .collect();
+    let (cached, prompt) = warm.iter().fold((0, 0), |(c, p), s| {
+        (
+            c + s["cached_tokens"].as_u64().unwrap(),
+            p + s["prompt_tokens"].as_u64().unwrap(),
+        )
+    });
+    assert!(
+        cached * 10 < prompt * 9,
+        "no thrash: {cached} of {prompt} cached"
+    );
+}
