@@ -9,9 +9,10 @@ run: prepare
 	cargo build --release --bins
 	scripts/demo.sh
 
-# The whole test suite (unit, property, integration with real processes), then
-# the TLS test, which needs the `tls` build (OpenSSL compiled from source).
+# The whole test suite (unit, property, integration with real processes, a real
+# llama.cpp engine), then the TLS test, which needs the `tls` build.
 test: prepare
+	scripts/real-engine.sh prepare
 	cargo test
 	cargo test --features tls --test tls
 
@@ -20,8 +21,11 @@ bench: prepare
 	cargo bench --bench decision | tee target/bench-decision.txt
 	scripts/perf-report.py
 
-# The three policies side by side on simulated cards; rewrites docs/results.md (+ .svg).
+# The three policies side by side, on simulated cards (~3 min) and on two real
+# llama.cpp replicas (~8 min); rewrites docs/results.md and its plots.
 results: prepare
 	cargo build --release --bins
-	target/release/routebench compare --time-scale 10 --out bench-out \
-		--results docs/results.md --preface docs/results-preface.md
+	target/release/routebench compare --time-scale 10 --out bench-out/sim --results bench-out/results-sim.md
+	scripts/real-engine.sh compare
+	cat docs/results-preface.md bench-out/results-sim.md bench-out/results-real.md > docs/results.md
+	cp bench-out/results-sim.svg bench-out/results-real.svg docs/

@@ -56,12 +56,15 @@ impl CapacityWatch {
         }
     }
 
-    /// Recomputes working sets, updates the gauges, and warns on overflow.
+    /// Recomputes working sets, updates the gauges (index size too), and warns
+    /// on overflow.
     pub fn check(&self) {
         let now = clock_s(self.started);
         let ws = {
             let mut policy = self.policy.lock().unwrap_or_else(|p| p.into_inner());
             policy.set_clock(now);
+            METRICS.index_entries.set(policy.tracked_entries() as i64);
+            METRICS.index_bytes.set(policy.index_bytes() as i64);
             policy.working_set(self.window_s)
         };
         let mut over = self.over.lock().unwrap_or_else(|p| p.into_inner());

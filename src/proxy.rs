@@ -200,12 +200,10 @@ impl ProxyHttp for Router {
             let decision = {
                 let mut policy = self.lock_policy();
                 policy.set_clock(clock_s(self.started));
-                let d = match &ctx.request {
+                match &ctx.request {
                     Some(r) => policy.place(r, &states),
                     None => policy.spread(&states),
-                };
-                METRICS.index_entries.set(policy.tracked_entries() as i64);
-                d
+                }
             };
             let replica = decision
                 .replica

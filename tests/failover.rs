@@ -14,11 +14,8 @@ fn six_requests_during_a_replica_stop_all_succeed_with_one_failover() {
     let (a, mut b) = (Sim::start("a", &[]), Sim::start("b", &[]));
     let router = Router::start(&[&a, &b], SLOW_HEALTH);
     b.kill();
-    for i in 0..6 {
-        let r = router.post("/v1/chat/completions", &single(&format!("during stop {i}")));
-        assert_eq!(r.status, 200, "request {i}: {}", r.text());
-        assert_eq!(r.replica(), "a");
-    }
+    let picks = router.singles(6, "during stop");
+    assert!(picks.iter().all(|p| p == "a"), "{picks:?}");
     assert_eq!(
         router.metric("prefix_router_failovers_total{replica=\"b\"}"),
         1.0
@@ -77,10 +74,7 @@ fn a_pooled_connection_closed_by_the_replica_is_retried_invisibly() {
     // engine just closed (idle timeout, restart).
     let a = Sim::start("a", &["--close-after-requests", "1"]);
     let router = Router::start(&[&a], SLOW_HEALTH);
-    for i in 0..4 {
-        let r = router.post("/v1/chat/completions", &single(&format!("reuse {i}")));
-        assert_eq!(r.status, 200, "request {i}: {}", r.text());
-    }
+    router.singles(4, "reuse");
     assert_eq!(a.stats()["requests"], 4);
     assert_eq!(
         router.metric("prefix_router_replica_up{replica=\"a\"}"),
@@ -95,24 +89,11 @@ fn a_replica_rejoins_after_its_health_check_passes() {
     let router = Router::start(&[&a, &b], "health_check: {interval_ms: 200}\n");
     b.set_healthy(false);
     router.wait_replica_up("b", false);
-    for i in 0..4 {
-        assert_eq!(
-            router
-                .post("/v1/chat/completions", &single(&format!("q{i}")))
-                .replica(),
-            "a"
-        );
-    }
+    let picks = router.singles(4, "q");
+    assert!(picks.iter().all(|p| p == "a"), "{picks:?}");
     b.set_healthy(true);
     router.wait_replica_up("b", true);
-    let picks: Vec<String> = (0..4)
-        .map(|i| {
-            router
-                .post("/v1/chat/completions", &single(&format!("r{i}")))
-                .replica()
-                .to_owned()
-        })
-        .collect();
+    let picks = router.singles(4, "r");
     assert!(picks.contains(&"b".to_owned()), "{picks:?}");
 }
 
@@ -137,13 +118,7 @@ fn a_replica_still_loading_gets_no_traffic() {
             .then_some(())
         },
     );
-    for i in 0..6 {
-        assert_eq!(
-            router
-                .post("/v1/chat/completions", &single(&format!("q{i}")))
-                .replica(),
-            "a"
-        );
-    }
+    let picks = router.singles(6, "q");
+    assert!(picks.iter().all(|p| p == "a"), "{picks:?}");
     assert_eq!(loading.stats()["requests"], 0);
 }

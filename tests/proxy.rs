@@ -292,5 +292,9 @@ fn metrics_count_requests_by_replica_and_decision() {
     let spread = router
         .metric("prefix_router_requests_total{decision=\"spread\",replica=\"a\",shape=\"single\"}");
     assert_eq!((pin, spread), (1.0, 1.0));
-    assert!(router.metric("prefix_router_prefix_index_entries") > 0.0);
+    wait_for("the prefix index gauges", Duration::from_secs(5), || {
+        (router.metric("prefix_router_prefix_index_entries") > 0.0
+            && router.metric("prefix_router_prefix_index_bytes") > 0.0)
+            .then_some(())
+    });
 }

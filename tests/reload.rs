@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::http::EventStream;
-use common::{conversation, single, wait_for, Router, Sim};
+use common::{conversation, wait_for, Router, Sim};
 use serde_json::json;
 
 const FAST_HEALTH: &str = "health_check: {interval_ms: 200}\n";
@@ -24,25 +24,12 @@ fn an_added_replica_joins_only_after_its_first_passing_check() {
     let router = Router::start(&[&a], FAST_HEALTH);
     router.rewrite(&Router::yaml(&[&a, &b], FAST_HEALTH));
     wait_reloads(&router, "ok", 1.0);
-    for i in 0..6 {
-        assert_eq!(
-            router
-                .post("/v1/chat/completions", &single(&format!("q{i}")))
-                .replica(),
-            "a"
-        );
-    }
+    let picks = router.singles(6, "q");
+    assert!(picks.iter().all(|p| p == "a"), "{picks:?}");
     assert_eq!(b.stats()["requests"], 0, "a loading replica got traffic");
     b.set_healthy(true);
     router.wait_replica_up("b", true);
-    let picks: Vec<String> = (0..4)
-        .map(|i| {
-            router
-                .post("/v1/chat/completions", &single(&format!("r{i}")))
-                .replica()
-                .to_owned()
-        })
-        .collect();
+    let picks = router.singles(4, "r");
     assert_eq!(picks.iter().filter(|p| *p == "b").count(), 2, "{picks:?}");
 }
 
@@ -97,14 +84,7 @@ fn an_invalid_file_is_rejected_and_the_previous_list_stays() {
     wait_reloads(&router, "error", 1.0);
     router.write_raw("replicas: [[[\n");
     wait_reloads(&router, "error", 2.0);
-    let picks: Vec<String> = (0..4)
-        .map(|i| {
-            router
-                .post("/v1/chat/completions", &single(&format!("q{i}")))
-                .replica()
-                .to_owned()
-        })
-        .collect();
+    let picks = router.singles(4, "q");
     assert_eq!(picks.iter().filter(|p| *p == "a").count(), 2, "{picks:?}");
     assert_eq!(
         router.metric("prefix_router_config_reloads_total{result=\"ok\"}"),

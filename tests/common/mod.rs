@@ -259,6 +259,17 @@ impl Router {
         );
     }
 
+    /// Sends `n` one-shot chat requests tagged `tag`; returns the replica of each.
+    pub fn singles(&self, n: usize, tag: &str) -> Vec<String> {
+        (0..n)
+            .map(|i| {
+                let r = self.post("/v1/chat/completions", &single(&format!("{tag} {i}")));
+                assert_eq!(r.status, 200, "{}", r.text());
+                r.replica().to_owned()
+            })
+            .collect()
+    }
+
     /// `POST path` with a JSON body through the router.
     pub fn post(&self, path: &str, body: &serde_json::Value) -> Response {
         post_json(self.addr, path, body)

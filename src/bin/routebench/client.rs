@@ -46,7 +46,11 @@ impl Client {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         Self {
-            http: HyperClient::builder(TokioExecutor::new()).build(connector),
+            // Engines close idle keep-alive connections (llama.cpp after 5 s);
+            // do not reuse one that may already be gone.
+            http: HyperClient::builder(TokioExecutor::new())
+                .pool_idle_timeout(std::time::Duration::from_secs(2))
+                .build(connector),
             base: base.trim_end_matches('/').to_owned(),
             model: model.to_owned(),
             scale,
@@ -81,17 +85,26 @@ impl Client {
             start_s: self.now(),
             ..Sample::default()
         };
-        let started = Instant::now();
-        let req = Request::post(format!("{}/v1/chat/completions", self.base))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body.to_string())));
-        let resp = match req {
-            Ok(r) => self.http.request(r).await,
-            Err(e) => {
-                log::error!("bad request: {e}");
-                return s;
+        let body = Bytes::from(body.to_string());
+        let send = || {
+            let req = Request::post(format!("{}/v1/chat/completions", self.base))
+                .header("content-type", "application/json")
+                .body(Full::new(body.clone()));
+            async move {
+                match req {
+                    Ok(r) => self.http.request(r).await.map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
             }
         };
+        let mut started = Instant::now();
+        let mut resp = send().await;
+        if let Err(e) = &resp {
+            // No response at all (e.g. a connection closed as it was reused): once more.
+            log::warn!("request failed, retrying once: {e}");
+            started = Instant::now();
+            resp = send().await;
+        }
         let resp = match resp {
             Ok(r) => r,
             Err(e) => {

@@ -43,7 +43,11 @@ struct Common {
     /// Model seconds per wall second of the replicas (1 for real engines).
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
-    /// Small sizes (seconds per scenario), for tests.
+    /// Scenario sizes: `seed` (90k-token agents, 16-prompt bursts), `real`
+    /// (fits llama.cpp slots of 4096 tokens), `quick` (tests).
+    #[arg(long, default_value = "seed", value_parser = ["seed", "real", "quick"])]
+    sizes: String,
+    /// Same as `--sizes quick`.
     #[arg(long)]
     quick: bool,
     /// The `model` field sent.
@@ -88,9 +92,7 @@ enum Cmd {
         /// A title line for the report.
         #[arg(long, default_value = "simulated replicas (replica-sim)")]
         label: String,
-        /// Markdown put before the generated tables in --results.
-        #[arg(long)]
-        preface: Option<PathBuf>,
+
         /// Model seconds of the router's working-set window, and of quiet
         /// between scenarios so each scenario's capacity warnings are its own.
         #[arg(long, default_value_t = 60.0)]
@@ -108,10 +110,10 @@ fn salt() -> String {
 }
 
 fn sizes(c: &Common) -> Sizes {
-    if c.quick {
-        Sizes::quick()
-    } else {
-        Sizes::seed()
+    match (c.quick, c.sizes.as_str()) {
+        (true, _) | (_, "quick") => Sizes::quick(),
+        (_, "real") => Sizes::real(),
+        _ => Sizes::seed(),
     }
 }
 
@@ -160,7 +162,6 @@ async fn main() -> Result<()> {
             kv_tokens,
             results,
             label,
-            preface,
             window_model_s,
             common,
         } => {
@@ -170,12 +171,7 @@ async fn main() -> Result<()> {
                 kv_tokens,
                 window_model_s,
             };
-            let preface = match preface {
-                Some(p) => std::fs::read_to_string(&p)
-                    .with_context(|| format!("preface {}", p.display()))?,
-                None => String::new(),
-            };
-            compare(&arms, results, &label, &preface, &common).await
+            compare(&arms, results, &label, &common).await
         }
     }
 }
@@ -211,7 +207,6 @@ async fn compare(
     arms: &Arms,
     results: Option<PathBuf>,
     label: &str,
-    preface: &str,
     common: &Common,
 ) -> Result<()> {
     let policies = &arms.policies;
@@ -284,7 +279,8 @@ async fn compare(
         started.elapsed().as_secs_f64(),
         common.time_scale
     );
-    md.push_str(&report::seed_table(&headline));
+    let seed_sizes = !common.quick && common.sizes == "seed";
+    md.push_str(&report::seed_table(&headline, seed_sizes));
     md.push('\n');
     for (name, r) in &rows {
         md.push_str(&report::table(name, r));
@@ -336,7 +332,7 @@ async fn compare(
     if let Some(path) = results {
         let svg_path = path.with_extension("svg");
         std::fs::write(&svg_path, &svg)?;
-        std::fs::write(&path, format!("{preface}{md}"))?;
+        std::fs::write(&path, &md)?;
         log::info!("wrote {} and {}", path.display(), svg_path.display());
     }
     println!("{md}");

@@ -198,8 +198,9 @@ pub fn headline(scenario: &str, samples: &[Sample]) -> Option<f64> {
     }
 }
 
-/// The seed's measurements beside this run's, per policy.
-pub fn seed_table(headline: &[(String, String, Option<f64>)]) -> String {
+/// This run's headline figures per policy, with the seed's measurements beside
+/// them when the run used the seed's sizes.
+pub fn seed_table(headline: &[(String, String, Option<f64>)], with_seed: bool) -> String {
     let get = |policy: &str, scenario: &str| {
         headline
             .iter()
@@ -207,33 +208,33 @@ pub fn seed_table(headline: &[(String, String, Option<f64>)]) -> String {
             .and_then(|(_, _, v)| *v)
             .map_or("–".to_owned(), |v| format!("{v:.2} s"))
     };
-    let mut out = String::from(
-        "| measure | seed: pinned | seed: round-robin | seed: shape rule | shape | roundrobin | affinity |\n\
-         |---|---|---|---|---|---|---|\n",
-    );
+    let mut out = String::from("| measure |");
+    if with_seed {
+        out.push_str(" seed: pinned | seed: round-robin | seed: shape rule |");
+    }
+    out.push_str(" shape | roundrobin | affinity |\n|---|");
+    out.push_str(&"---|".repeat(if with_seed { 6 } else { 3 }));
+    out.push('\n');
     for (label, scenario, seed) in [
         (
             "agent-loop warm-turn TTFT (median)",
             "agent-loop",
             ["1.10 s", "2.68 s", "1.10 s"],
         ),
-        (
-            "16-prompt burst makespan",
-            "burst",
-            ["30.1 s", "18.6 s", "19.97 s"],
-        ),
+        ("burst makespan", "burst", ["30.1 s", "18.6 s", "19.97 s"]),
         (
             "agent warm TTFT amid bursts (median)",
             "mixed",
             ["–", "–", "–"],
         ),
     ] {
+        let _ = write!(out, "| {label} |");
+        if with_seed {
+            let _ = write!(out, " {} | {} | {} |", seed[0], seed[1], seed[2]);
+        }
         let _ = writeln!(
             out,
-            "| {label} | {} | {} | {} | {} | {} | {} |",
-            seed[0],
-            seed[1],
-            seed[2],
+            " {} | {} | {} |",
             get("shape", scenario),
             get("roundrobin", scenario),
             get("affinity", scenario)

@@ -42,6 +42,26 @@ impl Sizes {
         }
     }
 
+    /// For two real llama.cpp replicas of one 4096-token slot each, on one CPU
+    /// thread (~600 prompt tokens/s): the same shapes, scaled to fit a slot.
+    pub fn real() -> Self {
+        Self {
+            agents: 2,
+            turns: 6,
+            agent_initial_tokens: 2_000,
+            agent_growth_tokens: 100,
+            agent_max_tokens: 8,
+            burst_requests: 8,
+            burst_doc_tokens: 500,
+            burst_max_tokens: 8,
+            mixed_bursts: 2,
+            probe_tokens: 2_000,
+            // Any two exceed one 4096-token slot; each fits alone.
+            capacity_families: vec![2_600, 2_300, 2_000],
+            capacity_turns: 3,
+        }
+    }
+
     /// Under a second per scenario at --time-scale 20, for tests (run with
     /// --kv-tokens 12000 so the capacity scenario still hits the wall).
     pub fn quick() -> Self {

