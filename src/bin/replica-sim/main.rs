@@ -8,7 +8,9 @@
 //! It prints `listening on IP:PORT` once bound (use `--listen 127.0.0.1:0`).
 //!   cargo run --release --bin replica-sim -- --listen 127.0.0.1:8001 --name gpu0
 
+mod dialect;
 mod engine;
+mod histogram;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -28,7 +30,9 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
 
+use dialect::Kind;
 use engine::{Engine, EngineConfig, Event, SeqId};
+use histogram::Histogram;
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "A simulated single-GPU OpenAI-compatible replica")]
@@ -89,50 +93,6 @@ struct Sim {
     cancelled: AtomicU64,
     /// Model-time TTFT histogram (vllm:time_to_first_token_seconds).
     ttft: Mutex<Histogram>,
-}
-
-/// Cumulative buckets in vLLM's bounds.
-#[derive(Default)]
-struct Histogram {
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
-
-const TTFT_BOUNDS: [f64; 16] = [
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-];
-
-impl Histogram {
-    fn observe(&mut self, v: f64) {
-        if self.counts.is_empty() {
-            self.counts = vec![0; TTFT_BOUNDS.len()];
-        }
-        for (i, b) in TTFT_BOUNDS.iter().enumerate() {
-            if v <= *b {
-                self.counts[i] += 1;
-            }
-        }
-        self.sum += v;
-        self.count += 1;
-    }
-
-    fn render(&self, name: &str, labels: &str) -> String {
-        let mut out = format!("# TYPE {name} histogram\n");
-        for (i, b) in TTFT_BOUNDS.iter().enumerate() {
-            let c = self.counts.get(i).copied().unwrap_or(0);
-            out.push_str(&format!("{name}_bucket{{{labels},le=\"{b}\"}} {c}\n"));
-        }
-        out.push_str(&format!(
-            "{name}_bucket{{{labels},le=\"+Inf\"}} {}\n",
-            self.count
-        ));
-        out.push_str(&format!(
-            "{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {}\n",
-            self.sum, self.count
-        ));
-        out
-    }
 }
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -466,103 +426,6 @@ impl Drop for Running {
             self.sim.engine.lock().expect("engine lock").cancel(self.id);
         }
     }
-}
-
-/// The response dialect of a route.
-#[derive(Clone, Copy)]
-enum Kind {
-    Chat,
-    Completion,
-    Messages,
-}
-
-impl Kind {
-    fn of(path: &str) -> Self {
-        match path {
-            "/v1/completions" => Kind::Completion,
-            "/v1/messages" => Kind::Messages,
-            _ => Kind::Chat,
-        }
-    }
-
-    fn full(self, text: &str, usage: &Value) -> Value {
-        match self {
-            Kind::Chat => json!({"id": "chatcmpl-sim", "object": "chat.completion", "model": "sim",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
-                "usage": usage}),
-            Kind::Completion => {
-                json!({"id": "cmpl-sim", "object": "text_completion", "model": "sim",
-                "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "usage": usage})
-            }
-            Kind::Messages => {
-                json!({"id": "msg-sim", "type": "message", "role": "assistant", "model": "sim",
-                "content": [{"type": "text", "text": text}], "stop_reason": "max_tokens",
-                "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
-                          "cache_read_input_tokens": usage["prompt_tokens_details"]["cached_tokens"]}})
-            }
-        }
-    }
-
-    fn first_event(self) -> String {
-        match self {
-            Kind::Chat => sse(
-                &json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk", "model": "sim",
-                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]}),
-            ),
-            Kind::Completion => sse(
-                &json!({"id": "cmpl-sim", "object": "text_completion", "model": "sim",
-                "choices": [{"index": 0, "text": "", "finish_reason": null}]}),
-            ),
-            Kind::Messages => sse_named(
-                "message_start",
-                &json!({"type": "message_start",
-                "message": {"id": "msg-sim", "type": "message", "role": "assistant", "model": "sim", "content": []}}),
-            ),
-        }
-    }
-
-    fn delta_event(self, text: &str) -> String {
-        match self {
-            Kind::Chat => sse(
-                &json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk", "model": "sim",
-                "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]}),
-            ),
-            Kind::Completion => sse(
-                &json!({"id": "cmpl-sim", "object": "text_completion", "model": "sim",
-                "choices": [{"index": 0, "text": text, "finish_reason": null}]}),
-            ),
-            Kind::Messages => sse_named(
-                "content_block_delta",
-                &json!({"type": "content_block_delta", "index": 0,
-                "delta": {"type": "text_delta", "text": text}}),
-            ),
-        }
-    }
-
-    fn last_events(self, usage: Option<&Value>) -> Vec<String> {
-        match self {
-            Kind::Messages => vec![sse_named("message_stop", &json!({"type": "message_stop"}))],
-            _ => {
-                let mut v = Vec::new();
-                if let Some(u) = usage {
-                    v.push(sse(
-                        &json!({"id": "sim", "object": "chat.completion.chunk", "model": "sim",
-                        "choices": [], "usage": u}),
-                    ));
-                }
-                v.push("data: [DONE]\n\n".to_owned());
-                v
-            }
-        }
-    }
-}
-
-fn sse(v: &Value) -> String {
-    format!("data: {v}\n\n")
-}
-
-fn sse_named(event: &str, v: &Value) -> String {
-    format!("event: {event}\ndata: {v}\n\n")
 }
 
 #[tokio::main]

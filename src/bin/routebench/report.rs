@@ -164,6 +164,10 @@ pub fn summarize(scenario: &str, samples: &[Sample]) -> Cells {
         _ => {}
     }
     row.push(("errors".into(), errors(samples).to_string()));
+    row.push((
+        "requests, duration".into(),
+        format!("{}, {:.0} s", samples.len(), makespan(samples.iter())),
+    ));
     row
 }
 
