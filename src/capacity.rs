@@ -56,8 +56,8 @@ impl CapacityWatch {
         }
     }
 
-    /// Recomputes working sets, updates the gauges (index size too), and warns
-    /// on overflow.
+    /// Recomputes working sets, refreshes the gauges (in-flight requests and
+    /// index size too, off the request path), and warns on overflow.
     pub fn check(&self) {
         let now = clock_s(self.started);
         let ws = {
@@ -69,6 +69,10 @@ impl CapacityWatch {
         };
         let mut over = self.over.lock().unwrap_or_else(|p| p.into_inner());
         for r in self.replicas.snapshot().iter() {
+            METRICS
+                .in_flight
+                .with_label_values(&[&r.name])
+                .set(i64::from(r.in_flight()));
             let tokens = ws
                 .iter()
                 .find(|(id, _)| *id == r.id)

@@ -234,10 +234,6 @@ impl ProxyHttp for Router {
             o.write_timeout = Some(self.settings.write_timeout);
             o.idle_timeout = Some(self.settings.idle_timeout);
             ctx.attempt = Some(replica.begin());
-            METRICS
-                .in_flight
-                .with_label_values(&[&replica.name])
-                .set(i64::from(replica.in_flight()));
             ctx.decision = Some(decision);
             return Ok(Box::new(peer));
         }
@@ -364,17 +360,7 @@ impl ProxyHttp for Router {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        let replica = ctx.attempt.take().map(|a| {
-            let name = a.replica().name.clone();
-            drop(a);
-            if let Some(r) = self.replicas.snapshot().iter().find(|r| r.name == name) {
-                METRICS
-                    .in_flight
-                    .with_label_values(&[&name])
-                    .set(i64::from(r.in_flight()));
-            }
-            name
-        });
+        let replica = ctx.attempt.take().map(|a| a.replica().name.clone());
         let d = ctx.decision.as_ref();
         log::info!(
             "{} {} status={} replica={} decision={} shape={} matched_bytes={} failovers={} ms={}{}",

@@ -152,6 +152,13 @@ fn a_client_that_disconnects_cancels_the_replica_request() {
     let mut s = EventStream::open(router.addr, "/v1/chat/completions", &body);
     assert!(s.next_event().is_some());
     assert!(s.next_event().is_some());
+    let in_flight = || router.metric("prefix_router_in_flight_requests{replica=\"a\"}");
+    let wait_in_flight = |n: f64| {
+        wait_for(&format!("{n} in flight"), Duration::from_secs(5), || {
+            (in_flight() == n).then_some(())
+        })
+    };
+    wait_in_flight(1.0);
     drop(s);
     wait_for(
         "the replica to see the cancellation",
@@ -161,6 +168,7 @@ fn a_client_that_disconnects_cancels_the_replica_request() {
             (st["cancelled"] == 1 && st["running"] == 0).then_some(())
         },
     );
+    wait_in_flight(0.0);
 }
 
 #[test]
