@@ -46,6 +46,8 @@ for label, group, bench, target in rows:
 
 mem = re.findall(r"tracked (\d+) conversations of 2 KiB: (\d+) entries, (\d+) bytes per conversation", log)
 mem_rows = [f"| {int(n):,} | {int(e):,} | {b} bytes |" for n, e, b in mem]
+# Each tracked 2 KiB conversation is two entries (one block, one end).
+per_entry = int(mem[-1][2]) / 2
 cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True, text=True).stdout.strip()
 
 doc = f"""# Performance of the decision path
@@ -83,9 +85,10 @@ buckets, including growth slack) divided by conversations, each conversation a
 |---|---|---|
 {chr(10).join(mem_rows)}
 
-So about 64 bytes per entry; a 400 KiB agent context tracked whole costs about
-400 entries (~26 KB), and the default cap of 1,048,576 entries about 67 MB.
-Lookup cost does not grow with the number of tracked conversations (table above).
+So about {per_entry:.0f} bytes per entry; a 400 KiB agent context tracked whole
+costs about 401 entries (~{401 * per_entry / 1000:.0f} KB), and the default cap of
+1,048,576 entries about {1048576 * per_entry / 1e6:.0f} MB. Lookup cost does not grow
+with the number of tracked conversations (table above).
 """
 (root / "docs" / "performance.md").write_text(doc)
 print("wrote docs/performance.md", file=sys.stderr)

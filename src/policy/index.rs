@@ -3,8 +3,8 @@
 //!
 //! Entries live in a slab threaded by a doubly linked recency list; the map
 //! from hash to slot uses the hash itself (keys are already xxh3 outputs).
-//! Cost per entry: a 32-byte slot plus a 17-byte hash-map bucket at the
-//! table's load factor; `heap_bytes` reports it and `docs/performance.md` the
+//! Cost per entry: a 40-byte slot plus a 17-byte hash-map bucket at the
+//! table's load factor, plus growth slack; `heap_bytes` reports it and `docs/performance.md` the
 //! measured cost per tracked conversation.
 
 use std::collections::HashMap;
