@@ -24,15 +24,11 @@ pub const BYTES_PER_TOKEN: u64 = 4;
 const CHECK_EVERY: Duration = Duration::from_millis(500);
 const REWARN_EVERY_S: u32 = 60;
 
-/// Seconds since `started`: the policy's clock.
-pub fn clock_s(started: Instant) -> u32 {
-    started.elapsed().as_secs() as u32
-}
-
 /// Watches working sets against capacities (a background service).
 pub struct CapacityWatch {
-    /// The process start, shared with the proxy's policy clock.
-    pub started: Instant,
+    /// The policy's clock counts seconds from here; the watch advances it, so
+    /// the request path never reads the time (stamps lag by under a tick).
+    started: Instant,
     pub window_s: u32,
     pub policy: Arc<Mutex<Policy>>,
     pub replicas: Arc<Replicas>,
@@ -41,14 +37,9 @@ pub struct CapacityWatch {
 }
 
 impl CapacityWatch {
-    pub fn new(
-        started: Instant,
-        window_s: u32,
-        policy: Arc<Mutex<Policy>>,
-        replicas: Arc<Replicas>,
-    ) -> Self {
+    pub fn new(window_s: u32, policy: Arc<Mutex<Policy>>, replicas: Arc<Replicas>) -> Self {
         Self {
-            started,
+            started: Instant::now(),
             window_s,
             policy,
             replicas,
@@ -59,7 +50,7 @@ impl CapacityWatch {
     /// Recomputes working sets, refreshes the gauges (in-flight requests and
     /// index size too, off the request path), and warns on overflow.
     pub fn check(&self) {
-        let now = clock_s(self.started);
+        let now = self.started.elapsed().as_secs() as u32;
         let ws = {
             let mut policy = self.policy.lock().unwrap_or_else(|p| p.into_inner());
             policy.set_clock(now);

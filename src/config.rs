@@ -84,6 +84,13 @@ pub struct ReplicaTls {
     pub ca_file: Option<String>,
 }
 
+impl ReplicaTls {
+    /// Whether the replica's host name is verified (needs a name to verify).
+    pub fn verify_hostname(&self) -> bool {
+        self.verify && !self.sni.is_empty()
+    }
+}
+
 impl Default for ReplicaTls {
     fn default() -> Self {
         Self {

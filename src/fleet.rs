@@ -46,7 +46,7 @@ pub fn fleet(
     if tls.enabled {
         http.peer_template.sni = tls.sni.clone();
         http.peer_template.options.verify_cert = tls.verify;
-        http.peer_template.options.verify_hostname = tls.verify && !tls.sni.is_empty();
+        http.peer_template.options.verify_hostname = tls.verify_hostname();
         let mut options = ConnectorOptions::new(0);
         options.ca_file = tls.ca_file.clone();
         http.set_connector(HttpConnector::new(Some(options)));

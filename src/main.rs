@@ -62,7 +62,6 @@ fn main() -> anyhow::Result<()> {
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
 
-    let started = std::time::Instant::now();
     let replicas = Arc::new(Replicas::new(&cfg.replicas));
     METRICS.init();
     for r in replicas.snapshot().iter() {
@@ -84,10 +83,8 @@ fn main() -> anyhow::Result<()> {
         policy: Arc::clone(&policy),
         replicas: Arc::clone(&replicas),
         fleet: fleet_service.task(),
-        started,
     };
     let capacity = CapacityWatch::new(
-        started,
         cfg.working_set_window_s,
         Arc::clone(&policy),
         Arc::clone(&replicas),

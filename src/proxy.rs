@@ -24,7 +24,6 @@ use pingora_core::{Error, ErrorType, Result};
 use pingora_http::ResponseHeader;
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
-use crate::capacity::clock_s;
 use crate::config::{ms, Config};
 use crate::errors::RouterError;
 use crate::fleet::Fleet;
@@ -74,8 +73,6 @@ pub struct Router {
     pub policy: Arc<Mutex<Policy>>,
     pub replicas: Arc<Replicas>,
     pub fleet: Arc<Fleet>,
-    /// Process start: the policy's clock counts seconds from it.
-    pub started: std::time::Instant,
 }
 
 /// Per-request state.
@@ -199,7 +196,6 @@ impl ProxyHttp for Router {
             let states = Replicas::states(&list, &ctx.tried);
             let decision = {
                 let mut policy = self.lock_policy();
-                policy.set_clock(clock_s(self.started));
                 match &ctx.request {
                     Some(r) => policy.place(r, &states),
                     None => policy.spread(&states),
@@ -227,7 +223,7 @@ impl ProxyHttp for Router {
             let mut peer = HttpPeer::new(replica.addr, tls.enabled, tls.sni.clone());
             let o = &mut peer.options;
             o.verify_cert = tls.verify;
-            o.verify_hostname = tls.verify && !tls.sni.is_empty();
+            o.verify_hostname = tls.verify_hostname();
             o.connection_timeout = Some(self.settings.connect_timeout);
             o.total_connection_timeout = Some(self.settings.connect_timeout);
             o.read_timeout = Some(self.settings.read_timeout);

@@ -32,6 +32,8 @@ mod prefix;
 
 pub use prefix::PrefixChain;
 
+use std::collections::HashMap;
+
 use index::PrefixIndex;
 use prefix::explicit_key_hash;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -206,14 +208,15 @@ impl Policy {
     /// `window_s` seconds: the prefix cache each replica is asked to hold.
     pub fn working_set(&self, window_s: u32) -> Vec<(ReplicaId, u64)> {
         let since = self.clock_s.saturating_sub(window_s);
-        let mut by: Vec<(ReplicaId, u64)> = Vec::new();
+        let mut blocks: HashMap<u32, u64> = HashMap::new();
         for r in self.index.recent_blocks(since) {
-            match by.iter_mut().find(|(id, _)| id.0 == r) {
-                Some((_, b)) => *b += self.cfg.block_bytes as u64,
-                None => by.push((ReplicaId(r), self.cfg.block_bytes as u64)),
-            }
+            *blocks.entry(r).or_default() += 1;
         }
-        by
+        let bytes = self.cfg.block_bytes as u64;
+        blocks
+            .into_iter()
+            .map(|(r, n)| (ReplicaId(r), n * bytes))
+            .collect()
     }
 
     pub fn config(&self) -> &PolicyConfig {
