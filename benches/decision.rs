@@ -49,7 +49,7 @@ fn agent_body(bytes: usize, salt: usize) -> Vec<u8> {
 }
 
 fn decide(p: &mut Policy, body: &[u8], rs: &[ReplicaState]) -> Option<ReplicaId> {
-    let req = match Prompt::parse(body) {
+    let req = match Prompt::parse(body, 8 << 20) {
         Ok(prompt) => prompt.into_request(BLOCK, None),
         Err(_) => return p.spread(rs).replica,
     };
@@ -74,9 +74,9 @@ fn decision_path(c: &mut Criterion) {
     let rs = fleet(8);
     let mut p = policy(1 << 20);
     decide(&mut p, &body, &rs);
-    let prompt = Prompt::parse(&body).unwrap();
+    let prompt = Prompt::parse(&body, 8 << 20).unwrap();
     g.bench_function("parse_body", |b| {
-        b.iter(|| Prompt::parse(black_box(&body)).unwrap())
+        b.iter(|| Prompt::parse(black_box(&body), 8 << 20).unwrap())
     });
     g.bench_function("json_validate_only", |b| {
         b.iter(|| serde_json::from_slice::<serde::de::IgnoredAny>(black_box(&body)).unwrap())

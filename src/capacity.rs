@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 
+use crate::admission::Admission;
 use crate::metrics::METRICS;
 use crate::policy::{Policy, ReplicaId};
 use crate::replicas::Replicas;
@@ -32,23 +33,30 @@ pub struct CapacityWatch {
     pub window_s: u32,
     pub policy: Arc<Mutex<Policy>>,
     pub replicas: Arc<Replicas>,
+    pub admission: Arc<Admission>,
     /// Replicas now over capacity, with the clock of their last warning.
     over: Mutex<Vec<(ReplicaId, u32)>>,
 }
 
 impl CapacityWatch {
-    pub fn new(window_s: u32, policy: Arc<Mutex<Policy>>, replicas: Arc<Replicas>) -> Self {
+    pub fn new(
+        window_s: u32,
+        policy: Arc<Mutex<Policy>>,
+        replicas: Arc<Replicas>,
+        admission: Arc<Admission>,
+    ) -> Self {
         Self {
             started: Instant::now(),
             window_s,
             policy,
             replicas,
+            admission,
             over: Mutex::new(Vec::new()),
         }
     }
 
-    /// Recomputes working sets, refreshes the gauges (in-flight requests and
-    /// index size too, off the request path), and warns on overflow.
+    /// Recomputes working sets, refreshes the gauges (in-flight requests,
+    /// admission and index size too, off the request path), and warns on overflow.
     pub fn check(&self) {
         let now = self.started.elapsed().as_secs() as u32;
         let ws = {
@@ -58,6 +66,12 @@ impl CapacityWatch {
             METRICS.index_bytes.set(policy.index_bytes() as i64);
             policy.working_set(self.window_s)
         };
+        METRICS
+            .admitted_requests
+            .set(self.admission.requests() as i64);
+        METRICS
+            .buffered_body_bytes
+            .set(self.admission.bytes() as i64);
         let mut over = self.over.lock().unwrap_or_else(|p| p.into_inner());
         for r in self.replicas.snapshot().iter() {
             METRICS

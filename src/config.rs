@@ -68,7 +68,54 @@ pub struct Config {
     pub threads: usize,
     /// TLS to every replica (requires a build with `--features tls`).
     pub replica_tls: ReplicaTls,
+    pub outlier: Outlier,
+    pub limits: Limits,
+    pub client_timeouts: ClientTimeouts,
+    /// Send `x-prefix-router-replica` / `-decision` and name replicas in error
+    /// bodies. Turn off when clients must not learn placement (a `pin` tells a
+    /// client that someone recently sent the same prompt prefix).
+    pub placement_headers: bool,
+    /// File of accepted client API keys, one SHA-256 hex digest per line
+    /// (hot-reloaded). Unset: the listener accepts every client.
+    pub api_keys_file: Option<String>,
     pub replicas: Vec<Replica>,
+}
+
+/// `outlier:` — ejection of replicas that fail on the request path.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Outlier {
+    /// Connect timeouts, response timeouts and 5xx in a row that eject.
+    pub consecutive_failures: u32,
+    /// First ejection time; doubles with each ejection in a row.
+    pub base_ejection_ms: u64,
+    pub max_ejection_ms: u64,
+    /// At most this share of the replicas is ejected at once (at least one may be).
+    pub max_ejection_percent: u32,
+}
+
+/// `limits:` — what the router holds at once before it answers 503.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Routed requests (body read, in flight to a replica) at once.
+    pub max_requests: usize,
+    /// Request body bytes buffered at once, all requests together.
+    pub max_buffered_bytes: usize,
+    /// Canonical prompt bytes hashed per request; the rest of a longer prompt
+    /// does not change its placement.
+    pub max_prompt_bytes: usize,
+}
+
+/// `client_timeouts:` — towards clients (downstream).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientTimeouts {
+    /// An idle keep-alive connection is closed after this (whole seconds).
+    pub keepalive_idle_s: u64,
+    /// Longest wait for a client to accept response bytes; a client that
+    /// stopped reading a stream is dropped and its replica request cancelled.
+    pub write_ms: u64,
 }
 
 /// `replica_tls:` — one setting for the whole fleet.
@@ -134,7 +181,10 @@ pub struct Timeouts {
     /// Longest wait for any byte from a replica: must cover a long prefill.
     pub read_ms: u64,
     pub write_ms: u64,
-    /// Idle pooled connections to replicas are closed after this.
+    /// Idle pooled connections to replicas are closed after this. Keep it below
+    /// the engines' own keep-alive timeout (uvicorn, under vLLM and SGLang: 5 s)
+    /// so the router never reuses a connection the engine is closing: a request
+    /// lost that way cannot be re-sent safely.
     pub idle_ms: u64,
 }
 
@@ -175,7 +225,42 @@ impl Default for Config {
             working_set_window_s: 300,
             threads: 2,
             replica_tls: ReplicaTls::default(),
+            outlier: Outlier::default(),
+            limits: Limits::default(),
+            client_timeouts: ClientTimeouts::default(),
+            placement_headers: true,
+            api_keys_file: None,
             replicas: Vec::new(),
+        }
+    }
+}
+
+impl Default for Outlier {
+    fn default() -> Self {
+        Self {
+            consecutive_failures: 5,
+            base_ejection_ms: 10_000,
+            max_ejection_ms: 300_000,
+            max_ejection_percent: 50,
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_requests: 4096,
+            max_buffered_bytes: 2 << 30,
+            max_prompt_bytes: 8 << 20,
+        }
+    }
+}
+
+impl Default for ClientTimeouts {
+    fn default() -> Self {
+        Self {
+            keepalive_idle_s: 60,
+            write_ms: 60_000,
         }
     }
 }
@@ -195,7 +280,7 @@ impl Default for Timeouts {
             connect_ms: 1_000,
             read_ms: 600_000,
             write_ms: 60_000,
-            idle_ms: 60_000,
+            idle_ms: 4_000,
         }
     }
 }
@@ -259,6 +344,22 @@ impl Config {
             ("timeouts.write_ms", self.timeouts.write_ms),
             ("reload_interval_ms", self.reload_interval_ms),
             ("working_set_window_s", u64::from(self.working_set_window_s)),
+            ("outlier.base_ejection_ms", self.outlier.base_ejection_ms),
+            ("outlier.max_ejection_ms", self.outlier.max_ejection_ms),
+            ("limits.max_requests", self.limits.max_requests as u64),
+            (
+                "limits.max_buffered_bytes",
+                self.limits.max_buffered_bytes as u64,
+            ),
+            (
+                "limits.max_prompt_bytes",
+                self.limits.max_prompt_bytes as u64,
+            ),
+            (
+                "client_timeouts.keepalive_idle_s",
+                self.client_timeouts.keepalive_idle_s,
+            ),
+            ("client_timeouts.write_ms", self.client_timeouts.write_ms),
         ] {
             if v == 0 {
                 return Err(invalid(field, "must be positive"));
@@ -269,6 +370,13 @@ impl Config {
         }
         if self.prefix_index.max_entries == 0 {
             return Err(invalid("prefix_index.max_entries", "must be positive"));
+        }
+        if self.outlier.max_ejection_percent > 100 {
+            return Err(invalid("outlier.max_ejection_percent", "must be 0..=100"));
+        }
+        if let Some(f) = &self.api_keys_file {
+            crate::auth::ApiKeys::load(Path::new(f))
+                .map_err(|e| invalid("api_keys_file", e.to_string()))?;
         }
         if self.threads == 0 {
             return Err(invalid("threads", "must be positive"));
@@ -286,6 +394,13 @@ impl Config {
                     format!("`{ca}` is not a file"),
                 ));
             }
+        }
+        if self.replicas.is_empty() {
+            // An emptied or truncated file must not take the whole fleet away.
+            return Err(invalid(
+                "replicas",
+                "lists no replica (to take every replica out, stop the router)",
+            ));
         }
         let (mut names, mut addrs) = (HashSet::new(), HashSet::new());
         for (i, r) in self.replicas.iter().enumerate() {
@@ -320,6 +435,17 @@ impl Config {
         Ok(())
     }
 
+    /// The outlier detection rules.
+    pub fn outlier_rules(&self) -> crate::replicas::OutlierRules {
+        let o = &self.outlier;
+        crate::replicas::OutlierRules {
+            consecutive_failures: o.consecutive_failures,
+            base_ejection: ms(o.base_ejection_ms),
+            max_ejection: ms(o.max_ejection_ms),
+            max_ejection_percent: o.max_ejection_percent,
+        }
+    }
+
     /// The policy's parameters.
     pub fn policy_config(&self) -> PolicyConfig {
         PolicyConfig {
@@ -347,6 +473,16 @@ pub fn ms(v: u64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const ONE: &str = "replicas: [{name: a, addr: \"127.0.0.1:1\"}]\n";
+
+    #[test]
+    fn a_file_without_replicas_is_rejected() {
+        for yaml in ["", "\n", "policy: shape\n", "replicas: []\n", "replicas:\n"] {
+            let e = Config::parse(yaml, None).unwrap_err().to_string();
+            assert!(e.contains("replicas"), "{yaml:?}: {e}");
+        }
+    }
 
     #[test]
     fn embedded_default_and_examples_parse() {
@@ -382,7 +518,7 @@ mod tests {
 
     #[test]
     fn tls_without_the_feature_is_a_clear_error() {
-        let r = Config::parse("replica_tls: {enabled: true}\n", None);
+        let r = Config::parse(&format!("replica_tls: {{enabled: true}}\n{ONE}"), None);
         if cfg!(feature = "tls") {
             assert!(r.is_ok());
         } else {
@@ -394,7 +530,7 @@ mod tests {
 
     #[test]
     fn environment_overrides_the_policy() {
-        let c = Config::parse("policy: shape\n", Some("affinity")).unwrap();
+        let c = Config::parse(&format!("policy: shape\n{ONE}"), Some("affinity")).unwrap();
         assert_eq!(c.policy_config().mode, Mode::Affinity);
         let e = Config::parse("", Some("random")).unwrap_err().to_string();
         assert!(e.contains(POLICY_ENV), "{e}");

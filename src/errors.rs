@@ -10,22 +10,39 @@ pub enum RouterError {
     BodyTooLarge { limit: usize },
     #[error("request body was not received within {ms} ms")]
     BodyTimeout { ms: u64 },
-    #[error("the replica {replica} failed: {detail}")]
-    Upstream { replica: String, detail: String },
-    #[error("the replica {replica} did not answer in time")]
-    UpstreamTimeout { replica: String },
+    #[error("the replica{} failed: {detail}", named(replica))]
+    Upstream {
+        replica: Option<String>,
+        detail: String,
+    },
+    #[error("the replica{} did not answer in time", named(replica))]
+    UpstreamTimeout { replica: Option<String> },
+    #[error("the router is at its limit of {what}; retry shortly")]
+    Overloaded { what: &'static str },
+    #[error("invalid API key: send `Authorization: Bearer <key>` with a key this router accepts")]
+    Unauthorized,
     #[error("internal error: {0}")]
     Internal(String),
 }
 
+/// ` name` when the replica may be named in error bodies.
+fn named(replica: &Option<String>) -> String {
+    replica
+        .as_ref()
+        .map(|r| format!(" {r}"))
+        .unwrap_or_default()
+}
+
 impl RouterError {
     /// Every `code`, for pre-registering metric labels.
-    pub const CODES: [&'static str; 6] = [
+    pub const CODES: [&'static str; 8] = [
         "no_replica",
         "body_too_large",
         "body_timeout",
         "upstream_error",
         "upstream_timeout",
+        "overloaded",
+        "invalid_api_key",
         "internal_error",
     ];
 
@@ -37,6 +54,8 @@ impl RouterError {
             RouterError::BodyTimeout { .. } => 408,
             RouterError::Upstream { .. } => 502,
             RouterError::UpstreamTimeout { .. } => 504,
+            RouterError::Overloaded { .. } => 503,
+            RouterError::Unauthorized => 401,
             RouterError::Internal(_) => 500,
         }
     }
@@ -49,8 +68,19 @@ impl RouterError {
             RouterError::BodyTimeout { .. } => "body_timeout",
             RouterError::Upstream { .. } => "upstream_error",
             RouterError::UpstreamTimeout { .. } => "upstream_timeout",
+            RouterError::Overloaded { .. } => "overloaded",
+            RouterError::Unauthorized => "invalid_api_key",
             RouterError::Internal(_) => "internal_error",
         }
+    }
+
+    /// Seconds a client should wait before retrying, for `Retry-After`.
+    pub fn retry_after_s(&self) -> Option<u32> {
+        matches!(
+            self,
+            RouterError::Overloaded { .. } | RouterError::NoReplica
+        )
+        .then_some(1)
     }
 
     fn kind(&self) -> &'static str {
@@ -85,17 +115,21 @@ mod tests {
         assert_eq!(v["error"]["code"], "body_too_large");
         assert!(v["error"]["message"].as_str().unwrap().contains("10 bytes"));
         assert_eq!(RouterError::NoReplica.status(), 503);
+        let hidden = RouterError::UpstreamTimeout { replica: None };
+        assert_eq!(hidden.to_string(), "the replica did not answer in time");
         for e in [
             RouterError::NoReplica,
             RouterError::BodyTooLarge { limit: 1 },
             RouterError::BodyTimeout { ms: 1 },
             RouterError::Upstream {
-                replica: "a".into(),
+                replica: Some("a".into()),
                 detail: "x".into(),
             },
             RouterError::UpstreamTimeout {
-                replica: "a".into(),
+                replica: Some("a".into()),
             },
+            RouterError::Overloaded { what: "requests" },
+            RouterError::Unauthorized,
             RouterError::Internal("x".into()),
         ] {
             assert!(RouterError::CODES.contains(&e.code()), "{e:?}");

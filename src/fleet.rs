@@ -98,7 +98,7 @@ impl HealthCheck for ReplicaHealth {
     async fn check(&self, target: &Backend) -> Result<()> {
         let result = self.http.check(target).await;
         if let Some(r) = target.addr.as_inet().and_then(|a| self.replicas.by_addr(a)) {
-            if r.on_check(result.is_ok()) {
+            if r.on_check(result.is_ok(), std::time::Instant::now()) {
                 log::info!(
                     "replica {} is {} (health check{})",
                     r.name,

@@ -10,6 +10,9 @@
 //!   [`metrics`]: every Prometheus metric; [`capacity`]: working set vs KV capacity.
 #![forbid(unsafe_code)]
 
+pub mod admission;
+pub mod auth;
+pub mod body;
 pub mod capacity;
 pub mod config;
 pub mod errors;

@@ -10,6 +10,8 @@ use pingora_core::server::configuration::ServerConf;
 use pingora_core::server::Server;
 use pingora_core::services::background::background_service;
 
+use prefix_router::admission::Admission;
+use prefix_router::auth::KeyFile;
 use prefix_router::capacity::CapacityWatch;
 use prefix_router::config::{Config, EMBEDDED_DEFAULT, POLICY_ENV};
 use prefix_router::fleet::fleet;
@@ -78,16 +80,26 @@ fn main() -> anyhow::Result<()> {
         )
         .context("health check")?,
     );
+    let keys = match &cfg.api_keys_file {
+        Some(f) => Some(Arc::new(
+            KeyFile::open(f.into()).with_context(|| format!("api_keys_file {f}"))?,
+        )),
+        None => None,
+    };
+    let admission = Admission::new(cfg.limits.max_requests, cfg.limits.max_buffered_bytes);
     let router = Router {
         settings: Settings::from_config(&cfg),
         policy: Arc::clone(&policy),
         replicas: Arc::clone(&replicas),
         fleet: fleet_service.task(),
+        admission: Arc::clone(&admission),
+        keys: keys.clone(),
     };
     let capacity = CapacityWatch::new(
         cfg.working_set_window_s,
         Arc::clone(&policy),
         Arc::clone(&replicas),
+        admission,
     );
     let mut proxy = pingora_proxy::http_proxy_service(&server.configuration, router);
     proxy.add_tcp(&cfg.listen);
@@ -95,7 +107,7 @@ fn main() -> anyhow::Result<()> {
     metrics.add_tcp(&cfg.metrics_listen);
 
     if let Some(path) = cli.config {
-        let reloader = Reloader::new(path, cfg, env_policy, replicas, policy);
+        let reloader = Reloader::new(path, cfg, env_policy, replicas, policy, keys);
         server.add_service(background_service("reload", reloader));
     }
     server.add_service(background_service("capacity", capacity));

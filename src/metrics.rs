@@ -35,6 +35,13 @@ pub struct Metrics {
     pub upstream_header_seconds: Histogram,
     /// Requests that arrived with no live replica at all.
     pub no_replica: IntCounter,
+    /// Ejections from the request path, by replica and reason.
+    pub ejections: IntCounterVec,
+    /// Placements made in panic mode (every healthy replica ejected).
+    pub panic_routed: IntCounter,
+    /// Requests and body bytes held under `limits`.
+    pub admitted_requests: IntGauge,
+    pub buffered_body_bytes: IntGauge,
 }
 
 /// The process-wide metrics.
@@ -109,6 +116,27 @@ pub static METRICS: Lazy<Metrics> = Lazy::new(|| {
         "Requests answered 503 because no replica was live"
     )
     .expect("register"),
+    ejections: register_int_counter_vec!(
+        "prefix_router_ejections_total",
+        "Replicas ejected by the request path, by reason (connect_failed, consecutive_failures)",
+        &["replica", "reason"]
+    )
+    .expect("register"),
+    panic_routed: register_int_counter!(
+        "prefix_router_panic_routed_total",
+        "Placements on an ejected replica because every healthy replica was ejected"
+    )
+    .expect("register"),
+    admitted_requests: register_int_gauge!(
+        "prefix_router_admitted_requests",
+        "Routed requests held now (limits.max_requests)"
+    )
+    .expect("register"),
+    buffered_body_bytes: register_int_gauge!(
+        "prefix_router_buffered_body_bytes",
+        "Request body bytes buffered now (limits.max_buffered_bytes)"
+    )
+    .expect("register"),
 }
 });
 
@@ -137,6 +165,9 @@ impl Metrics {
             .with_label_values(&[name])
             .set(replica.kv_tokens().unwrap_or(0) as i64);
         self.failovers.with_label_values(&[name]);
+        for kind in crate::replicas::Ejection::ALL {
+            self.ejections.with_label_values(&[name, kind.as_str()]);
+        }
         self.working_set.with_label_values(&[name]);
         for reason in Reason::ALL {
             if reason != Reason::NoReplica {
@@ -146,6 +177,13 @@ impl Metrics {
                 }
             }
         }
+    }
+
+    /// Counts one ejection.
+    pub fn ejected(&self, replica: &str, kind: crate::replicas::Ejection) {
+        self.ejections
+            .with_label_values(&[replica, kind.as_str()])
+            .inc();
     }
 
     /// Counts one routed request.

@@ -2,35 +2,49 @@
 //! same bytes, stream the answer, fail over on connection failure.
 //!
 //! Phase by phase:
-//! - `request_filter`: for `POST` to a routed path, answer `Expect: 100-continue`,
-//!   read the body within `max_body_bytes` and `body_read_timeout_ms`, parse it.
+//! - `early_request_filter`: client keep-alive and write timeouts.
+//! - `request_filter`: the API key (when configured), then for `POST` to a
+//!   routed path (normalised): a slot under `limits`, answer `Expect:
+//!   100-continue`, read the body within `max_body_bytes`,
+//!   `body_read_timeout_ms` and the byte budget, parse it (off the async
+//!   workers when large). A request refused before its body was read has the
+//!   body drained, so a client that sends before it reads gets the answer.
 //! - `upstream_peer` (again on every retry): the policy places the request among
 //!   live replicas not yet tried; Pingora's selection confirms membership and health.
 //! - `request_body_filter`: hands the buffered body to Pingora at end of stream.
 //!   With `patches/pingora-proxy-0.9.1.diff` this happens on every attempt and
 //!   for any size (stock Pingora forwards only from its 64 KiB retry buffer).
-//! - `fail_to_connect`: eject the replica until its next passing check, retry
-//!   elsewhere; `error_while_proxy`: retry a stale pooled connection, but never
-//!   once a response byte went to the client.
-//! - `response_filter`: `x-prefix-router-replica` / `-decision` headers, metrics.
+//! - `fail_to_connect`: nothing reached the engine: record the failure (see
+//!   `replicas` for ejection) and retry elsewhere.
+//! - `error_while_proxy`: retry only when the request cannot have reached the
+//!   engine whole (writing it failed) and nothing went to the client; a read
+//!   error or timeout after the request was sent is answered 502/504, never
+//!   re-sent: a second delivery is a second prefill and maybe a second tool call.
+//! - `response_filter`: outlier bookkeeping (5xx), placement headers, metrics.
+//!
+//! A `100 Continue` is not "a response": every check of whether the client has
+//! seen a response looks past 1xx ([`response_started`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use pingora_core::upstreams::peer::HttpPeer;
-use pingora_core::{Error, ErrorType, Result};
+use pingora_core::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::ResponseHeader;
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
+use crate::admission::{Admission, Ticket};
+use crate::auth::KeyFile;
+use crate::body;
 use crate::config::{ms, Config};
 use crate::errors::RouterError;
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
 use crate::policy::{Decision, Policy, ReplicaId, Request};
-use crate::replicas::{InFlight, Replicas};
-use crate::request::{is_routed_path, Prompt};
+use crate::replicas::{Failure, InFlight, OutlierRules, Replica, Replicas};
+use crate::request::routed_path;
 
 /// Response header naming the replica that served the request.
 pub const REPLICA_HEADER: &str = "x-prefix-router-replica";
@@ -45,10 +59,15 @@ pub struct Settings {
     pub max_body_bytes: usize,
     pub body_read_timeout: Duration,
     pub block_bytes: usize,
+    pub max_prompt_bytes: usize,
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
     pub write_timeout: Duration,
     pub idle_timeout: Duration,
+    pub client_keepalive_s: u64,
+    pub client_write_timeout: Duration,
+    pub placement_headers: bool,
+    pub outlier: OutlierRules,
     pub tls: crate::config::ReplicaTls,
 }
 
@@ -58,10 +77,15 @@ impl Settings {
             max_body_bytes: c.max_body_bytes,
             body_read_timeout: ms(c.body_read_timeout_ms),
             block_bytes: c.prefix_index.block_bytes,
+            max_prompt_bytes: c.limits.max_prompt_bytes,
             connect_timeout: ms(c.timeouts.connect_ms),
             read_timeout: ms(c.timeouts.read_ms),
             write_timeout: ms(c.timeouts.write_ms),
             idle_timeout: ms(c.timeouts.idle_ms),
+            client_keepalive_s: c.client_timeouts.keepalive_idle_s,
+            client_write_timeout: ms(c.client_timeouts.write_ms),
+            placement_headers: c.placement_headers,
+            outlier: c.outlier_rules(),
             tls: c.replica_tls.clone(),
         }
     }
@@ -73,11 +97,18 @@ pub struct Router {
     pub policy: Arc<Mutex<Policy>>,
     pub replicas: Arc<Replicas>,
     pub fleet: Arc<Fleet>,
+    pub admission: Arc<Admission>,
+    /// Client API keys, when `api_keys_file` is set.
+    pub keys: Option<Arc<KeyFile>>,
 }
 
 /// Per-request state.
 pub struct Ctx {
     started: Instant,
+    /// The routed path the request was recognised as (forwarded as that).
+    routed: Option<&'static str>,
+    /// Its place under `limits`, released when the request ends.
+    ticket: Option<Ticket>,
     /// The body, read whole before placement (routed paths only).
     body: Option<Bytes>,
     /// The policy's view of the prompt; `None` spreads.
@@ -85,31 +116,71 @@ pub struct Ctx {
     decision: Option<Decision>,
     /// The replica of the current attempt.
     attempt: Option<InFlight>,
-    /// Replicas whose connection failed for this request.
+    /// Replicas already tried for this request.
     tried: Vec<ReplicaId>,
     /// An error the router answers itself.
     error: Option<RouterError>,
 }
 
-impl Router {
-    /// Reads the whole body within the size limit. `Ok(Err(_))` is the client's fault.
-    async fn read_body(
-        &self,
-        session: &mut Session,
-    ) -> Result<std::result::Result<Bytes, RouterError>> {
-        let limit = self.settings.max_body_bytes;
-        let mut buf = BytesMut::new();
-        while let Some(chunk) = session.read_request_body().await? {
-            if buf.len() + chunk.len() > limit {
-                return Ok(Err(RouterError::BodyTooLarge { limit }));
-            }
-            buf.extend_from_slice(&chunk);
-        }
-        Ok(Ok(buf.freeze()))
-    }
+/// Whether the client has seen the start of a final response (a `100
+/// Continue` does not count).
+pub fn response_started(session: &Session) -> bool {
+    session
+        .response_written()
+        .is_some_and(|r| !r.status.is_informational())
+}
 
+impl Router {
     fn lock_policy(&self) -> std::sync::MutexGuard<'_, Policy> {
         self.policy.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The replica's name for error bodies, unless placement is hidden.
+    fn shown(&self, replica: &Replica) -> Option<String> {
+        self.settings
+            .placement_headers
+            .then(|| replica.name.clone())
+    }
+
+    /// Records a failed attempt; logs and counts an ejection it causes.
+    fn failed(&self, replica: &Replica, failure: Failure, why: &dyn std::fmt::Display) {
+        let ejected =
+            self.replicas
+                .on_failure(replica, failure, &self.settings.outlier, Instant::now());
+        if let Some(kind) = ejected {
+            METRICS
+                .replica_up
+                .with_label_values(&[&replica.name])
+                .set(i64::from(replica.live()));
+            log::warn!(
+                "replica {} ejected ({}): {why}",
+                replica.name,
+                kind.as_str()
+            );
+            METRICS.ejected(&replica.name, kind);
+        }
+    }
+
+    /// Answers `err` before the body was read, then drains the body so the
+    /// client can read the answer; the connection then closes.
+    async fn refuse(&self, session: &mut Session, err: &RouterError) -> Result<bool> {
+        session.set_keepalive(None);
+        respond(session, err).await?;
+        body::drain(session).await;
+        Ok(true)
+    }
+
+    /// The API key check; `true` when the client may go on.
+    fn authorised(&self, session: &Session) -> bool {
+        let Some(keys) = &self.keys else {
+            return true;
+        };
+        let h = &session.req_header().headers;
+        let key = crate::auth::presented(
+            h.get("authorization").map(|v| v.as_bytes()),
+            h.get("x-api-key").map(|v| v.as_bytes()),
+        );
+        key.is_some_and(|k| keys.keys().accepts(k))
     }
 }
 
@@ -117,9 +188,12 @@ impl Router {
 async fn respond(session: &mut Session, err: &RouterError) -> Result<()> {
     METRICS.errors.with_label_values(&[err.code()]).inc();
     let body = Bytes::from(err.body());
-    let mut resp = ResponseHeader::build(err.status(), Some(3))?;
+    let mut resp = ResponseHeader::build(err.status(), Some(4))?;
     resp.insert_header("content-type", "application/json")?;
     resp.insert_header("content-length", body.len().to_string())?;
+    if let Some(s) = err.retry_after_s() {
+        resp.insert_header("retry-after", s.to_string())?;
+    }
     session.write_response_header(Box::new(resp), false).await?;
     session.write_response_body(Some(body), true).await
 }
@@ -132,6 +206,13 @@ fn header<'a>(session: &'a Session, name: &str) -> Option<&'a str> {
         .and_then(|v| v.to_str().ok())
 }
 
+/// Whether `e` failed while writing the request to the replica: the engine
+/// then never had the whole request, so it cannot have started on it.
+fn failed_writing_request(e: &Error) -> bool {
+    matches!(e.etype(), ErrorType::WriteError | ErrorType::WriteTimedout)
+        && e.esource() == &ErrorSource::Upstream
+}
+
 #[async_trait]
 impl ProxyHttp for Router {
     type CTX = Ctx;
@@ -139,6 +220,8 @@ impl ProxyHttp for Router {
     fn new_ctx(&self) -> Ctx {
         Ctx {
             started: Instant::now(),
+            routed: None,
+            ticket: None,
             body: None,
             request: None,
             decision: None,
@@ -148,26 +231,45 @@ impl ProxyHttp for Router {
         }
     }
 
+    async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
+        // Pingora keeps an HTTP/1.1 connection open without limit by default.
+        if session.get_keepalive().is_some() {
+            session.set_keepalive(Some(self.settings.client_keepalive_s));
+        }
+        session.set_write_timeout(Some(self.settings.client_write_timeout));
+        Ok(())
+    }
+
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        if !self.authorised(session) {
+            return self.refuse(session, &RouterError::Unauthorized).await;
+        }
         let req = session.req_header();
-        if req.method != http::Method::POST || !is_routed_path(req.uri.path()) {
+        let routed = routed_path(req.uri.path());
+        if req.method != http::Method::POST || routed.is_none() {
             return Ok(false);
         }
-        let declared = header(session, "content-length").and_then(|v| v.parse::<usize>().ok());
-        if declared.is_some_and(|n| n > self.settings.max_body_bytes) {
-            // The body is never read: the connection cannot be reused.
-            session.set_keepalive(None);
-            let err = RouterError::BodyTooLarge {
-                limit: self.settings.max_body_bytes,
+        ctx.routed = routed;
+        let Some(ticket) = self.admission.admit() else {
+            let err = RouterError::Overloaded {
+                what: "requests in flight",
             };
-            respond(session, &err).await?;
-            return Ok(true);
+            return self.refuse(session, &err).await;
+        };
+        let ticket = ctx.ticket.insert(ticket);
+        let limit = self.settings.max_body_bytes;
+        let declared = header(session, "content-length").and_then(|v| v.parse::<usize>().ok());
+        if declared.is_some_and(|n| n > limit) {
+            return self
+                .refuse(session, &RouterError::BodyTooLarge { limit })
+                .await;
         }
         if header(session, "expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue")) {
             session.write_continue_response().await?;
         }
         let deadline = self.settings.body_read_timeout;
-        let body = match tokio::time::timeout(deadline, self.read_body(session)).await {
+        let read = body::read(session, limit, declared, ticket);
+        let body = match tokio::time::timeout(deadline, read).await {
             Ok(read) => read?,
             Err(_) => Err(RouterError::BodyTimeout {
                 ms: deadline.as_millis() as u64,
@@ -175,16 +277,17 @@ impl ProxyHttp for Router {
         };
         let body = match body {
             Ok(b) => b,
-            Err(err) => {
+            Err(err @ RouterError::BodyTimeout { .. }) => {
                 session.set_keepalive(None);
                 respond(session, &err).await?;
                 return Ok(true);
             }
+            Err(err) => return self.refuse(session, &err).await,
         };
         // A body that is not JSON is still forwarded (spread): the engine answers it.
-        ctx.request = Prompt::parse(&body)
-            .ok()
-            .map(|p| p.into_request(self.settings.block_bytes, header(session, SESSION_HEADER)));
+        let key = header(session, SESSION_HEADER).map(str::to_owned);
+        let s = &self.settings;
+        ctx.request = body::parse(body.clone(), s.max_prompt_bytes, s.block_bytes, key).await;
         ctx.body = Some(body);
         Ok(false)
     }
@@ -193,7 +296,10 @@ impl ProxyHttp for Router {
         ctx.attempt = None;
         let list = self.replicas.snapshot();
         for _ in 0..=list.len() {
-            let states = Replicas::states(&list, &ctx.tried);
+            let (states, panic) = Replicas::states(&list, &ctx.tried);
+            if panic {
+                METRICS.panic_routed.inc();
+            }
             let decision = {
                 let mut policy = self.lock_policy();
                 match &ctx.request {
@@ -205,9 +311,7 @@ impl ProxyHttp for Router {
                 .replica
                 .and_then(|id| list.iter().find(|r| r.id == id));
             let Some(replica) = replica else {
-                METRICS.no_replica.inc();
-                ctx.error = Some(RouterError::NoReplica);
-                return Error::e_explain(ErrorType::HTTPStatus(503), "no live replica");
+                break;
             };
             // Pingora's own view: still a member (not removed by reload) and healthy.
             let key = replica.addr.to_string();
@@ -233,18 +337,31 @@ impl ProxyHttp for Router {
             ctx.decision = Some(decision);
             return Ok(Box::new(peer));
         }
+        METRICS.no_replica.inc();
         ctx.error = Some(RouterError::NoReplica);
         Error::e_explain(ErrorType::HTTPStatus(503), "no live replica")
     }
 
     async fn upstream_request_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_request: &mut pingora_http::RequestHeader,
-        _ctx: &mut Ctx,
+        ctx: &mut Ctx,
     ) -> Result<()> {
         // Answered by the router already; the replica gets the body at once.
         upstream_request.remove_header("expect");
+        // The engine gets the path the router classified, not a variant of it.
+        if let Some(path) = ctx.routed {
+            if session.req_header().uri.path() != path {
+                let uri = match session.req_header().uri.query() {
+                    Some(q) => format!("{path}?{q}"),
+                    None => path.to_owned(),
+                };
+                upstream_request.set_uri(uri.parse().map_err(|_| {
+                    Error::explain(ErrorType::InvalidHTTPHeader, "unparsable query")
+                })?);
+            }
+        }
         Ok(())
     }
 
@@ -272,12 +389,14 @@ impl ProxyHttp for Router {
     ) -> Box<Error> {
         if let Some(attempt) = ctx.attempt.take() {
             let r = attempt.replica();
-            if r.eject() {
-                log::warn!("replica {} ejected: connection failed: {e}", r.name);
-            }
-            METRICS.replica_up.with_label_values(&[&r.name]).set(0);
+            let failure = match e.etype() {
+                ErrorType::ConnectTimedout => Failure::ConnectTimeout,
+                _ => Failure::Dead,
+            };
+            self.failed(r, failure, &e);
             ctx.tried.push(r.id);
-            if session.response_written().is_none() {
+            // Nothing reached the engine: another replica may take it.
+            if !response_started(session) {
                 METRICS.failovers.with_label_values(&[&r.name]).inc();
                 e.set_retry(true);
             }
@@ -294,12 +413,21 @@ impl ProxyHttp for Router {
         client_reused: bool,
     ) -> Box<Error> {
         let mut e = e.more_context(format!("replica {peer}"));
-        // A pooled keep-alive connection the replica had already closed: nothing
-        // reached the engine, so re-sending is safe while the client saw nothing.
-        // The body is re-sent from ctx (or Pingora's retry buffer for unread paths).
+        let writing = failed_writing_request(&e);
+        if let Some(r) = ctx.attempt.as_ref().map(|a| Arc::clone(a.replica())) {
+            // A pooled connection the engine had closed is not the engine failing.
+            if e.esource() == &ErrorSource::Upstream && !(writing && client_reused) {
+                self.failed(&r, Failure::Response, &e);
+            }
+            if writing && !client_reused {
+                ctx.tried.push(r.id);
+            }
+        }
+        // Re-sent only if the engine never had it whole and the client saw
+        // nothing. The body comes from ctx (or Pingora's retry buffer for
+        // paths the router does not read).
         let body_kept = ctx.body.is_some() || !session.as_ref().retry_buffer_truncated();
-        e.set_retry(client_reused && body_kept && session.response_written().is_none());
-        ctx.attempt = None;
+        e.set_retry(writing && body_kept && !response_started(session));
         e
     }
 
@@ -310,10 +438,18 @@ impl ProxyHttp for Router {
         ctx: &mut Ctx,
     ) -> Result<()> {
         if let (Some(d), Some(a)) = (&ctx.decision, &ctx.attempt) {
-            let name = &a.replica().name;
-            upstream_response.insert_header(REPLICA_HEADER, name.as_str())?;
-            upstream_response.insert_header(DECISION_HEADER, d.reason.as_str())?;
-            METRICS.routed(name, d.reason, d.shape);
+            let r = a.replica();
+            if upstream_response.status.is_server_error() {
+                let why = format!("answered {}", upstream_response.status);
+                self.failed(r, Failure::Response, &why);
+            } else {
+                r.on_success();
+            }
+            if self.settings.placement_headers {
+                upstream_response.insert_header(REPLICA_HEADER, r.name.as_str())?;
+                upstream_response.insert_header(DECISION_HEADER, d.reason.as_str())?;
+            }
+            METRICS.routed(&r.name, d.reason, d.shape);
             METRICS
                 .upstream_header_seconds
                 .observe(ctx.started.elapsed().as_secs_f64());
@@ -322,11 +458,7 @@ impl ProxyHttp for Router {
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
-        let replica = ctx
-            .attempt
-            .as_ref()
-            .map(|a| a.replica().name.clone())
-            .unwrap_or_default();
+        let replica = ctx.attempt.as_ref().and_then(|a| self.shown(a.replica()));
         let err = ctx.error.take().unwrap_or_else(|| match e.etype() {
             ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
                 RouterError::UpstreamTimeout { replica }
@@ -339,8 +471,8 @@ impl ProxyHttp for Router {
         let client_gone = matches!(
             e.etype(),
             ErrorType::ReadError | ErrorType::WriteError | ErrorType::ConnectionClosed
-        ) && e.esource() == &pingora_core::ErrorSource::Downstream;
-        let code = if client_gone || session.response_written().is_some() {
+        ) && e.esource() == &ErrorSource::Downstream;
+        let code = if client_gone || response_started(session) {
             0
         } else {
             if let Err(we) = respond(session, &err).await {
@@ -355,11 +487,14 @@ impl ProxyHttp for Router {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
-        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let status = session
+            .response_written()
+            .filter(|r| !r.status.is_informational())
+            .map_or(0, |r| r.status.as_u16());
         let replica = ctx.attempt.take().map(|a| a.replica().name.clone());
         let d = ctx.decision.as_ref();
         log::info!(
-            "{} {} status={} replica={} decision={} shape={} matched_bytes={} failovers={} ms={}{}",
+            "{} {} status={} replica={} decision={} shape={} matched_bytes={} tried={} ms={}{}",
             session.req_header().method,
             session.req_header().uri.path(),
             status,

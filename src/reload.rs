@@ -1,6 +1,10 @@
 //! Hot reload: file -> parse -> validate -> swap the replica set. An invalid
-//! file is logged and counted, and the previous set stays in force. Policy state
+//! file (an emptied one too: it lists no replica) is logged and counted, and the
+//! previous set stays in force. A changed file is read twice, [`SETTLE`] apart,
+//! and judged only when both reads agree, so a writer caught mid-write (`cat
+//! new > file` truncates first) is judged once it has finished. Policy state
 //! (pins, counter) survives; pins to removed replicas are dropped so they move.
+//! The API keys file, when configured, is re-read on the same tick.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -10,6 +14,7 @@ use async_trait::async_trait;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 
+use crate::auth::KeyFile;
 use crate::config::{Config, ConfigError};
 use crate::metrics::METRICS;
 use crate::policy::Policy;
@@ -26,7 +31,11 @@ pub struct Reloader {
     last: Mutex<Option<String>>,
     /// The configuration in force, to flag edits that need a restart.
     running: Mutex<Config>,
+    keys: Option<Arc<KeyFile>>,
 }
+
+/// Time between the two reads of a changed file.
+pub const SETTLE: Duration = Duration::from_millis(50);
 
 impl Reloader {
     pub fn new(
@@ -35,6 +44,7 @@ impl Reloader {
         env_policy: Option<String>,
         replicas: Arc<Replicas>,
         policy: Arc<Mutex<Policy>>,
+        keys: Option<Arc<KeyFile>>,
     ) -> Self {
         let last = std::fs::read_to_string(&path).ok();
         Self {
@@ -45,15 +55,48 @@ impl Reloader {
             policy,
             last: Mutex::new(last),
             running: Mutex::new(running),
+            keys,
         }
     }
 
-    /// Re-reads the file if it changed. `Ok(None)`: unchanged.
-    pub fn check(&self) -> Result<Option<Change>, ConfigError> {
-        let text = std::fs::read_to_string(&self.path).map_err(|source| ConfigError::Read {
+    fn read(&self) -> Result<String, ConfigError> {
+        std::fs::read_to_string(&self.path).map_err(|source| ConfigError::Read {
             path: self.path.display().to_string(),
             source,
-        });
+        })
+    }
+
+    /// Whether `text` differs from the text last judged.
+    fn changed(&self, text: &Result<String, ConfigError>) -> bool {
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        match text {
+            Ok(t) => last.as_deref() != Some(t.as_str()),
+            Err(_) => true,
+        }
+    }
+
+    /// Re-reads the file if it changed, waiting [`SETTLE`] for a writer to
+    /// finish. `Ok(None)`: unchanged, or still being written.
+    pub async fn check_settled(&self) -> Result<Option<Change>, ConfigError> {
+        let first = self.read();
+        if !self.changed(&first) {
+            return Ok(None);
+        }
+        tokio::time::sleep(SETTLE).await;
+        let second = self.read();
+        match (&first, &second) {
+            (Ok(a), Ok(b)) if a == b => self.judge(second),
+            (Err(_), Err(_)) => self.judge(second),
+            _ => Ok(None), // mid-write: judged on a later tick
+        }
+    }
+
+    /// Re-reads the file if it changed (no settling). `Ok(None)`: unchanged.
+    pub fn check(&self) -> Result<Option<Change>, ConfigError> {
+        self.judge(self.read())
+    }
+
+    fn judge(&self, text: Result<String, ConfigError>) -> Result<Option<Change>, ConfigError> {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         if let Ok(t) = &text {
             if last.as_deref() == Some(t.as_str()) {
@@ -122,6 +165,26 @@ impl Reloader {
     }
 }
 
+impl Reloader {
+    fn reload_keys(&self) {
+        let Some(keys) = &self.keys else { return };
+        match keys.reload() {
+            Ok(false) => {}
+            Ok(true) => {
+                METRICS.reloads.with_label_values(&["ok"]).inc();
+                log::info!("api keys reloaded from {}", keys.path.display());
+            }
+            Err(e) => {
+                METRICS.reloads.with_label_values(&["error"]).inc();
+                log::error!(
+                    "api keys reload rejected, previous keys stay in force: {}: {e}",
+                    keys.path.display()
+                );
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl BackgroundService for Reloader {
     async fn start(&self, mut shutdown: ShutdownWatch) {
@@ -129,7 +192,10 @@ impl BackgroundService for Reloader {
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
-                _ = tick.tick() => self.report(self.check()),
+                _ = tick.tick() => {
+                    self.report(self.check_settled().await);
+                    self.reload_keys();
+                }
             }
         }
     }
@@ -148,7 +214,7 @@ mod tests {
         let policy = Arc::new(Mutex::new(Policy::new(PolicyConfig {
             ..cfg.policy_config()
         })));
-        Reloader::new(path, cfg, None, replicas, policy)
+        Reloader::new(path, cfg, None, replicas, policy, None)
     }
 
     #[test]

@@ -1,10 +1,24 @@
 //! The live replica set: names, addresses, health as the router sees it,
 //! ejections from the request path, and in-flight counts. Swapped whole on reload;
 //! a replica kept across a reload (same name and address) keeps its state.
+//!
+//! Ejection, in the style of Envoy's outlier detection:
+//! - a refused or reset connection ejects at once (the engine is gone); the
+//!   next passing health check readmits it;
+//! - connect timeouts, response timeouts and 5xx answers are counted; after
+//!   `consecutive_failures` in a row the replica is ejected for
+//!   `base_ejection` × 2^(earlier ejections in a row), at most `max_ejection`,
+//!   and readmitted by the first passing health check after that; a success
+//!   resets both counts;
+//! - at most `max_ejection_percent` of the set is ejected at once (always at
+//!   least one replica may be);
+//! - when every replica that passes its health check is ejected, they are all
+//!   routed to anyway (panic mode): the router never refuses on its own say-so.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use crate::config;
 use crate::policy::{ReplicaId, ReplicaState};
@@ -20,14 +34,77 @@ pub struct Replica {
     in_flight: AtomicU32,
     /// The last active health check passed (false until the first one does).
     checked: AtomicBool,
-    /// A connection failed since the last passing check.
+    /// Ejected by the request path; see the module header.
     ejected: AtomicBool,
+    /// Failures in a row (timeouts, 5xx) since the last success.
+    consecutive: AtomicU32,
+    /// Outlier ejections in a row, and the end of the current one.
+    ejection: Mutex<(u32, Option<Instant>)>,
+}
+
+/// How a request to a replica failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Connection refused or reset, no route: the engine is not there.
+    Dead,
+    /// The connect timed out: an overloaded accept queue as often as a dead host.
+    ConnectTimeout,
+    /// A response timeout, a broken response, or a 5xx answer.
+    Response,
+}
+
+/// Outlier detection parameters (config `outlier`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutlierRules {
+    pub consecutive_failures: u32,
+    pub base_ejection: Duration,
+    pub max_ejection: Duration,
+    pub max_ejection_percent: u32,
+}
+
+/// Why a replica was ejected (the `reason` label of the ejection counter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ejection {
+    Dead,
+    Outlier,
+}
+
+impl Ejection {
+    pub const ALL: [Ejection; 2] = [Ejection::Dead, Ejection::Outlier];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ejection::Dead => "connect_failed",
+            Ejection::Outlier => "consecutive_failures",
+        }
+    }
 }
 
 impl Replica {
-    /// Live: its last health check passed and no connection failed since.
+    /// Live: its last health check passed and it is not ejected.
     pub fn live(&self) -> bool {
         self.checked.load(Relaxed) && !self.ejected.load(Relaxed)
+    }
+
+    /// Its last health check passed (ejected or not).
+    pub fn checked(&self) -> bool {
+        self.checked.load(Relaxed)
+    }
+
+    fn is_ejected(&self) -> bool {
+        self.ejected.load(Relaxed)
+    }
+
+    /// A response below 500 arrived: the failure streak ends.
+    pub fn on_success(&self) {
+        if self.consecutive.load(Relaxed) != 0 {
+            self.consecutive.store(0, Relaxed);
+        }
+        if !self.is_ejected() {
+            if let Ok(mut e) = self.ejection.try_lock() {
+                e.0 = 0;
+            }
+        }
     }
 
     /// Declared KV capacity in tokens.
@@ -39,21 +116,16 @@ impl Replica {
         self.in_flight.load(Relaxed)
     }
 
-    /// Demotes the replica until its next passing health check. Returns
-    /// whether it was live before (so one outage counts one ejection).
-    pub fn eject(&self) -> bool {
-        let was_live = self.live();
-        self.ejected.store(true, Relaxed);
-        was_live
-    }
-
-    /// Records an active health check result; a pass also ends an ejection.
-    /// Returns whether liveness changed.
-    pub fn on_check(&self, passed: bool) -> bool {
+    /// Records an active health check result at `now`; a pass also ends an
+    /// ejection whose time is up. Returns whether liveness changed.
+    pub fn on_check(&self, passed: bool, now: Instant) -> bool {
         let before = self.live();
         self.checked.store(passed, Relaxed);
-        if passed {
-            self.ejected.store(false, Relaxed);
+        if passed && self.is_ejected() {
+            let e = self.ejection.lock().unwrap_or_else(|p| p.into_inner());
+            if e.1.is_none_or(|until| now >= until) {
+                self.ejected.store(false, Relaxed);
+            }
         }
         before != self.live()
     }
@@ -101,6 +173,8 @@ pub struct Change {
 pub struct Replicas {
     current: RwLock<Arc<Vec<Arc<Replica>>>>,
     next_id: AtomicU32,
+    /// Serialises ejections so two at once cannot both pass the bound.
+    ejecting: Mutex<()>,
 }
 
 impl Replicas {
@@ -116,15 +190,70 @@ impl Replicas {
         Arc::clone(&self.current.read().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// The policy's view of the set, excluding replicas in `tried`.
-    pub fn states(list: &[Arc<Replica>], tried: &[ReplicaId]) -> Vec<ReplicaState> {
-        list.iter()
+    /// The policy's view of the set, excluding replicas in `tried`. When no
+    /// replica is live, the ejected ones that pass their health check count as
+    /// live (panic mode, reported by the `bool`).
+    pub fn states(list: &[Arc<Replica>], tried: &[ReplicaId]) -> (Vec<ReplicaState>, bool) {
+        let mut states: Vec<ReplicaState> = list
+            .iter()
             .map(|r| {
                 let mut s = r.state();
                 s.live &= !tried.contains(&r.id);
                 s
             })
-            .collect()
+            .collect();
+        if states.iter().any(|s| s.live) {
+            return (states, false);
+        }
+        let mut panic = false;
+        for (s, r) in states.iter_mut().zip(list) {
+            s.live = r.checked() && !tried.contains(&r.id);
+            panic |= s.live;
+        }
+        (states, panic)
+    }
+
+    /// Records a failed request to `replica` at `now`; returns the ejection it
+    /// caused, if any (see the module header for the rules).
+    pub fn on_failure(
+        &self,
+        replica: &Replica,
+        failure: Failure,
+        rules: &OutlierRules,
+        now: Instant,
+    ) -> Option<Ejection> {
+        let (kind, until) = match failure {
+            Failure::Dead => (Ejection::Dead, None),
+            Failure::ConnectTimeout | Failure::Response => {
+                let n = replica.consecutive.fetch_add(1, Relaxed) + 1;
+                if n < rules.consecutive_failures.max(1) {
+                    return None;
+                }
+                (Ejection::Outlier, Some(()))
+            }
+        };
+        let _one_at_a_time = self.ejecting.lock().unwrap_or_else(|p| p.into_inner());
+        if replica.is_ejected() {
+            return None;
+        }
+        let list = self.snapshot();
+        let ejected = list.iter().filter(|r| r.is_ejected()).count();
+        let allowed = (list.len() * rules.max_ejection_percent as usize / 100).max(1);
+        if ejected >= allowed {
+            return None;
+        }
+        let mut e = replica.ejection.lock().unwrap_or_else(|p| p.into_inner());
+        e.1 = until.map(|()| {
+            let factor = 1u32 << e.0.min(16);
+            e.0 += 1;
+            now + rules
+                .base_ejection
+                .saturating_mul(factor)
+                .min(rules.max_ejection)
+        });
+        replica.consecutive.store(0, Relaxed);
+        replica.ejected.store(true, Relaxed);
+        Some(kind)
     }
 
     pub fn by_addr(&self, addr: &SocketAddr) -> Option<Arc<Replica>> {
@@ -156,6 +285,8 @@ impl Replicas {
                         in_flight: AtomicU32::new(0),
                         checked: AtomicBool::new(false),
                         ejected: AtomicBool::new(false),
+                        consecutive: AtomicU32::new(0),
+                        ejection: Mutex::new((0, None)),
                     });
                     change.added.push(Arc::clone(&r));
                     r
@@ -192,27 +323,111 @@ mod tests {
         let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1")]));
         let a = Arc::clone(&set.snapshot()[0]);
         assert!(!a.live());
-        assert!(a.on_check(true));
+        assert!(a.on_check(true, Instant::now()));
+        assert!(a.live());
+    }
+
+    const RULES: OutlierRules = OutlierRules {
+        consecutive_failures: 3,
+        base_ejection: Duration::from_secs(10),
+        max_ejection: Duration::from_secs(25),
+        max_ejection_percent: 50,
+    };
+
+    fn checked_set(names: &[(&str, &str)], now: Instant) -> (Replicas, Vec<Arc<Replica>>) {
+        let set = Replicas::new(&cfg(names));
+        let list = set.snapshot().to_vec();
+        for r in &list {
+            r.on_check(true, now);
+        }
+        (set, list)
+    }
+
+    #[test]
+    fn a_dead_replica_is_ejected_until_the_next_passing_check() {
+        let now = Instant::now();
+        let (set, list) = checked_set(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")], now);
+        let a = &list[0];
+        assert_eq!(
+            set.on_failure(a, Failure::Dead, &RULES, now),
+            Some(Ejection::Dead)
+        );
+        assert_eq!(
+            set.on_failure(a, Failure::Dead, &RULES, now),
+            None,
+            "same outage"
+        );
+        assert!(!a.live());
+        a.on_check(true, now);
         assert!(a.live());
     }
 
     #[test]
-    fn ejection_lasts_until_the_next_passing_check() {
-        let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1")]));
-        let a = Arc::clone(&set.snapshot()[0]);
-        a.on_check(true);
-        assert!(a.eject());
-        assert!(!a.eject(), "second ejection of the same outage");
+    fn timeouts_eject_only_after_consecutive_failures_for_a_growing_time() {
+        let t0 = Instant::now();
+        let (set, list) = checked_set(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")], t0);
+        let a = &list[0];
+        let fail = |n: u32, at: Instant| {
+            (0..n)
+                .filter_map(|_| set.on_failure(a, Failure::ConnectTimeout, &RULES, at))
+                .collect::<Vec<_>>()
+        };
+        assert!(fail(2, t0).is_empty());
+        assert!(a.live(), "two timeouts are overload, not death");
+        a.on_success();
+        assert!(fail(2, t0).is_empty(), "a success resets the streak");
+        assert_eq!(fail(1, t0), [Ejection::Outlier]);
         assert!(!a.live());
-        a.on_check(true);
+        a.on_check(true, t0 + Duration::from_secs(9));
+        assert!(
+            !a.live(),
+            "a check inside the ejection time does not readmit"
+        );
+        a.on_check(true, t0 + Duration::from_secs(10));
         assert!(a.live());
+        // The second ejection in a row lasts twice as long, the third is capped.
+        let t1 = t0 + Duration::from_secs(100);
+        assert_eq!(fail(3, t1), [Ejection::Outlier]);
+        a.on_check(true, t1 + Duration::from_secs(19));
+        assert!(!a.live());
+        a.on_check(true, t1 + Duration::from_secs(20));
+        assert!(a.live());
+        let t2 = t1 + Duration::from_secs(100);
+        assert_eq!(fail(3, t2), [Ejection::Outlier]);
+        a.on_check(true, t2 + Duration::from_secs(25));
+        assert!(a.live(), "capped at max_ejection");
+    }
+
+    #[test]
+    fn ejection_stops_at_the_bound_and_panic_mode_routes_to_the_ejected() {
+        let now = Instant::now();
+        let (set, list) = checked_set(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")], now);
+        assert!(set
+            .on_failure(&list[0], Failure::Dead, &RULES, now)
+            .is_some());
+        assert!(
+            set.on_failure(&list[1], Failure::Dead, &RULES, now)
+                .is_none(),
+            "50 % of two replicas is one"
+        );
+        assert!(list[1].live());
+        let (states, panic) = Replicas::states(&list, &[list[1].id]);
+        assert!(panic, "only the ejected replica is left");
+        assert!(states[0].live && !states[1].live);
+        let (states, panic) = Replicas::states(&list, &[]);
+        assert!(!panic);
+        assert!(!states[0].live && states[1].live);
+        // A replica failing its health check is never routed to, panic or not.
+        list[0].on_check(false, now);
+        let (states, _) = Replicas::states(&list, &[list[1].id]);
+        assert!(states.iter().all(|s| !s.live));
     }
 
     #[test]
     fn reload_keeps_state_of_unchanged_replicas_and_reports_changes() {
         let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")]));
         let a = Arc::clone(&set.snapshot()[0]);
-        a.on_check(true);
+        a.on_check(true, Instant::now());
         let _guard = a.begin();
         let change = set.apply(&cfg(&[("a", "127.0.0.1:1"), ("c", "127.0.0.1:3")]));
         assert_eq!(
@@ -249,7 +464,7 @@ mod tests {
         drop(g2);
         assert_eq!(a.in_flight(), 0);
         let tried = [a.id];
-        a.on_check(true);
-        assert!(!Replicas::states(&set.snapshot(), &tried)[0].live);
+        a.on_check(true, Instant::now());
+        assert!(!Replicas::states(&set.snapshot(), &tried).0[0].live);
     }
 }

@@ -19,9 +19,65 @@ pub const ROUTED_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", 
 const ROLE_SEP: u8 = 0x1F;
 const MESSAGE_END: u8 = 0x1E;
 
-/// Whether `path` (without query) carries a prompt the policy routes by.
-pub fn is_routed_path(path: &str) -> bool {
-    ROUTED_PATHS.contains(&path)
+/// The routed path that `path` (without query) names, if any, after the
+/// normalisation an engine's HTTP server may apply: percent-decoding, empty
+/// and `.` segments dropped, `..` applied, a trailing slash ignored. So
+/// `/v1//chat/%63ompletions/` is routed (size limit, placement) like
+/// `/v1/chat/completions`, and is forwarded as that.
+pub fn routed_path(path: &str) -> Option<&'static str> {
+    if let Some(p) = ROUTED_PATHS.iter().find(|p| **p == path) {
+        return Some(p);
+    }
+    let decoded = percent_decode(path.as_bytes());
+    let mut segments: Vec<&[u8]> = Vec::new();
+    for seg in decoded.split(|b| *b == b'/') {
+        match seg {
+            b"" | b"." => {}
+            b".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    ROUTED_PATHS.iter().copied().find(|p| {
+        let mut want = p.split('/').filter(|s| !s.is_empty());
+        segments.len() == want.clone().count()
+            && segments
+                .iter()
+                .all(|s| want.next().is_some_and(|w| w.as_bytes() == *s))
+    })
+}
+
+/// `%XX` escapes decoded (repeatedly, so a double encoding cannot hide a path);
+/// invalid escapes are kept as they are.
+fn percent_decode(path: &[u8]) -> Vec<u8> {
+    let mut cur = path.to_vec();
+    for _ in 0..3 {
+        let mut out = Vec::with_capacity(cur.len());
+        let mut i = 0;
+        while i < cur.len() {
+            let hex = |b: u8| (b as char).to_digit(16);
+            match (
+                cur[i],
+                cur.get(i + 1).and_then(|b| hex(*b)),
+                cur.get(i + 2).and_then(|b| hex(*b)),
+            ) {
+                (b'%', Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                }
+                (b, _, _) => {
+                    out.push(b);
+                    i += 1;
+                }
+            }
+        }
+        if out == cur {
+            break;
+        }
+        cur = out;
+    }
+    cur
 }
 
 /// Why a body could not be read as a prompt (it is still forwarded, spread).
@@ -35,7 +91,7 @@ pub enum RequestError {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Prompt {
     pub text: Vec<u8>,
-    /// Offsets just past each message.
+    /// Offsets just past each message (only those within `max_text_bytes`).
     pub message_ends: Vec<usize>,
     /// An assistant / tool / function turn is present.
     pub model_turn: bool,
@@ -45,24 +101,25 @@ pub struct Prompt {
 }
 
 impl Prompt {
-    /// Parses an OpenAI chat / completions or Anthropic messages body. Text is
-    /// appended to the canonical buffer as the parser meets it: no per-string
-    /// allocation, one copy.
-    pub fn parse(body: &[u8]) -> Result<Self, RequestError> {
+    /// Parses an OpenAI chat / completions or Anthropic messages body, keeping
+    /// at most `max_text_bytes` of canonical text (the rest of the body is still
+    /// validated, in time linear in its size). A key that appears twice counts
+    /// once, with its last value, as Python's `json` (and so the engines) reads it.
+    pub fn parse(body: &[u8], max_text_bytes: usize) -> Result<Self, RequestError> {
         let mut parser = Parser {
-            prompt: Prompt {
-                text: Vec::with_capacity(body.len()),
-                ..Prompt::default()
-            },
+            section: Section::default(),
             scratch: String::new(),
+            room: max_text_bytes,
+            max: max_text_bytes,
+            reserve: body.len().min(max_text_bytes),
         };
         // Validating UTF-8 once up front lets serde_json skip it per string.
         let body =
             std::str::from_utf8(body).map_err(<serde_json::Error as serde::de::Error>::custom)?;
         let mut de = serde_json::Deserializer::from_str(body);
-        de.deserialize_map(Top(&mut parser))?;
+        let fields = de.deserialize_map(Top(&mut parser))?;
         de.end()?;
-        Ok(parser.prompt)
+        Ok(fields.assemble(max_text_bytes))
     }
 
     /// The policy's view: hashes the text; `header_key` (`x-session-id`) is used
@@ -78,36 +135,129 @@ impl Prompt {
             key,
         }
     }
+}
 
-    /// Closes a message whose content was appended since `start`: the role goes
+/// The canonical text of one top-level field (`system`, `messages`, `prompt`).
+#[derive(Debug, Default)]
+struct Section {
+    text: Vec<u8>,
+    message_ends: Vec<usize>,
+    model_turn: bool,
+    messages: usize,
+}
+
+impl Section {
+    /// Closes a message whose content was appended since it began: the role goes
     /// after the content, so the two may come in either order in the JSON.
-    fn end_message(&mut self, role: &str) {
-        self.text.push(ROLE_SEP);
-        self.text.extend_from_slice(role.as_bytes());
-        self.text.push(MESSAGE_END);
-        self.message_ends.push(self.text.len());
+    fn end_message(&mut self, role: &str, room: &mut usize) {
+        push(&mut self.text, room, &[ROLE_SEP]);
+        push(&mut self.text, room, role.as_bytes());
+        if push(&mut self.text, room, &[MESSAGE_END]) {
+            self.message_ends.push(self.text.len());
+        }
         self.messages += 1;
         self.model_turn |= matches!(role, "assistant" | "tool" | "function");
     }
 }
 
-/// Parsing state: the prompt being built and a reused buffer for short strings
-/// (roles, part types), so parsing allocates per body, not per message.
-struct Parser {
-    prompt: Prompt,
-    scratch: String,
+/// Appends what fits in `room`; whether all of `bytes` did.
+fn push(text: &mut Vec<u8>, room: &mut usize, bytes: &[u8]) -> bool {
+    let n = bytes.len().min(*room);
+    text.extend_from_slice(&bytes[..n]);
+    *room -= n;
+    n == bytes.len()
 }
 
-impl std::ops::Deref for Parser {
-    type Target = Prompt;
-    fn deref(&self) -> &Prompt {
-        &self.prompt
+/// Parsing state: the section being built, a reused buffer for short strings
+/// (roles, part types), and the canonical bytes still allowed.
+struct Parser {
+    section: Section,
+    scratch: String,
+    /// Canonical bytes still allowed in the current section.
+    room: usize,
+    /// The canonical text budget of a section.
+    max: usize,
+    /// Capacity for the first prompt-carrying section (the body's size, capped).
+    reserve: usize,
+}
+
+impl Parser {
+    fn append(&mut self, bytes: &[u8]) {
+        push(&mut self.section.text, &mut self.room, bytes);
+    }
+
+    fn end_message(&mut self, role: &str) {
+        self.section.end_message(role, &mut self.room);
+    }
+
+    /// Parses one top-level field into a fresh section with the whole text
+    /// budget, and returns it: a repeated key replaces, never accumulates, so
+    /// the work stays linear in the body.
+    fn section<E>(
+        &mut self,
+        reserve: bool,
+        fill: impl FnOnce(&mut Self) -> Result<(), E>,
+    ) -> Result<Section, E> {
+        let capacity = if reserve {
+            std::mem::take(&mut self.reserve)
+        } else {
+            0
+        };
+        self.section = Section {
+            text: Vec::with_capacity(capacity),
+            ..Section::default()
+        };
+        self.room = self.max;
+        fill(self)?;
+        Ok(std::mem::take(&mut self.section))
     }
 }
 
-impl std::ops::DerefMut for Parser {
-    fn deref_mut(&mut self) -> &mut Prompt {
-        &mut self.prompt
+/// The top-level fields found, last occurrence of each.
+#[derive(Debug, Default)]
+struct Fields {
+    system: Option<Section>,
+    messages: Option<Section>,
+    prompt: Option<Section>,
+    key: Option<String>,
+}
+
+impl Fields {
+    /// The canonical text: Anthropic's `system` first wherever its key stood,
+    /// then `messages`, then a completions `prompt`, within `max_text_bytes`.
+    fn assemble(self, max_text_bytes: usize) -> Prompt {
+        let sections = [self.system, self.messages, self.prompt];
+        let mut parts = sections.into_iter().flatten();
+        let mut prompt = Prompt {
+            key: self.key,
+            ..Prompt::default()
+        };
+        let Some(first) = parts.next() else {
+            return prompt;
+        };
+        let (mut text, mut ends) = (first.text, first.message_ends);
+        prompt.model_turn = first.model_turn;
+        prompt.messages = first.messages;
+        for s in parts {
+            let shift = text.len();
+            let mut room = max_text_bytes.saturating_sub(shift);
+            push(&mut text, &mut room, &s.text);
+            ends.extend(
+                s.message_ends
+                    .into_iter()
+                    .map(|e| e + shift)
+                    .filter(|e| *e <= text.len()),
+            );
+            prompt.model_turn |= s.model_turn;
+            prompt.messages += s.messages;
+        }
+        // The buffer was sized for the whole body; keep only what the text needs.
+        if text.capacity() > text.len() + text.len() / 4 + 64 {
+            text.shrink_to_fit();
+        }
+        prompt.text = text;
+        prompt.message_ends = ends;
+        prompt
     }
 }
 
@@ -123,35 +273,33 @@ macro_rules! expecting {
 struct Top<'p>(&'p mut Parser);
 
 impl<'de> Visitor<'de> for Top<'_> {
-    type Value = ();
+    type Value = Fields;
     expecting!("a JSON object");
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
         let p = self.0;
+        let mut f = Fields::default();
         while let Some(key) = map.next_key::<Field>()? {
             match key {
-                Field::Messages => map.next_value_seed(Messages(p))?,
+                Field::Messages => {
+                    f.messages = Some(p.section(true, |p| map.next_value_seed(Messages(p)))?);
+                }
                 Field::System => {
-                    // Anthropic's system prompt leads the conversation wherever the key is.
-                    let (text, ends, messages) = (
-                        std::mem::take(&mut p.text),
-                        std::mem::take(&mut p.message_ends),
-                        p.messages,
-                    );
-                    p.messages = 0;
-                    map.next_value_seed(Content(p))?;
-                    p.end_message("system");
-                    let shift = p.text.len();
-                    p.text.extend_from_slice(&text);
-                    p.message_ends.extend(ends.into_iter().map(|e| e + shift));
-                    p.messages += messages;
+                    f.system = Some(p.section(false, |p| {
+                        map.next_value_seed(Content(&mut *p))?;
+                        p.end_message("system");
+                        Ok(())
+                    })?);
                 }
                 Field::Prompt => {
-                    map.next_value_seed(Texts(p))?;
-                    p.messages += 1;
+                    f.prompt = Some(p.section(true, |p| {
+                        map.next_value_seed(Texts(&mut *p))?;
+                        p.section.messages += 1;
+                        Ok(())
+                    })?);
                 }
                 Field::CacheKey => {
-                    p.key = map
+                    f.key = map
                         .next_value::<Option<String>>()?
                         .filter(|k| !k.is_empty());
                 }
@@ -160,7 +308,7 @@ impl<'de> Visitor<'de> for Top<'_> {
                 }
             }
         }
-        Ok(())
+        Ok(f)
     }
 }
 
@@ -293,7 +441,7 @@ impl<'de> Visitor<'de> for Content<'_> {
     expecting!("message content");
 
     fn visit_str<E>(self, v: &str) -> Result<(), E> {
-        self.0.text.extend_from_slice(v.as_bytes());
+        self.0.append(v.as_bytes());
         Ok(())
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
@@ -310,7 +458,7 @@ impl<'de> Visitor<'de> for Content<'_> {
                 Field::Type => {
                     let mut kind = std::mem::take(&mut p.scratch);
                     map.next_value_seed(Word(&mut kind))?;
-                    p.model_turn |= matches!(
+                    p.section.model_turn |= matches!(
                         kind.as_str(),
                         "tool_result" | "tool_use" | "function_call_output"
                     );
@@ -359,15 +507,15 @@ impl<'de> Visitor<'de> for Texts<'_> {
     expecting!("a prompt: a string, token ids, or a list of them");
 
     fn visit_str<E>(self, v: &str) -> Result<(), E> {
-        self.0.text.extend_from_slice(v.as_bytes());
+        self.0.append(v.as_bytes());
         Ok(())
     }
     fn visit_u64<E>(self, v: u64) -> Result<(), E> {
-        self.0.text.extend_from_slice(format!("{v} ").as_bytes());
+        self.0.append(format!("{v} ").as_bytes());
         Ok(())
     }
     fn visit_i64<E>(self, v: i64) -> Result<(), E> {
-        self.0.text.extend_from_slice(format!("{v} ").as_bytes());
+        self.0.append(format!("{v} ").as_bytes());
         Ok(())
     }
     fn visit_unit<E>(self) -> Result<(), E> {
@@ -376,12 +524,13 @@ impl<'de> Visitor<'de> for Texts<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let mut first = true;
         loop {
-            let start = self.0.text.len();
+            let (start, room) = (self.0.section.text.len(), self.0.room);
             if !first {
-                self.0.text.push(MESSAGE_END);
+                self.0.append(&[MESSAGE_END]);
             }
             if seq.next_element_seed(Texts(&mut *self.0))?.is_none() {
-                self.0.text.truncate(start);
+                self.0.section.text.truncate(start);
+                self.0.room = room;
                 return Ok(());
             }
             first = false;
@@ -394,7 +543,7 @@ mod tests {
     use super::*;
 
     fn parse(s: &str) -> Prompt {
-        Prompt::parse(s.as_bytes()).expect("valid body")
+        Prompt::parse(s.as_bytes(), usize::MAX).expect("valid body")
     }
 
     #[test]
@@ -451,9 +600,61 @@ mod tests {
     }
 
     #[test]
+    fn path_variants_of_a_routed_path_are_routed_as_it() {
+        for p in [
+            "/v1/chat/completions",
+            "/v1/chat/completions/",
+            "//v1/chat//completions",
+            "/v1/chat/%63ompletions",
+            "/v1/chat/%2563ompletions",
+            "/v1/./chat/x/../completions",
+            "/v1%2Fchat%2Fcompletions",
+        ] {
+            assert_eq!(routed_path(p), Some("/v1/chat/completions"), "{p}");
+        }
+        assert_eq!(routed_path("/v1/messages/"), Some("/v1/messages"));
+        for p in [
+            "/v1/models",
+            "/v1/chat/completionsx",
+            "/v1/chat",
+            "/%zz",
+            "/",
+        ] {
+            assert_eq!(routed_path(p), None, "{p}");
+        }
+    }
+
+    #[test]
+    fn a_repeated_key_counts_once_with_its_last_value() {
+        let twice =
+            parse(r#"{"system":"A","messages":[{"role":"user","content":"q"}],"system":"B"}"#);
+        let once = parse(r#"{"system":"B","messages":[{"role":"user","content":"q"}]}"#);
+        assert_eq!(twice, once);
+        let m = parse(
+            r#"{"messages":[{"role":"user","content":"old"}],"messages":[{"role":"user","content":"new"}]}"#,
+        );
+        assert_eq!(m.messages, 1);
+        assert_eq!(m.text, b"new\x1fuser\x1e");
+    }
+
+    #[test]
+    fn the_canonical_text_stops_at_its_cap_and_the_rest_still_validates() {
+        let body = format!(
+            r#"{{"system":"{}","messages":[{{"role":"user","content":"{}"}}]}}"#,
+            "s".repeat(10),
+            "u".repeat(100)
+        );
+        let p = Prompt::parse(body.as_bytes(), 50).unwrap();
+        assert_eq!(p.text.len(), 50);
+        assert_eq!(p.messages, 2);
+        assert!(p.message_ends.iter().all(|e| *e <= 50));
+        assert!(Prompt::parse(&body.as_bytes()[..body.len() - 1], 50).is_err());
+    }
+
+    #[test]
     fn not_json_is_an_error_not_a_panic() {
-        assert!(Prompt::parse(b"{not json").is_err());
-        assert!(Prompt::parse(b"[1,2]").is_err());
+        assert!(Prompt::parse(b"{not json", 1 << 20).is_err());
+        assert!(Prompt::parse(b"[1,2]", 1 << 20).is_err());
         assert_eq!(
             parse(r#"{"messages":[{"role":"user","content":{"odd":1}}],"x":[1]}"#).messages,
             1

@@ -68,19 +68,31 @@ fn all_replicas_down_is_an_immediate_503_in_openai_json() {
 }
 
 #[test]
-fn a_pooled_connection_closed_by_the_replica_is_retried_invisibly() {
-    // The replica closes each keep-alive connection, unanswered, when a second
-    // request arrives on it: what a proxy sees when it reuses a connection the
-    // engine just closed (idle timeout, restart).
+fn a_reused_connection_closed_unanswered_is_answered_502_and_never_resent() {
+    // The replica reads the second request on each keep-alive connection and
+    // closes without answering. It had the request: the router cannot know
+    // whether the engine started on it, so it must not send it again.
     let a = Sim::start("a", &["--close-after-requests", "1"]);
     let router = Router::start(&[&a], SLOW_HEALTH);
-    router.singles(4, "reuse");
-    assert_eq!(a.stats()["requests"], 4);
+    let statuses: Vec<u16> = (0..4)
+        .map(|i| {
+            router
+                .post("/v1/chat/completions", &single(&format!("reuse {i}")))
+                .status
+        })
+        .collect();
+    assert_eq!(statuses, [200, 502, 200, 502]);
     assert_eq!(
-        router.metric("prefix_router_replica_up{replica=\"a\"}"),
-        1.0,
-        "not ejected"
+        a.received(),
+        4,
+        "every request reached the replica exactly once"
     );
+    let r = {
+        router.post("/v1/chat/completions", &single("reuse 4"));
+        router.post("/v1/chat/completions", &single("reuse 5"))
+    };
+    assert_eq!(r.json()["error"]["code"], "upstream_error");
+    assert!(r.text().contains("replica a"), "{}", r.text());
 }
 
 #[test]

@@ -40,7 +40,7 @@ fn decide(
     body: &serde_json::Value,
     rs: &[ReplicaState],
 ) -> prefix_router::policy::Decision {
-    let prompt = Prompt::parse(body.to_string().as_bytes()).expect("valid body");
+    let prompt = Prompt::parse(body.to_string().as_bytes(), usize::MAX).expect("valid body");
     p.place(&prompt.into_request(BLOCK, None), rs)
 }
 
@@ -239,7 +239,7 @@ proptest! {
             if model_turn {
                 body["messages"].as_array_mut().unwrap().push(json!({"role": "assistant", "content": "a"}));
             }
-            let prompt = Prompt::parse(body.to_string().as_bytes()).unwrap();
+            let prompt = Prompt::parse(body.to_string().as_bytes(), usize::MAX).unwrap();
             let mut rs = fleet(&live);
             for (i, r) in rs.iter_mut().enumerate() { r.in_flight = (i * 3) as u32; }
             let d = p.place(&prompt.into_request(8, None), &rs);

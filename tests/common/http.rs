@@ -351,3 +351,53 @@ impl EventStream {
         }
     }
 }
+
+/// Sends a body-less keep-alive `POST` on an open connection and reads the
+/// whole (Content-Length) response; panics unless it is a 200.
+pub fn keepalive_post(s: &mut TcpStream, path: &str) {
+    let head = format!("POST {path} HTTP/1.1\r\nhost: test\r\ncontent-length: 0\r\n\r\n");
+    s.write_all(head.as_bytes()).expect("write");
+    let mut r = BufReader::new(s.try_clone().expect("clone"));
+    let (status, line) = read_head(&mut r).expect("status");
+    let headers = read_rest_of_head(&mut r).expect("headers");
+    read_body(&mut r, &headers).expect("body");
+    assert_eq!(status, 200, "{line}");
+}
+
+/// Writes raw bytes, half-closes, and returns everything the server sent
+/// until it closed (or 10 s passed).
+pub fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
+    let mut s = connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Writes a request head and the *whole* body before reading anything, as
+/// Python's `http.client` and many SDKs do; the response, or the error that
+/// writing or reading met.
+pub fn send_then_read(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    framing: Framing,
+) -> io::Result<Response> {
+    let mut s = connect(addr)?;
+    write_head(&mut s, "POST", path, headers, framing, body.len())?;
+    write_body(&mut s, body, framing)?;
+    let mut r = BufReader::new(s);
+    let (status, _) = read_head(&mut r)?;
+    let headers = read_rest_of_head(&mut r)?;
+    let body = read_body(&mut r, &headers)?;
+    Ok(Response {
+        status,
+        headers,
+        body,
+        continued: false,
+    })
+}

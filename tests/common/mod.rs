@@ -98,6 +98,33 @@ impl Sim {
         get(self.addr, "/sim/stats").json()
     }
 
+    /// Completion requests that reached the simulator, answered or not.
+    pub fn received(&self) -> u64 {
+        self.stats()["received"].as_u64().expect("received")
+    }
+
+    /// Stops accepting connections and fills the accept queue (start the sim
+    /// with a short `--backlog`), so connects time out as on an overloaded
+    /// host. The returned handle resumes it, over a connection opened first.
+    pub fn pause_accept(&self) -> Paused {
+        let mut control = std::net::TcpStream::connect(self.addr).expect("control connection");
+        control
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        http::keepalive_post(&mut control, "/sim/accept?paused=true");
+        let mut queued = Vec::new();
+        while let Ok(s) =
+            std::net::TcpStream::connect_timeout(&self.addr, Duration::from_millis(300))
+        {
+            queued.push(s);
+            assert!(
+                queued.len() < 64,
+                "the accept queue never filled: use --backlog"
+            );
+        }
+        Paused { control, queued }
+    }
+
     /// Makes `/health` answer 200 (`true`) or 503.
     pub fn set_healthy(&self, ok: bool) {
         let path = format!("/sim/health?ok={ok}");
@@ -120,6 +147,20 @@ impl Sim {
 impl Drop for Sim {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A simulator that stopped accepting connections; see [`Sim::pause_accept`].
+pub struct Paused {
+    control: std::net::TcpStream,
+    queued: Vec<std::net::TcpStream>,
+}
+
+impl Paused {
+    /// Accepts connections again.
+    pub fn resume(mut self) {
+        http::keepalive_post(&mut self.control, "/sim/accept?paused=false");
+        self.queued.clear();
     }
 }
 
@@ -218,6 +259,13 @@ impl Router {
             std::net::TcpStream::connect(r.addr).ok()
         });
         r
+    }
+
+    /// A file in the router's temporary directory (removed with the router).
+    pub fn file(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.join(name);
+        std::fs::write(&path, text).expect("write file");
+        path
     }
 
     /// Rewrites the config file (same listen ports) with new replicas / keys.

@@ -2,7 +2,12 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `/v1/completions`, `/v1/messages` (JSON or
 //! SSE with `stream: true`), `GET /v1/models`, `GET /health`, `GET /metrics`
-//! (vLLM metric names), and for tests `GET /sim/stats`, `POST /sim/health?ok=false`.
+//! (vLLM metric names), and for tests `GET /sim/stats`, `POST /sim/health?ok=false`,
+//! `POST /sim/accept?paused=true|false` (stop or resume accepting connections:
+//! with a short `--backlog`, connects then time out as on an overloaded host;
+//! resume over a connection opened before the pause).
+//! Fault modes for tests: `--hang-after-requests`, `--close-after-requests`,
+//! `--fail-after-requests`; `--id-log` records each request's `x-soak-id`.
 //! Every completion response carries `x-sim-replica`, `x-sim-body-bytes` and
 //! `x-sim-body-xxh3` (of the exact request body received).
 //! It prints `listening on IP:PORT` once bound (use `--listen 127.0.0.1:0`).
@@ -78,6 +83,20 @@ struct Cli {
     /// proxy reused it). 0 = never.
     #[arg(long, default_value_t = 0)]
     close_after_requests: u64,
+    /// Testing: completion requests after the first N are received (counted in
+    /// `received`) and never answered, while /health keeps passing (a hung engine).
+    #[arg(long)]
+    hang_after_requests: Option<u64>,
+    /// Testing: completion requests after the first N are answered 500.
+    #[arg(long)]
+    fail_after_requests: Option<u64>,
+    /// Listen backlog (accept queue length).
+    #[arg(long, default_value_t = 1024)]
+    backlog: u32,
+    /// Appends the `x-soak-id` header of every completion request received,
+    /// one per line (the soak counts duplicate deliveries across restarts).
+    #[arg(long)]
+    id_log: Option<std::path::PathBuf>,
 }
 
 struct Sim {
@@ -91,6 +110,10 @@ struct Sim {
     healthy: AtomicBool,
     running: AtomicU64,
     cancelled: AtomicU64,
+    /// Completion requests that arrived, answered or not.
+    received: AtomicU64,
+    accepting: tokio::sync::watch::Sender<bool>,
+    id_log: Option<Mutex<std::fs::File>>,
     /// Model-time TTFT histogram (vllm:time_to_first_token_seconds).
     ttft: Mutex<Histogram>,
 }
@@ -159,7 +182,23 @@ impl Sim {
                 self.healthy.store(ok, Relaxed);
                 json_response(StatusCode::OK, &json!({"healthy": ok}))
             }
+            (&Method::POST, "/sim/accept") => {
+                let paused = parts.uri.query().unwrap_or("").contains("paused=true");
+                self.accepting.send_replace(!paused);
+                json_response(StatusCode::OK, &json!({"accepting": !paused}))
+            }
             (&Method::POST, "/v1/chat/completions" | "/v1/completions" | "/v1/messages") => {
+                let n = self.received.fetch_add(1, Relaxed);
+                self.log_id(&parts.headers);
+                if self.cli.hang_after_requests.is_some_and(|h| n >= h) {
+                    return std::future::pending().await;
+                }
+                if self.cli.fail_after_requests.is_some_and(|f| n >= f) {
+                    return error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "simulated engine failure",
+                    );
+                }
                 self.complete(&path, body).await
             }
             (&Method::POST, "/v1/embeddings") => json_response(
@@ -182,7 +221,7 @@ impl Sim {
                 )
             }
         };
-        let text = prefix_router::request::Prompt::parse(&body)
+        let text = prefix_router::request::Prompt::parse(&body, usize::MAX)
             .map(|p| p.text)
             .unwrap_or_default();
         let max_tokens = req
@@ -314,6 +353,16 @@ impl Sim {
         r
     }
 
+    fn log_id(&self, headers: &hyper::HeaderMap) {
+        use std::io::Write;
+        let (Some(log), Some(id)) = (&self.id_log, headers.get("x-soak-id")) else {
+            return;
+        };
+        let mut f = log.lock().expect("id log lock");
+        let _ = f.write_all(id.as_bytes());
+        let _ = f.write_all(b"\n");
+    }
+
     fn stats(&self) -> Value {
         let e = self.engine.lock().expect("engine lock");
         let c = &e.counters;
@@ -322,6 +371,7 @@ impl Sim {
             "requests": c.requests,
             "running": self.running.load(Relaxed),
             "cancelled": self.cancelled.load(Relaxed),
+            "received": self.received.load(Relaxed),
             "prompt_tokens": c.prompt_tokens,
             "cached_tokens": c.prefix_hits,
             "preemptions": c.preemptions,
@@ -428,10 +478,21 @@ impl Drop for Running {
     }
 }
 
+/// A listener with the given accept-queue length.
+fn listen(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}
+
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
     let cli = Cli::parse();
-    let listener = TcpListener::bind(cli.listen).await?;
+    let listener = listen(cli.listen, cli.backlog)?;
     println!("listening on {}", listener.local_addr()?);
     let loading = Duration::from_millis(cli.loading_ms);
     let sim = Arc::new(Sim {
@@ -450,6 +511,17 @@ async fn main() -> std::io::Result<()> {
         healthy: AtomicBool::new(loading.is_zero()),
         running: AtomicU64::new(0),
         cancelled: AtomicU64::new(0),
+        received: AtomicU64::new(0),
+        accepting: tokio::sync::watch::Sender::new(true),
+        id_log: match &cli.id_log {
+            Some(p) => Some(Mutex::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)?,
+            )),
+            None => None,
+        },
         ttft: Mutex::new(Histogram::default()),
         cli,
     });
@@ -461,8 +533,16 @@ async fn main() -> std::io::Result<()> {
             s.healthy.store(true, Relaxed);
         });
     }
+    let mut accepting = sim.accepting.subscribe();
     loop {
-        let (stream, _) = listener.accept().await?;
+        // Paused: connections wait in the backlog, then SYNs are dropped.
+        let _ = accepting.wait_for(|on| *on).await;
+        // A pause also cancels the pending accept, so nothing is taken after it.
+        let (stream, _) = tokio::select! {
+            biased;
+            _ = accepting.wait_for(|on| !*on) => continue,
+            r = listener.accept() => r?,
+        };
         let sim = Arc::clone(&sim);
         let served = Arc::new(AtomicU64::new(0));
         tokio::spawn(async move {
@@ -472,6 +552,7 @@ async fn main() -> std::io::Result<()> {
                 async move {
                     let limit = sim.cli.close_after_requests;
                     if limit > 0 && n >= limit && req.uri().path() != "/health" {
+                        sim.received.fetch_add(1, Relaxed);
                         return Err("closing a reused connection");
                     }
                     Ok(sim.handle(req).await)

@@ -1,0 +1,106 @@
+//! Admission: how many routed requests the router holds at once, and how many
+//! request-body bytes they buffer together. Past either cap a request is
+//! answered 503 at once instead of growing memory without bound.
+
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// The two caps and what is held now.
+#[derive(Debug)]
+pub struct Admission {
+    max_requests: usize,
+    max_bytes: usize,
+    requests: AtomicUsize,
+    bytes: AtomicUsize,
+}
+
+impl Admission {
+    pub fn new(max_requests: usize, max_bytes: usize) -> Arc<Self> {
+        Arc::new(Self {
+            max_requests,
+            max_bytes,
+            requests: AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
+        })
+    }
+
+    /// A slot for one request, or `None` at the cap.
+    pub fn admit(self: &Arc<Self>) -> Option<Ticket> {
+        take(&self.requests, 1, self.max_requests).then(|| Ticket {
+            admission: Arc::clone(self),
+            bytes: 0,
+        })
+    }
+
+    /// Requests held now.
+    pub fn requests(&self) -> usize {
+        self.requests.load(Relaxed)
+    }
+
+    /// Body bytes buffered now.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Relaxed)
+    }
+}
+
+/// Adds `n` to `counter` unless that passes `max`.
+fn take(counter: &AtomicUsize, n: usize, max: usize) -> bool {
+    counter
+        .fetch_update(Relaxed, Relaxed, |held| {
+            held.checked_add(n).filter(|total| *total <= max)
+        })
+        .is_ok()
+}
+
+/// One admitted request and the body bytes it reserved; released on drop.
+#[derive(Debug)]
+pub struct Ticket {
+    admission: Arc<Admission>,
+    bytes: usize,
+}
+
+impl Ticket {
+    /// Reserves `n` more body bytes; `false` when the shared budget is spent.
+    pub fn reserve(&mut self, n: usize) -> bool {
+        let ok = take(&self.admission.bytes, n, self.admission.max_bytes);
+        if ok {
+            self.bytes += n;
+        }
+        ok
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.admission.bytes.fetch_sub(self.bytes, Relaxed);
+        self.admission.requests.fetch_sub(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_past_the_cap_are_refused_until_one_ends() {
+        let a = Admission::new(2, 100);
+        let t1 = a.admit().unwrap();
+        let _t2 = a.admit().unwrap();
+        assert!(a.admit().is_none());
+        drop(t1);
+        assert!(a.admit().is_some());
+    }
+
+    #[test]
+    fn body_bytes_share_one_budget_and_return_to_it() {
+        let a = Admission::new(10, 100);
+        let mut t1 = a.admit().unwrap();
+        let mut t2 = a.admit().unwrap();
+        assert!(t1.reserve(60));
+        assert!(!t2.reserve(41));
+        assert!(t2.reserve(40));
+        assert_eq!(a.bytes(), 100);
+        drop(t1);
+        assert_eq!((a.bytes(), a.requests()), (40, 1));
+    }
+}

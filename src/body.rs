@@ -1,0 +1,93 @@
+//! The request body on the router: read whole within the size limit, the
+//! time limit and the shared byte budget; drained after an early answer so
+//! the client can read it; parsed into the policy's view off the async
+//! workers when large.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use pingora_core::Result;
+use pingora_proxy::Session;
+use tokio::sync::Semaphore;
+
+use crate::admission::Ticket;
+use crate::errors::RouterError;
+use crate::policy::Request;
+use crate::request::Prompt;
+
+/// Bodies up to this size are parsed on the async worker (tens of µs);
+/// larger ones on the blocking pool, so one request never stalls others.
+pub const INLINE_PARSE_BYTES: usize = 64 << 10;
+
+/// How long the rest of a refused body is read and discarded, so a client
+/// that sends everything before reading still gets the answer.
+pub const LINGER: Duration = Duration::from_secs(10);
+
+/// Bounds the blocking parses running at once to the machine's cores.
+static PARSERS: LazyLock<Semaphore> =
+    LazyLock::new(|| Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get())));
+
+/// Reads the whole body. `Ok(Err(_))` is the client's fault (or the budget's).
+pub async fn read(
+    session: &mut Session,
+    limit: usize,
+    declared: Option<usize>,
+    ticket: &mut Ticket,
+) -> Result<std::result::Result<Bytes, RouterError>> {
+    let initial = declared.unwrap_or(0).min(limit);
+    if !ticket.reserve(initial) {
+        return Ok(Err(RouterError::Overloaded {
+            what: "buffered request bytes",
+        }));
+    }
+    let mut reserved = initial;
+    let mut buf = BytesMut::with_capacity(initial);
+    while let Some(chunk) = session.read_request_body().await? {
+        let len = buf.len() + chunk.len();
+        if len > limit {
+            return Ok(Err(RouterError::BodyTooLarge { limit }));
+        }
+        if len > reserved {
+            if !ticket.reserve(len - reserved) {
+                return Ok(Err(RouterError::Overloaded {
+                    what: "buffered request bytes",
+                }));
+            }
+            reserved = len;
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    // A chunked body grew the buffer by doubling: keep only what it holds.
+    if buf.capacity() > buf.len() + buf.len() / 4 + 4096 {
+        return Ok(Ok(Bytes::copy_from_slice(&buf)));
+    }
+    Ok(Ok(buf.freeze()))
+}
+
+/// Reads and discards what is left of the body for at most [`LINGER`].
+pub async fn drain(session: &mut Session) {
+    let discard = async { while let Ok(Some(_)) = session.read_request_body().await {} };
+    let _ = tokio::time::timeout(LINGER, discard).await;
+}
+
+/// The policy's view of a body, or `None` when it is not a prompt (it is then
+/// forwarded as is and spread).
+pub async fn parse(
+    body: Bytes,
+    max_prompt_bytes: usize,
+    block_bytes: usize,
+    header_key: Option<String>,
+) -> Option<Request> {
+    let inline = body.len() <= INLINE_PARSE_BYTES;
+    let parse = move || {
+        Prompt::parse(&body, max_prompt_bytes)
+            .ok()
+            .map(|p| p.into_request(block_bytes, header_key.as_deref()))
+    };
+    if inline {
+        return parse();
+    }
+    let _permit = PARSERS.acquire().await.ok()?;
+    tokio::task::spawn_blocking(parse).await.ok().flatten()
+}

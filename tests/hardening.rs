@@ -1,0 +1,442 @@
+//! The worst day, black-box: hostile bodies, hung and failing replicas,
+//! overloaded accept queues, truncated configs, clients that send before they
+//! read or stop reading. Each test is named for the fault it survives.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use common::http::{self, EventStream, Framing};
+use common::{conversation, single, wait_for, Router, Sim};
+use serde_json::json;
+
+/// Health checks every minute: only the request path acts during a test.
+const SLOW_HEALTH: &str = "health_check: {interval_ms: 60000}\n";
+
+#[test]
+fn a_body_repeating_a_top_level_key_parses_in_linear_time() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "max_body_bytes: 8388608\n");
+    // ~2 MiB either way: one long system prompt, or 87k repeats of a short one
+    // (the quadratic parser spent seconds on the second).
+    let repeated: String = (0..87_000)
+        .map(|i| format!("\"system\":\"s{i:05}\","))
+        .collect();
+    let hostile = format!(
+        "{{{repeated}\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}],\"max_tokens\":1}}"
+    );
+    let plain = serde_json::to_vec(&json!({"system": "s".repeat(hostile.len()),
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}))
+    .unwrap();
+    let timed = |body: &[u8]| {
+        let t = Instant::now();
+        let r = http::request(router.addr, "POST", "/v1/messages", &[], body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        t.elapsed()
+    };
+    let plain_time = timed(&plain);
+    let hostile_time = timed(hostile.as_bytes());
+    // Generous: linear parsing is within a small factor; quadratic was ~300x.
+    assert!(
+        hostile_time < plain_time * 20 + Duration::from_secs(1),
+        "repeated keys took {hostile_time:?}, a plain body of the same size {plain_time:?}"
+    );
+}
+
+#[test]
+fn expect_100_continue_with_every_replica_down_still_gets_the_503_json() {
+    let (mut a, mut b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], SLOW_HEALTH);
+    a.kill();
+    b.kill();
+    let body = serde_json::to_vec(&single("anyone?")).unwrap();
+    for _ in 0..2 {
+        let r = http::request(
+            router.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[("expect", "100-continue")],
+            &body,
+        );
+        assert!(r.continued);
+        assert_eq!(r.status, 503);
+        assert_eq!(r.json()["error"]["code"], "no_replica");
+        assert_eq!(r.header("retry-after"), Some("1"));
+    }
+}
+
+#[test]
+fn a_hung_replica_gets_each_request_once_and_the_client_a_504() {
+    // The replica answers one request, then takes requests and never answers.
+    let a = Sim::start("a", &["--hang-after-requests", "1"]);
+    let router = Router::start(&[&a], &format!("{SLOW_HEALTH}timeouts: {{read_ms: 300}}\n"));
+    assert_eq!(
+        router.post("/v1/chat/completions", &single("warm")).status,
+        200
+    );
+    for i in 0..2 {
+        // The pooled connection from the first request is reused here.
+        let r = router.post("/v1/chat/completions", &single(&format!("hang {i}")));
+        assert_eq!(r.status, 504, "{}", r.text());
+        assert_eq!(r.json()["error"]["code"], "upstream_timeout");
+    }
+    assert_eq!(a.received(), 3, "a request was delivered twice");
+}
+
+#[test]
+fn a_replica_that_hangs_or_fails_is_ejected_after_consecutive_failures() {
+    for fault in ["--hang-after-requests", "--fail-after-requests"] {
+        let a = Sim::start("a", &[]);
+        let b = Sim::start("b", &[fault, "0"]);
+        let router = Router::start(
+            &[&a, &b],
+            &format!(
+                "{SLOW_HEALTH}timeouts: {{read_ms: 300}}\noutlier: {{consecutive_failures: 2, base_ejection_ms: 600000}}\n"
+            ),
+        );
+        let statuses: Vec<u16> = (0..4)
+            .map(|i| {
+                router
+                    .post("/v1/chat/completions", &single(&format!("{fault} {i}")))
+                    .status
+            })
+            .collect();
+        let failed = statuses.iter().filter(|s| **s >= 500).count();
+        assert_eq!(failed, 2, "{fault}: {statuses:?}");
+        assert_eq!(
+            router.metric(
+                "prefix_router_ejections_total{reason=\"consecutive_failures\",replica=\"b\"}"
+            ),
+            1.0,
+            "{fault}"
+        );
+        assert_eq!(
+            router.metric("prefix_router_replica_up{replica=\"b\"}"),
+            0.0
+        );
+        let picks = router.singles(4, fault);
+        assert!(picks.iter().all(|p| p == "a"), "{fault}: {picks:?}");
+        assert_eq!(b.received(), 2, "{fault}: b got traffic after its ejection");
+    }
+}
+
+#[test]
+fn connect_timeouts_are_overload_not_death_and_never_refuse_every_request() {
+    let a = Sim::start("a", &["--backlog", "1"]);
+    let b = Sim::start("b", &["--backlog", "1"]);
+    // No pooling: every request connects, as a burst of new connections does.
+    let router = Router::start(
+        &[&a, &b],
+        &format!(
+            "{SLOW_HEALTH}timeouts: {{connect_ms: 200, idle_ms: 0}}\noutlier: {{consecutive_failures: 3, base_ejection_ms: 600000}}\n"
+        ),
+    );
+    let paused_b = b.pause_accept();
+    let r = router.post("/v1/chat/completions", &single("first"));
+    assert_eq!((r.status, r.replica()), (200, "a"));
+    assert_eq!(
+        router.metric("prefix_router_replica_up{replica=\"b\"}"),
+        1.0,
+        "one connect timeout ejected b"
+    );
+    let picks = router.singles(6, "b is slow");
+    assert!(picks.iter().all(|p| p == "a"), "{picks:?}");
+    assert_eq!(
+        router.metric("prefix_router_replica_up{replica=\"b\"}"),
+        0.0
+    );
+    // Now a is the slow one and b (ejected, accepting again) is all there is:
+    // the router must not refuse on its own say-so.
+    paused_b.resume();
+    let paused_a = a.pause_accept();
+    let picks = router.singles(4, "a is slow");
+    assert!(picks.iter().all(|p| p == "b"), "{picks:?}");
+    assert!(router.metric("prefix_router_panic_routed_total") >= 4.0);
+    assert_eq!(
+        router
+            .metric("prefix_router_ejections_total{reason=\"consecutive_failures\",replica=\"a\"}"),
+        0.0,
+        "both replicas ejected: past max_ejection_percent"
+    );
+    paused_a.resume();
+}
+
+#[test]
+fn an_emptied_config_file_keeps_the_fleet_and_its_pins() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], "");
+    let home = router
+        .post("/v1/chat/completions", &conversation("kept", 0))
+        .replica()
+        .to_owned();
+    let errors = "prefix_router_config_reloads_total{result=\"error\"}";
+    for (n, text) in ["", "policy: shape\n", "replicas: []\n"].iter().enumerate() {
+        router.write_raw(text);
+        wait_for("the reload to be rejected", Duration::from_secs(10), || {
+            (router.metric(errors) == (n + 1) as f64).then_some(())
+        });
+    }
+    let r = router.post("/v1/chat/completions", &conversation("kept", 1));
+    assert_eq!(
+        (r.status, r.replica(), r.decision()),
+        (200, home.as_str(), "pin")
+    );
+    assert_eq!(router.singles(2, "fleet").len(), 2);
+}
+
+#[test]
+fn a_config_caught_mid_write_is_judged_only_when_complete() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], "");
+    // A slow writer truncates the file, then writes it line by line; every
+    // prefix of it is valid YAML, most of them with fewer replicas.
+    let full = format!(
+        "listen: \"{}\"\nmetrics_listen: \"{}\"\nreload_interval_ms: 100\n# edited\n{}",
+        router.addr,
+        router.metrics_addr,
+        Router::yaml(&[&a, &b], "")
+    );
+    let mut f = std::fs::File::create(&router.config).unwrap();
+    for line in full.split_inclusive('\n') {
+        f.write_all(line.as_bytes()).unwrap();
+        f.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(15)); // the writer's pace, not a sync
+    }
+    drop(f);
+    wait_for(
+        "the finished file to apply",
+        Duration::from_secs(10),
+        || {
+            (router.metric("prefix_router_config_reloads_total{result=\"ok\"}") == 1.0)
+                .then_some(())
+        },
+    );
+    assert_eq!(
+        router.metric("prefix_router_config_reloads_total{result=\"error\"}"),
+        0.0,
+        "a partial file was judged"
+    );
+    let picks = router.singles(4, "both");
+    assert_eq!(picks.iter().filter(|p| *p == "b").count(), 2, "{picks:?}");
+}
+
+#[test]
+fn a_client_that_sends_the_whole_body_before_reading_gets_the_413() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "max_body_bytes: 1000\n");
+    let big = serde_json::to_vec(&single(&"y".repeat(4 << 20))).unwrap();
+    for framing in [Framing::ContentLength, Framing::Chunked(64 << 10)] {
+        let r = http::send_then_read(router.addr, "/v1/chat/completions", &[], &big, framing)
+            .unwrap_or_else(|e| panic!("{framing:?}: {e}"));
+        assert_eq!(r.status, 413, "{framing:?}");
+        assert!(r.text().contains("1000 bytes"), "{}", r.text());
+    }
+    assert_eq!(a.received(), 0);
+}
+
+#[test]
+fn requests_past_the_limits_get_503_with_retry_after_and_the_rest_proceed() {
+    let a = Sim::start("a", &["--decode-tps", "20"]);
+    let router = Router::start(
+        &[&a],
+        "limits: {max_requests: 1, max_buffered_bytes: 100000}\n",
+    );
+    let mut body = single("hold the slot");
+    body["stream"] = json!(true);
+    body["max_tokens"] = json!(40);
+    let mut held = EventStream::open(router.addr, "/v1/chat/completions", &body);
+    assert!(held.next_event().is_some());
+    let r = router.post("/v1/chat/completions", &single("one too many"));
+    assert_eq!(r.status, 503);
+    assert_eq!(r.json()["error"]["code"], "overloaded");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    while held.next_event().is_some() {}
+    drop(held);
+    wait_for("the slot to free", Duration::from_secs(10), || {
+        let r = router.post("/v1/chat/completions", &single("after"));
+        (r.status == 200).then_some(())
+    });
+    // A body larger than the shared buffer budget (but within max_body_bytes).
+    let r = router.post("/v1/chat/completions", &single(&"z".repeat(200_000)));
+    assert_eq!(r.status, 503);
+    assert!(r.text().contains("buffered request bytes"), "{}", r.text());
+    assert_eq!(
+        router.post("/v1/chat/completions", &single("fine")).status,
+        200
+    );
+}
+
+#[test]
+fn a_client_that_stops_reading_a_stream_is_dropped_and_its_request_cancelled() {
+    let a = Sim::start("a", &["--decode-tps", "200000"]);
+    let router = Router::start(&[&a], "client_timeouts: {write_ms: 300}\n");
+    let mut body = single("a long stream nobody reads");
+    body["stream"] = json!(true);
+    body["max_tokens"] = json!(2_000_000);
+    let mut s = EventStream::open(router.addr, "/v1/chat/completions", &body);
+    assert!(s.next_event().is_some());
+    // Stop reading; the router's writes back up, time out, and it lets go.
+    wait_for(
+        "the replica to see the cancellation",
+        Duration::from_secs(30),
+        || (a.stats()["cancelled"] == 1).then_some(()),
+    );
+    drop(s);
+}
+
+#[test]
+fn an_idle_keepalive_client_connection_is_closed() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "client_timeouts: {keepalive_idle_s: 1}\n");
+    let mut s = std::net::TcpStream::connect(router.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: t\r\n\r\n")
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(_) => break false,
+        }
+    };
+    assert!(String::from_utf8_lossy(&seen).starts_with("HTTP/1.1 200"));
+    assert!(closed, "the idle connection was kept open");
+}
+
+#[test]
+fn placement_headers_off_hides_replicas_from_clients() {
+    let a = Sim::start("a", &["--hang-after-requests", "1"]);
+    let router = Router::start(
+        &[&a],
+        "placement_headers: false\ntimeouts: {read_ms: 300}\n",
+    );
+    let r = router.post("/v1/chat/completions", &conversation("quiet", 0));
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        (
+            r.header("x-prefix-router-replica"),
+            r.header("x-prefix-router-decision")
+        ),
+        (None, None)
+    );
+    let r = router.post("/v1/chat/completions", &conversation("quiet", 1));
+    assert_eq!(r.status, 504);
+    assert!(!r.text().contains("replica a"), "{}", r.text());
+}
+
+#[test]
+fn path_variants_are_limited_and_routed_as_the_canonical_path() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "max_body_bytes: 1000\n");
+    let big = serde_json::to_vec(&single(&"y".repeat(5000))).unwrap();
+    let small = serde_json::to_vec(&conversation("path", 1)).unwrap();
+    router.post("/v1/chat/completions", &conversation("path", 0));
+    for path in [
+        "/v1/chat/completions/",
+        "//v1/chat/completions",
+        "/v1/chat/%63ompletions",
+        "/v1/chat/./completions?x=1",
+    ] {
+        let r = http::request(router.addr, "POST", path, &[], &big);
+        assert_eq!(r.status, 413, "{path} skipped the body limit");
+        let r = http::request(router.addr, "POST", path, &[], &small);
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        assert_eq!(r.decision(), "pin", "{path} was not routed by prompt");
+    }
+}
+
+fn sha256_hex(key: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[test]
+fn api_keys_gate_the_listener_before_any_body_is_read_and_reload() {
+    let a = Sim::start("a", &[]);
+    let dir = std::env::temp_dir().join(format!("prefix-router-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let keys = dir.join("keys");
+    std::fs::write(&keys, format!("# clients\n{}\n", sha256_hex("k1"))).unwrap();
+    let router = Router::start(&[&a], &format!("api_keys_file: \"{}\"\n", keys.display()));
+    let body = serde_json::to_vec(&single("who?")).unwrap();
+    let post = |auth: &[(&str, &str)]| {
+        http::request(router.addr, "POST", "/v1/chat/completions", auth, &body)
+    };
+    for auth in [
+        &[][..],
+        &[("authorization", "Bearer k2")],
+        &[("authorization", "k1")],
+    ] {
+        let r = post(auth);
+        assert_eq!(r.status, 401, "{auth:?}");
+        assert_eq!(r.json()["error"]["code"], "invalid_api_key");
+    }
+    assert_eq!(post(&[("authorization", "Bearer k1")]).status, 200);
+    assert_eq!(post(&[("x-api-key", "k1")]).status, 200);
+    assert_eq!(http::get(router.addr, "/v1/models").status, 401);
+    // Refused before the body is read: a declared 1 GiB body is not awaited.
+    let r = http::send_stalled(router.addr, "/v1/chat/completions", 1 << 30, b"{");
+    assert_eq!(r.status, 401);
+    assert_eq!(a.received(), 2);
+    std::fs::write(&keys, format!("{}\n", sha256_hex("k2"))).unwrap();
+    wait_for("the new keys", Duration::from_secs(10), || {
+        (post(&[("authorization", "Bearer k2")]).status == 200).then_some(())
+    });
+    assert_eq!(post(&[("authorization", "Bearer k1")]).status, 401);
+    assert!(router.metric("prefix_router_errors_total{kind=\"invalid_api_key\"}") >= 6.0);
+    assert!(!router.log().contains("k1"), "a key reached the log");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Request-smuggling probes: conflicting or obfuscated framing must never let
+/// a second request reach a replica.
+#[test]
+fn smuggling_probes_never_deliver_a_second_request() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "");
+    let inner =
+        "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-length: 14\r\n\r\n{\"prompt\":\"x\"}";
+    let chunked_inner = format!("0\r\n\r\n{inner}");
+    let probes = [
+        // CL.TE: a front end that reads Content-Length forwards the rest.
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\ntransfer-encoding: chunked\r\n\r\n{chunked_inner}",
+            chunked_inner.len()
+        ),
+        // TE.CL
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-length: 4\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{inner}\r\n0\r\n\r\n",
+            inner.len()
+        ),
+        // Two different Content-Lengths.
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-length: 14\r\ncontent-length: {}\r\n\r\n{{\"prompt\":\"x\"}}{inner}",
+            14 + inner.len()
+        ),
+        // Obfuscated Transfer-Encoding.
+        format!("POST /v1/completions HTTP/1.1\r\nhost: t\r\ntransfer-encoding: xchunked\r\ncontent-length: 14\r\n\r\n{{\"prompt\":\"x\"}}{inner}"),
+        format!("POST /v1/completions HTTP/1.1\r\nhost: t\r\ntransfer-encoding : chunked\r\n\r\n{chunked_inner}"),
+        format!("POST /v1/completions HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked, identity\r\n\r\n{chunked_inner}"),
+    ];
+    for (i, probe) in probes.iter().enumerate() {
+        let before = a.received();
+        let answer = http::raw(router.addr, probe.as_bytes());
+        let delivered = a.received() - before;
+        assert!(
+            delivered <= 1,
+            "probe {i}: {delivered} requests reached the replica: {answer}"
+        );
+        let responses = answer.matches("HTTP/1.1 ").count();
+        assert!(responses <= 1, "probe {i}: {responses} responses: {answer}");
+    }
+    assert_eq!(
+        router.post("/v1/chat/completions", &single("after")).status,
+        200
+    );
+}
