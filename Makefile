@@ -1,5 +1,5 @@
 # The two commands of the README, plus the benchmarks.
-.PHONY: run test bench results prepare
+.PHONY: run test bench results soak prepare
 
 prepare:
 	scripts/prepare.sh
@@ -29,3 +29,10 @@ results: prepare
 	scripts/real-engine.sh compare
 	cat docs/results-preface.md bench-out/results-sim.md bench-out/results-real.md > docs/results.md
 	cp bench-out/results-sim.svg bench-out/results-real.svg docs/
+
+# A bounded soak (~4 min): 256 concurrent clients, a replica killed and
+# restarted, a reload; every request accounted for, duplicates counted, RSS
+# and fds sampled. Rewrites the figures in docs/reliability.md.
+soak: prepare
+	cargo build --release --bins
+	scripts/soak.py --doc docs/reliability.md

@@ -193,7 +193,7 @@ pub struct Timeouts {
 pub struct PrefixIndex {
     /// Block size of the prefix hash chain.
     pub block_bytes: usize,
-    /// Cap on tracked prefix entries (LRU beyond it).
+    /// Cap on tracked prefix entries (segmented LRU beyond it: scan-resistant).
     pub max_entries: usize,
 }
 

@@ -251,3 +251,31 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_flood_of_singles_larger_than_the_index_leaves_a_live_conversation_pinned() {
+    let mut p = Policy::new(PolicyConfig {
+        mode: Mode::Shape,
+        continuation: ContinuationRule::ModelTurn,
+        block_bytes: BLOCK,
+        max_entries: 2_000,
+        load_guard: None,
+    });
+    let rs = fleet(&[true, true]);
+    let system = "You are a coding agent. ".repeat(200); // ~4.6 KiB
+    let home = place(&mut p, &conversation(&system, "live", 0), &rs).unwrap();
+    let turn1 = decide(&mut p, &conversation(&system, "live", 1), &rs);
+    assert_eq!(turn1.replica, Some(ReplicaId(home)));
+    // 100 one-shot prompts of 64 KiB each: ~6,400 blocks through a 2,000-entry index.
+    for i in 0..100 {
+        let filler = format!("{i} ").repeat(22_000);
+        place(&mut p, &one_shot(&filler, "summarise"), &rs);
+    }
+    assert!(p.tracked_entries() <= 2_000);
+    let turn2 = decide(&mut p, &conversation(&system, "live", 2), &rs);
+    assert_eq!(
+        (turn2.replica, turn2.reason.as_str()),
+        (Some(ReplicaId(home)), "pin"),
+        "the flood evicted the conversation"
+    );
+}

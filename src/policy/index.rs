@@ -1,7 +1,16 @@
 //! The prefix index: prefix hash -> the replica that most recently served it,
-//! capped in entries with least-recently-used eviction, O(1) per operation.
+//! capped in entries with segmented-LRU eviction, O(1) per operation.
 //!
-//! Entries live in a slab threaded by a doubly linked recency list; the map
+//! Scan resistance, as database buffer pools protect themselves from
+//! sequential scans: a new entry enters the *probation* segment; recorded
+//! again (a later request carried the same prefix: a continuation, a shared
+//! system prompt) it moves to the *protected* segment, which holds at most
+//! [`PROTECTED_SHARE`] of the cap and demotes its least recent entry back to
+//! probation when full. Eviction takes probation's least recent entry first.
+//! So a flood of one-shot prompts larger than the whole index only churns
+//! probation, and a live conversation, recorded on every turn, stays.
+//!
+//! Entries live in a slab threaded by two doubly linked recency lists; the map
 //! from hash to slot uses the hash itself (keys are already xxh3 outputs).
 //! Cost per entry: a 40-byte slot plus a 17-byte hash-map bucket at the
 //! table's load factor, plus growth slack; `heap_bytes` reports it and `docs/performance.md` the
@@ -60,7 +69,28 @@ struct Slot {
     touched: u32,
     /// A block of prompt text (not a prompt end or an explicit key).
     block: bool,
+    /// Which recency list holds it: [`PROBATION`] or [`PROTECTED`].
+    segment: u8,
 }
+
+const PROBATION: u8 = 0;
+const PROTECTED: u8 = 1;
+/// The protected segment's share of the cap, in percent.
+pub(crate) const PROTECTED_SHARE: usize = 80;
+
+/// One recency list: most recent at `head`, evicted from `tail`.
+#[derive(Debug, Clone, Copy)]
+struct List {
+    head: u32,
+    tail: u32,
+    len: usize,
+}
+
+const EMPTY: List = List {
+    head: NIL,
+    tail: NIL,
+    len: 0,
+};
 
 /// Keys are uniformly distributed hashes already: use them as their own hash.
 #[derive(Default)]
@@ -80,17 +110,16 @@ impl Hasher for Identity {
     }
 }
 
-/// A capped LRU map from prefix hash to [`Entry`].
+/// A capped segmented-LRU map from prefix hash to [`Entry`].
 #[derive(Debug)]
 pub(crate) struct PrefixIndex {
     map: HashMap<u64, u32, BuildHasherDefault<Identity>>,
     slots: Vec<Slot>,
     free: Vec<u32>,
-    /// Most recently used.
-    head: u32,
-    /// Least recently used: evicted first.
-    tail: u32,
+    /// Probation and protected recency lists.
+    lists: [List; 2],
     cap: usize,
+    protected_cap: usize,
 }
 
 impl PrefixIndex {
@@ -100,9 +129,9 @@ impl PrefixIndex {
             map: HashMap::default(),
             slots: Vec::new(),
             free: Vec::new(),
-            head: NIL,
-            tail: NIL,
+            lists: [EMPTY; 2],
             cap: cap.max(1),
+            protected_cap: (cap.max(1) * PROTECTED_SHARE / 100).max(1),
         }
     }
 
@@ -122,11 +151,12 @@ impl PrefixIndex {
         self.map.get(&key).map(|s| &self.slots[*s as usize].entry)
     }
 
-    /// Makes `key` the most recent entry, served by `replica`, stamped `now_s`,
-    /// evicting the least recent entry when the cap is exceeded. `block` marks
-    /// entries that stand for a block of prompt text. Returns the entry.
+    /// Records `key` as served by `replica` at `now_s`: a new key enters
+    /// probation, a known one moves to the front of the protected segment.
+    /// Evicts when the cap is exceeded. `block` marks entries that stand for a
+    /// block of prompt text. Returns the entry.
     pub fn upsert(&mut self, key: u64, replica: u32, now_s: u32, block: bool) -> &mut Entry {
-        let slot = match self.map.get(&key) {
+        let (slot, segment) = match self.map.get(&key) {
             Some(s) => {
                 let s = *s;
                 self.unlink(s);
@@ -134,11 +164,11 @@ impl PrefixIndex {
                 slot.entry.replica = replica;
                 slot.touched = now_s;
                 slot.block = block;
-                s
+                (s, PROTECTED)
             }
             None => {
                 if self.map.len() >= self.cap {
-                    self.evict_lru();
+                    self.evict();
                 }
                 let slot = Slot {
                     key,
@@ -147,6 +177,7 @@ impl PrefixIndex {
                     next: NIL,
                     touched: now_s,
                     block,
+                    segment: PROBATION,
                 };
                 let s = match self.free.pop() {
                     Some(s) => {
@@ -159,29 +190,39 @@ impl PrefixIndex {
                     }
                 };
                 self.map.insert(key, s);
-                s
+                (s, PROBATION)
             }
         };
-        self.push_front(slot);
+        self.push_front(slot, segment);
+        if self.lists[PROTECTED as usize].len > self.protected_cap {
+            let oldest = self.lists[PROTECTED as usize].tail;
+            self.unlink(oldest);
+            self.push_front(oldest, PROBATION);
+        }
         &mut self.slots[slot as usize].entry
     }
 
-    /// The replica of each block entry touched at or after `since_s`, newest
-    /// first; stops at the first older entry (the recency list is in clock order).
+    /// The replica of each block entry touched at or after `since_s`; walks
+    /// each segment from its newest entry and stops at its first older one
+    /// (a recency list is in clock order, except that a protected entry
+    /// demoted to probation keeps its older stamp: it then ends that walk early,
+    /// which undercounts, never overcounts).
     pub fn recent_blocks(&self, since_s: u32) -> impl Iterator<Item = u32> + '_ {
-        let mut at = self.head;
-        std::iter::from_fn(move || {
-            while at != NIL {
-                let slot = &self.slots[at as usize];
-                if slot.touched < since_s {
-                    return None;
+        self.lists.iter().flat_map(move |list| {
+            let mut at = list.head;
+            std::iter::from_fn(move || {
+                while at != NIL {
+                    let slot = &self.slots[at as usize];
+                    if slot.touched < since_s {
+                        return None;
+                    }
+                    at = slot.next;
+                    if slot.block {
+                        return Some(slot.entry.replica);
+                    }
                 }
-                at = slot.next;
-                if slot.block {
-                    return Some(slot.entry.replica);
-                }
-            }
-            None
+                None
+            })
         })
     }
 
@@ -198,9 +239,16 @@ impl PrefixIndex {
         }
     }
 
-    fn evict_lru(&mut self) {
-        if self.tail != NIL {
-            self.remove(self.tail);
+    /// Drops probation's least recent entry, or protected's when probation is empty.
+    fn evict(&mut self) {
+        let [probation, protected] = self.lists;
+        let victim = if probation.tail != NIL {
+            probation.tail
+        } else {
+            protected.tail
+        };
+        if victim != NIL {
+            self.remove(victim);
         }
     }
 
@@ -211,32 +259,39 @@ impl PrefixIndex {
     }
 
     fn unlink(&mut self, s: u32) {
-        let (prev, next) = {
+        let (prev, next, segment) = {
             let slot = &self.slots[s as usize];
-            (slot.prev, slot.next)
+            (slot.prev, slot.next, slot.segment)
         };
+        let list = &mut self.lists[segment as usize];
+        list.len -= 1;
         match prev {
-            NIL => self.head = next,
+            NIL => list.head = next,
             p => self.slots[p as usize].next = next,
         }
         match next {
-            NIL => self.tail = prev,
+            NIL => list.tail = prev,
             n => self.slots[n as usize].prev = prev,
         }
     }
 
-    fn push_front(&mut self, s: u32) {
-        let old = self.head;
+    fn push_front(&mut self, s: u32, segment: u8) {
+        let list = &mut self.lists[segment as usize];
+        let old = list.head;
+        list.head = s;
+        list.len += 1;
+        if old == NIL {
+            list.tail = s;
+        }
         {
             let slot = &mut self.slots[s as usize];
             slot.prev = NIL;
             slot.next = old;
+            slot.segment = segment;
         }
-        match old {
-            NIL => self.tail = s,
-            o => self.slots[o as usize].prev = s,
+        if old != NIL {
+            self.slots[old as usize].prev = s;
         }
-        self.head = s;
     }
 }
 
@@ -255,6 +310,37 @@ mod tests {
         assert!(idx.get(1).is_some());
         assert!(idx.get(2).is_none());
         assert!(idx.get(3).is_some());
+    }
+
+    #[test]
+    fn a_flood_of_new_keys_larger_than_the_cap_leaves_recorded_twice_keys() {
+        let mut idx = PrefixIndex::new(100);
+        for k in 0..10 {
+            idx.upsert(k, 0, 0, true);
+            idx.upsert(k, 0, 1, true); // a second turn: protected
+        }
+        for k in 1_000..100_000 {
+            idx.upsert(k, 1, 2, true);
+        }
+        assert_eq!(idx.len(), 100);
+        assert!(
+            (0..10).all(|k| idx.get(k).is_some()),
+            "the flood evicted a conversation"
+        );
+        assert_eq!(idx.lists[0].len + idx.lists[1].len, 100);
+    }
+
+    #[test]
+    fn the_protected_segment_is_capped_and_demotes_to_probation() {
+        let mut idx = PrefixIndex::new(10);
+        for k in 0..20 {
+            idx.upsert(k, 0, 0, true);
+            idx.upsert(k, 0, 0, true);
+        }
+        assert!(idx.lists[1].len <= 8);
+        assert_eq!(idx.len(), 10);
+        // The most recently protected keys survive.
+        assert!((12..20).all(|k| idx.get(k).is_some()));
     }
 
     #[test]
