@@ -49,7 +49,9 @@ def start_sim(name, port, log_dir):
 def config(port, metrics_port, sims, comment=""):
     lines = [f'listen: "127.0.0.1:{port}"', f'metrics_listen: "127.0.0.1:{metrics_port}"',
              "reload_interval_ms: 200", "health_check: {interval_ms: 500}",
-             "limits: {max_requests: 100000}", comment, "replicas:"]
+             # A small index fills within the warm-up, so RSS after it is flat.
+             "limits: {max_requests: 100000}", "prefix_index: {max_entries: 65536}",
+             comment, "replicas:"]
     lines += [f'  - {{name: {n}, addr: "127.0.0.1:{p}", kv_tokens: 400000}}' for n, p in sims]
     return "\n".join(lines) + "\n"
 

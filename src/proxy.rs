@@ -475,6 +475,9 @@ impl ProxyHttp for Router {
         let code = if client_gone || response_started(session) {
             0
         } else {
+            // The connection is not reused after a failure: say so, or a
+            // keep-alive client sends its next request into a closed socket.
+            session.set_keepalive(None);
             if let Err(we) = respond(session, &err).await {
                 log::debug!("could not send error response: {we}");
             }

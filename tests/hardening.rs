@@ -82,6 +82,17 @@ fn a_hung_replica_gets_each_request_once_and_the_client_a_504() {
         assert_eq!(r.json()["error"]["code"], "upstream_timeout");
     }
     assert_eq!(a.received(), 3, "a request was delivered twice");
+    // A keep-alive client: the error answer must not offer a connection the
+    // router then closes (the client's next request would fail to send).
+    let bodies: Vec<Vec<u8>> = (0..2)
+        .map(|i| serde_json::to_vec(&single(&format!("keep-alive {i}"))).unwrap())
+        .collect();
+    for r in http::keepalive_posts(router.addr, "/v1/chat/completions", &bodies) {
+        assert_eq!(
+            r.expect("transport error on a reused connection").status,
+            504
+        );
+    }
 }
 
 #[test]

@@ -401,3 +401,50 @@ pub fn send_then_read(
         continued: false,
     })
 }
+
+/// Sends `bodies` as `POST path` one after another over keep-alive
+/// connections, as a well-behaved client does: a connection is reused unless
+/// the server said `connection: close`. A transport error on a reused
+/// connection (the server closed one it had offered for reuse) is an `Err`.
+pub fn keepalive_posts(
+    addr: SocketAddr,
+    path: &str,
+    bodies: &[Vec<u8>],
+) -> Vec<io::Result<Response>> {
+    let mut conn: Option<(TcpStream, BufReader<TcpStream>)> = None;
+    bodies
+        .iter()
+        .map(|body| {
+            let (s, r) = match conn.as_mut() {
+                Some(c) => c,
+                None => {
+                    let s = connect(addr)?;
+                    let r = BufReader::new(s.try_clone()?);
+                    conn.insert((s, r))
+                }
+            };
+            let head = format!(
+                "POST {path} HTTP/1.1\r\nhost: test\r\ncontent-length: {}\r\n\r\n",
+                body.len()
+            );
+            let result = (|| {
+                s.write_all(head.as_bytes())?;
+                s.write_all(body)?;
+                let (status, _) = read_head(r)?;
+                let headers = read_rest_of_head(r)?;
+                let body = read_body(r, &headers)?;
+                Ok(Response {
+                    status,
+                    headers,
+                    body,
+                    continued: false,
+                })
+            })();
+            let keep = matches!(&result, Ok(resp) if resp.header("connection") != Some("close"));
+            if !keep {
+                conn = None;
+            }
+            result
+        })
+        .collect()
+}
