@@ -32,6 +32,14 @@ impl Admission {
         })
     }
 
+    /// Whether `n` more body bytes would fit now (reserves nothing).
+    pub fn has_room(&self, n: usize) -> bool {
+        self.bytes
+            .load(Relaxed)
+            .checked_add(n)
+            .is_some_and(|total| total <= self.max_bytes)
+    }
+
     /// Requests held now.
     pub fn requests(&self) -> usize {
         self.requests.load(Relaxed)
@@ -68,11 +76,17 @@ impl Ticket {
         }
         ok
     }
+
+    /// Gives the reserved bytes back (the request keeps its slot).
+    pub fn release_bytes(&mut self) {
+        self.admission.bytes.fetch_sub(self.bytes, Relaxed);
+        self.bytes = 0;
+    }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.admission.bytes.fetch_sub(self.bytes, Relaxed);
+        self.release_bytes();
         self.admission.requests.fetch_sub(1, Relaxed);
     }
 }
@@ -100,7 +114,11 @@ mod tests {
         assert!(!t2.reserve(41));
         assert!(t2.reserve(40));
         assert_eq!(a.bytes(), 100);
+        assert!(!a.has_room(1));
         drop(t1);
         assert_eq!((a.bytes(), a.requests()), (40, 1));
+        t2.release_bytes();
+        assert_eq!((a.bytes(), a.requests()), (0, 1));
+        assert!(a.has_room(100) && !a.has_room(101));
     }
 }

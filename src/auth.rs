@@ -46,15 +46,6 @@ impl ApiKeys {
         Ok(Self(digests))
     }
 
-    /// Reads and parses a file.
-    pub fn load(path: &Path) -> Result<Self, KeysError> {
-        let text = std::fs::read_to_string(path).map_err(|source| KeysError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Self::parse(&text)
-    }
-
     /// Whether `key` is accepted. Every digest is compared, in constant time.
     pub fn accepts(&self, key: &[u8]) -> bool {
         let presented: [u8; 32] = Sha256::digest(key).into();
@@ -63,6 +54,14 @@ impl ApiKeys {
             .fold(subtle::Choice::from(0), |ok, d| ok | d.ct_eq(&presented))
             .into()
     }
+}
+
+/// Reads the keys file's text.
+pub fn read(path: &Path) -> Result<String, KeysError> {
+    std::fs::read_to_string(path).map_err(|source| KeysError::Read {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 fn parse_digest(hex: &str) -> Option<[u8; 32]> {
@@ -99,20 +98,18 @@ pub fn presented<'a>(
 #[derive(Debug)]
 pub struct KeyFile {
     pub path: PathBuf,
-    keys: RwLock<(Arc<ApiKeys>, Option<String>)>,
+    /// The keys, and the text they were judged from (applied or rejected).
+    keys: RwLock<(Arc<ApiKeys>, String)>,
 }
 
 impl KeyFile {
     /// Loads the file; it must be valid at start.
     pub fn open(path: PathBuf) -> Result<Self, KeysError> {
-        let text = std::fs::read_to_string(&path).map_err(|source| KeysError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = read(&path)?;
         let keys = ApiKeys::parse(&text)?;
         Ok(Self {
             path,
-            keys: RwLock::new((Arc::new(keys), Some(text))),
+            keys: RwLock::new((Arc::new(keys), text)),
         })
     }
 
@@ -121,21 +118,19 @@ impl KeyFile {
         Arc::clone(&self.keys.read().unwrap_or_else(|p| p.into_inner()).0)
     }
 
-    /// Re-reads the file; a changed valid file replaces the keys, an invalid
-    /// one keeps them. `Ok(true)`: replaced.
-    pub fn reload(&self) -> Result<bool, KeysError> {
-        let text = std::fs::read_to_string(&self.path).map_err(|source| KeysError::Read {
-            path: self.path.display().to_string(),
-            source,
-        })?;
+    /// Whether `text` differs from the text last judged.
+    pub fn changed(&self, text: &str) -> bool {
+        self.keys.read().unwrap_or_else(|p| p.into_inner()).1 != text
+    }
+
+    /// Judges new file text once: valid keys replace the old, invalid ones
+    /// keep them (an emptied file too: it would refuse every client).
+    pub fn apply(&self, text: String) -> Result<(), KeysError> {
         let mut cur = self.keys.write().unwrap_or_else(|p| p.into_inner());
-        if cur.1.as_deref() == Some(text.as_str()) {
-            return Ok(false);
-        }
-        cur.1 = Some(text.clone());
-        let keys = ApiKeys::parse(&text)?;
-        cur.0 = Arc::new(keys);
-        Ok(true)
+        let parsed = ApiKeys::parse(&text);
+        cur.1 = text;
+        cur.0 = Arc::new(parsed?);
+        Ok(())
     }
 }
 

@@ -24,50 +24,68 @@ pub const INLINE_PARSE_BYTES: usize = 64 << 10;
 /// that sends everything before reading still gets the answer.
 pub const LINGER: Duration = Duration::from_secs(10);
 
+/// A body's buffer starts at most this large and grows as bytes arrive, so a
+/// client that declares a large body and sends nothing holds nothing.
+const INITIAL_CAPACITY: usize = 256 << 10;
+
 /// Bounds the blocking parses running at once to the machine's cores.
 static PARSERS: LazyLock<Semaphore> =
     LazyLock::new(|| Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get())));
 
-/// Reads the whole body. `Ok(Err(_))` is the client's fault (or the budget's).
+/// Reads the whole body, reserving its buffer's bytes on `ticket` as it
+/// grows. `Ok(Err(_))` is the client's fault (or the budget's).
 pub async fn read(
     session: &mut Session,
     limit: usize,
     declared: Option<usize>,
     ticket: &mut Ticket,
 ) -> Result<std::result::Result<Bytes, RouterError>> {
-    let initial = declared.unwrap_or(0).min(limit);
-    if !ticket.reserve(initial) {
-        return Ok(Err(RouterError::Overloaded {
-            what: "buffered request bytes",
-        }));
+    let over_budget = RouterError::Overloaded {
+        what: "buffered request bytes",
+    };
+    let mut buf = BytesMut::new();
+    let mut reserved = 0;
+    let mut grow = |buf: &mut BytesMut, n: usize, ticket: &mut Ticket| {
+        buf.reserve(n);
+        let more = buf.capacity().saturating_sub(reserved);
+        reserved += more;
+        ticket.reserve(more)
+    };
+    if !grow(
+        &mut buf,
+        declared.unwrap_or(0).min(limit).min(INITIAL_CAPACITY),
+        ticket,
+    ) {
+        return Ok(Err(over_budget));
     }
-    let mut reserved = initial;
-    let mut buf = BytesMut::with_capacity(initial);
     while let Some(chunk) = session.read_request_body().await? {
-        let len = buf.len() + chunk.len();
-        if len > limit {
+        if buf.len() + chunk.len() > limit {
             return Ok(Err(RouterError::BodyTooLarge { limit }));
         }
-        if len > reserved {
-            if !ticket.reserve(len - reserved) {
-                return Ok(Err(RouterError::Overloaded {
-                    what: "buffered request bytes",
-                }));
-            }
-            reserved = len;
+        if !grow(&mut buf, chunk.len(), ticket) {
+            return Ok(Err(over_budget));
         }
         buf.extend_from_slice(&chunk);
     }
-    // A chunked body grew the buffer by doubling: keep only what it holds.
+    // The buffer grew by doubling: keep only what it holds.
     if buf.capacity() > buf.len() + buf.len() / 4 + 4096 {
         return Ok(Ok(Bytes::copy_from_slice(&buf)));
     }
     Ok(Ok(buf.freeze()))
 }
 
-/// Reads and discards what is left of the body for at most [`LINGER`].
-pub async fn drain(session: &mut Session) {
-    let discard = async { while let Ok(Some(_)) = session.read_request_body().await {} };
+/// Reads and discards what is left of the body, at most `max_bytes` and for
+/// at most [`LINGER`].
+pub async fn drain(session: &mut Session, max_bytes: usize) {
+    let discard = async {
+        let mut seen = 0;
+        while let Ok(Some(chunk)) = session.read_request_body().await {
+            seen += chunk.len();
+            if seen > max_bytes {
+                return;
+            }
+        }
+    };
     let _ = tokio::time::timeout(LINGER, discard).await;
 }
 

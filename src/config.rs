@@ -374,9 +374,11 @@ impl Config {
         if self.outlier.max_ejection_percent > 100 {
             return Err(invalid("outlier.max_ejection_percent", "must be 0..=100"));
         }
-        if let Some(f) = &self.api_keys_file {
-            crate::auth::ApiKeys::load(Path::new(f))
-                .map_err(|e| invalid("api_keys_file", e.to_string()))?;
+        if self.limits.max_buffered_bytes < self.max_body_bytes {
+            return Err(invalid(
+                "limits.max_buffered_bytes",
+                "must be at least max_body_bytes (a body between the two could never pass)",
+            ));
         }
         if self.threads == 0 {
             return Err(invalid("threads", "must be positive"));
@@ -508,6 +510,7 @@ mod tests {
             ("replicas:\n- {name: a, addr: nowhere}\n", "replicas[0].addr"),
             ("replicas:\n- {name: a, addr: \"127.0.0.1:1\"}\n- {name: a, addr: \"127.0.0.1:2\"}\n", "replicas[1].name"),
             ("prefix_index: {block_bytes: 0}\n", "prefix_index.block_bytes"),
+            ("limits: {max_buffered_bytes: 10}\n", "limits.max_buffered_bytes"),
             ("metrics_listen: x\n", "metrics_listen"),
         ];
         for (yaml, field) in cases {

@@ -83,6 +83,17 @@ impl RouterError {
         .then_some(1)
     }
 
+    /// `x-should-retry`, which the OpenAI and Anthropic SDKs obey over their
+    /// own rule (they retry 502/504 by default): an engine may have had the
+    /// request, so a client retry could be a second prefill or tool call.
+    pub fn should_retry(&self) -> Option<bool> {
+        match self {
+            RouterError::Upstream { .. } | RouterError::UpstreamTimeout { .. } => Some(false),
+            RouterError::Overloaded { .. } | RouterError::NoReplica => Some(true),
+            _ => None,
+        }
+    }
+
     fn kind(&self) -> &'static str {
         match self.status() {
             400..=499 => "invalid_request_error",

@@ -18,6 +18,7 @@ pub mod config;
 pub mod errors;
 pub mod fleet;
 pub mod metrics;
+pub mod paths;
 pub mod policy;
 pub mod proxy;
 pub mod reload;

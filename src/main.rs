@@ -54,6 +54,14 @@ fn main() -> anyhow::Result<()> {
             .join(",")
     );
 
+    if cfg.timeouts.idle_ms >= 5_000 {
+        log::warn!(
+            "timeouts.idle_ms is {} ms: at or above the engines' keep-alive (uvicorn: 5 s), a pooled \
+             connection may be one the engine is closing, and a request lost that way is answered 502, \
+             not re-sent",
+            cfg.timeouts.idle_ms
+        );
+    }
     let conf = ServerConf {
         threads: cfg.threads,
         grace_period_seconds: Some(1),

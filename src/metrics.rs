@@ -28,6 +28,8 @@ pub struct Metrics {
     pub errors: IntCounterVec,
     /// Config reloads by result (`ok`, `error`).
     pub reloads: IntCounterVec,
+    /// API keys file reloads by result (`ok`, `error`).
+    pub key_reloads: IntCounterVec,
     /// Entries and heap bytes of the prefix index.
     pub index_entries: IntGauge,
     pub index_bytes: IntGauge,
@@ -95,6 +97,12 @@ pub static METRICS: Lazy<Metrics> = Lazy::new(|| {
         &["result"]
     )
     .expect("register"),
+    key_reloads: register_int_counter_vec!(
+        "prefix_router_api_keys_reloads_total",
+        "API keys file reloads, by result",
+        &["result"]
+    )
+    .expect("register"),
     index_entries: register_int_gauge!(
         "prefix_router_prefix_index_entries",
         "Entries in the prefix index"
@@ -149,6 +157,7 @@ impl Metrics {
         }
         for result in ["ok", "error"] {
             self.reloads.with_label_values(&[result]);
+            self.key_reloads.with_label_values(&[result]);
         }
     }
 

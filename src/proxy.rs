@@ -42,9 +42,9 @@ use crate::config::{ms, Config};
 use crate::errors::RouterError;
 use crate::fleet::Fleet;
 use crate::metrics::METRICS;
+use crate::paths::routed_path;
 use crate::policy::{Decision, Policy, ReplicaId, Request};
 use crate::replicas::{Failure, InFlight, OutlierRules, Replica, Replicas};
-use crate::request::routed_path;
 
 /// Response header naming the replica that served the request.
 pub const REPLICA_HEADER: &str = "x-prefix-router-replica";
@@ -161,13 +161,32 @@ impl Router {
         }
     }
 
-    /// Answers `err` before the body was read, then drains the body so the
-    /// client can read the answer; the connection then closes.
-    async fn refuse(&self, session: &mut Session, err: &RouterError) -> Result<bool> {
+    /// Answers `err` and closes the connection. With `drain`, the unread rest
+    /// of the body is read and discarded first (bounded), so a client that
+    /// sends before it reads gets the answer; not when the client waits for a
+    /// `100 Continue` it never got. The request's slot is released first.
+    async fn refuse(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+        err: &RouterError,
+        drain: bool,
+    ) -> Result<bool> {
+        ctx.ticket = None;
         session.set_keepalive(None);
         respond(session, err).await?;
-        body::drain(session).await;
+        let waits_for_continue = header(session, "expect")
+            .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
+            && session.response_written().is_none_or(|r| r.status != 100);
+        if drain && !waits_for_continue {
+            body::drain(session, self.drain_bytes()).await;
+        }
         Ok(true)
+    }
+
+    /// How much of a refused body is read and discarded at most.
+    fn drain_bytes(&self) -> usize {
+        self.settings.max_body_bytes.saturating_mul(2).max(64 << 20)
     }
 
     /// The API key check; `true` when the client may go on.
@@ -193,6 +212,9 @@ async fn respond(session: &mut Session, err: &RouterError) -> Result<()> {
     resp.insert_header("content-length", body.len().to_string())?;
     if let Some(s) = err.retry_after_s() {
         resp.insert_header("retry-after", s.to_string())?;
+    }
+    if let Some(retry) = err.should_retry() {
+        resp.insert_header("x-should-retry", if retry { "true" } else { "false" })?;
     }
     session.write_response_header(Box::new(resp), false).await?;
     session.write_response_body(Some(body), true).await
@@ -242,27 +264,39 @@ impl ProxyHttp for Router {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         if !self.authorised(session) {
-            return self.refuse(session, &RouterError::Unauthorized).await;
+            return self
+                .refuse(session, ctx, &RouterError::Unauthorized, true)
+                .await;
         }
         let req = session.req_header();
-        let routed = routed_path(req.uri.path());
-        if req.method != http::Method::POST || routed.is_none() {
+        if req.method != http::Method::POST {
             return Ok(false);
         }
-        ctx.routed = routed;
+        let routed = routed_path(req.uri.path());
+        // Every POST holds a slot; only routed ones buffer their body.
         let Some(ticket) = self.admission.admit() else {
             let err = RouterError::Overloaded {
                 what: "requests in flight",
             };
-            return self.refuse(session, &err).await;
+            return self.refuse(session, ctx, &err, true).await;
         };
         let ticket = ctx.ticket.insert(ticket);
         let limit = self.settings.max_body_bytes;
         let declared = header(session, "content-length").and_then(|v| v.parse::<usize>().ok());
         if declared.is_some_and(|n| n > limit) {
-            return self
-                .refuse(session, &RouterError::BodyTooLarge { limit })
-                .await;
+            let err = RouterError::BodyTooLarge { limit };
+            return self.refuse(session, ctx, &err, true).await;
+        }
+        let Some(path) = routed else {
+            return Ok(false); // streamed to the replica unread
+        };
+        ctx.routed = Some(path);
+        // Refuse before `100 Continue` a body that cannot fit the budget now.
+        if !self.admission.has_room(declared.unwrap_or(0)) {
+            let err = RouterError::Overloaded {
+                what: "buffered request bytes",
+            };
+            return self.refuse(session, ctx, &err, true).await;
         }
         if header(session, "expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue")) {
             session.write_continue_response().await?;
@@ -277,17 +311,23 @@ impl ProxyHttp for Router {
         };
         let body = match body {
             Ok(b) => b,
-            Err(err @ RouterError::BodyTimeout { .. }) => {
-                session.set_keepalive(None);
-                respond(session, &err).await?;
-                return Ok(true);
+            Err(err) => {
+                let drain = !matches!(err, RouterError::BodyTimeout { .. });
+                return self.refuse(session, ctx, &err, drain).await;
             }
-            Err(err) => return self.refuse(session, &err).await,
         };
         // A body that is not JSON is still forwarded (spread): the engine answers it.
         let key = header(session, SESSION_HEADER).map(str::to_owned);
         let s = &self.settings;
-        ctx.request = body::parse(body.clone(), s.max_prompt_bytes, s.block_bytes, key).await;
+        let request = body::parse(body.clone(), s.max_prompt_bytes, s.block_bytes, key).await;
+        let parsed_bytes = request.as_ref().map_or(0, |r| r.chain.heap_bytes());
+        if !ctx.ticket.as_mut().is_some_and(|t| t.reserve(parsed_bytes)) {
+            let err = RouterError::Overloaded {
+                what: "buffered request bytes",
+            };
+            return self.refuse(session, ctx, &err, false).await;
+        }
+        ctx.request = request;
         ctx.body = Some(body);
         Ok(false)
     }
@@ -297,9 +337,6 @@ impl ProxyHttp for Router {
         let list = self.replicas.snapshot();
         for _ in 0..=list.len() {
             let (states, panic) = Replicas::states(&list, &ctx.tried);
-            if panic {
-                METRICS.panic_routed.inc();
-            }
             let decision = {
                 let mut policy = self.lock_policy();
                 match &ctx.request {
@@ -333,6 +370,9 @@ impl ProxyHttp for Router {
             o.read_timeout = Some(self.settings.read_timeout);
             o.write_timeout = Some(self.settings.write_timeout);
             o.idle_timeout = Some(self.settings.idle_timeout);
+            if panic {
+                METRICS.panic_routed.inc();
+            }
             ctx.attempt = Some(replica.begin());
             ctx.decision = Some(decision);
             return Ok(Box::new(peer));
@@ -357,9 +397,10 @@ impl ProxyHttp for Router {
                     Some(q) => format!("{path}?{q}"),
                     None => path.to_owned(),
                 };
-                upstream_request.set_uri(uri.parse().map_err(|_| {
-                    Error::explain(ErrorType::InvalidHTTPHeader, "unparsable query")
-                })?);
+                // Parts of a URI that parsed already: this parses too.
+                if let Ok(uri) = uri.parse() {
+                    upstream_request.set_uri(uri);
+                }
             }
         }
         Ok(())
@@ -390,10 +431,15 @@ impl ProxyHttp for Router {
         if let Some(attempt) = ctx.attempt.take() {
             let r = attempt.replica();
             let failure = match e.etype() {
-                ErrorType::ConnectTimedout => Failure::ConnectTimeout,
-                _ => Failure::Dead,
+                ErrorType::ConnectRefused | ErrorType::ConnectNoRoute => Some(Failure::Dead),
+                // The router's own trouble (no sockets, no ports): not the replica's.
+                ErrorType::SocketError | ErrorType::BindError | ErrorType::InternalError => None,
+                // Timeouts, TLS handshakes, anything else on the way: overload or worse.
+                _ => Some(Failure::ConnectTimeout),
             };
-            self.failed(r, failure, &e);
+            if let Some(failure) = failure {
+                self.failed(r, failure, &e);
+            }
             ctx.tried.push(r.id);
             // Nothing reached the engine: another replica may take it.
             if !response_started(session) {
@@ -415,8 +461,11 @@ impl ProxyHttp for Router {
         let mut e = e.more_context(format!("replica {peer}"));
         let writing = failed_writing_request(&e);
         if let Some(r) = ctx.attempt.as_ref().map(|a| Arc::clone(a.replica())) {
-            // A pooled connection the engine had closed is not the engine failing.
-            if e.esource() == &ErrorSource::Upstream && !(writing && client_reused) {
+            // A pooled connection the engine had closed is not the engine
+            // failing (it is answered, not re-sent, when the request went out).
+            let stale =
+                client_reused && (writing || matches!(e.etype(), ErrorType::ConnectionClosed));
+            if e.esource() == &ErrorSource::Upstream && !stale {
                 self.failed(&r, Failure::Response, &e);
             }
             if writing && !client_reused {
@@ -444,6 +493,12 @@ impl ProxyHttp for Router {
                 self.failed(r, Failure::Response, &why);
             } else {
                 r.on_success();
+            }
+            // Nothing is re-sent once a response arrived: drop the copies.
+            ctx.body = None;
+            ctx.request = None;
+            if let Some(t) = ctx.ticket.as_mut() {
+                t.release_bytes();
             }
             if self.settings.placement_headers {
                 upstream_response.insert_header(REPLICA_HEADER, r.name.as_str())?;
@@ -481,12 +536,23 @@ impl ProxyHttp for Router {
             if let Err(we) = respond(session, &err).await {
                 log::debug!("could not send error response: {we}");
             }
+            // A body the router did not read (other paths): drain it too.
+            if !session.is_body_done() {
+                body::drain(session, self.drain_bytes()).await;
+            }
             err.status()
         };
         FailToProxy {
             error_code: code,
             can_reuse_downstream: false,
         }
+    }
+
+    /// Pingora's failure log lines name the request with this: method and
+    /// path only, never the query string (it may carry a key).
+    fn request_summary(&self, session: &Session, _ctx: &Ctx) -> String {
+        let req = session.req_header();
+        format!("{} {}", req.method, req.uri.path())
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {

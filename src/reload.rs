@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 
-use crate::auth::KeyFile;
+use crate::auth::{self, KeyFile, KeysError};
 use crate::config::{Config, ConfigError};
 use crate::metrics::METRICS;
 use crate::policy::Policy;
@@ -32,10 +32,32 @@ pub struct Reloader {
     /// The configuration in force, to flag edits that need a restart.
     running: Mutex<Config>,
     keys: Option<Arc<KeyFile>>,
+    /// The last error reading the keys file, so it is logged once.
+    keys_error: Mutex<Option<String>>,
 }
 
 /// Time between the two reads of a changed file.
-pub const SETTLE: Duration = Duration::from_millis(50);
+pub const SETTLE: Duration = Duration::from_millis(100);
+
+/// Reads a file twice, [`SETTLE`] apart, when `changed` says the first read
+/// is new. `None`: nothing new, or the reads disagree (a writer is at work;
+/// the file is judged on a later tick).
+async fn settled<E>(
+    read: impl Fn() -> Result<String, E>,
+    changed: impl Fn(&Result<String, E>) -> bool,
+) -> Option<Result<String, E>> {
+    let first = read();
+    if !changed(&first) {
+        return None;
+    }
+    tokio::time::sleep(SETTLE).await;
+    let second = read();
+    match (&first, &second) {
+        (Ok(a), Ok(b)) if a == b => Some(second),
+        (Err(_), Err(_)) => Some(second),
+        _ => None,
+    }
+}
 
 impl Reloader {
     pub fn new(
@@ -56,6 +78,7 @@ impl Reloader {
             last: Mutex::new(last),
             running: Mutex::new(running),
             keys,
+            keys_error: Mutex::new(None),
         }
     }
 
@@ -78,16 +101,9 @@ impl Reloader {
     /// Re-reads the file if it changed, waiting [`SETTLE`] for a writer to
     /// finish. `Ok(None)`: unchanged, or still being written.
     pub async fn check_settled(&self) -> Result<Option<Change>, ConfigError> {
-        let first = self.read();
-        if !self.changed(&first) {
-            return Ok(None);
-        }
-        tokio::time::sleep(SETTLE).await;
-        let second = self.read();
-        match (&first, &second) {
-            (Ok(a), Ok(b)) if a == b => self.judge(second),
-            (Err(_), Err(_)) => self.judge(second),
-            _ => Ok(None), // mid-write: judged on a later tick
+        match settled(|| self.read(), |t| self.changed(t)).await {
+            Some(text) => self.judge(text),
+            None => Ok(None),
         }
     }
 
@@ -166,16 +182,26 @@ impl Reloader {
 }
 
 impl Reloader {
-    fn reload_keys(&self) {
+    /// Re-reads the API keys file the same way; a bad file keeps the old keys.
+    async fn reload_keys(&self) {
         let Some(keys) = &self.keys else { return };
-        match keys.reload() {
-            Ok(false) => {}
-            Ok(true) => {
-                METRICS.reloads.with_label_values(&["ok"]).inc();
+        let last_error = || self.keys_error.lock().unwrap_or_else(|p| p.into_inner());
+        let changed = |r: &Result<String, KeysError>| match r {
+            Ok(t) => keys.changed(t),
+            Err(e) => last_error().as_deref() != Some(e.to_string().as_str()),
+        };
+        let Some(text) = settled(|| auth::read(&keys.path), changed).await else {
+            return;
+        };
+        match text.and_then(|t| keys.apply(t)) {
+            Ok(()) => {
+                *last_error() = None;
+                METRICS.key_reloads.with_label_values(&["ok"]).inc();
                 log::info!("api keys reloaded from {}", keys.path.display());
             }
             Err(e) => {
-                METRICS.reloads.with_label_values(&["error"]).inc();
+                *last_error() = Some(e.to_string());
+                METRICS.key_reloads.with_label_values(&["error"]).inc();
                 log::error!(
                     "api keys reload rejected, previous keys stay in force: {}: {e}",
                     keys.path.display()
@@ -194,7 +220,7 @@ impl BackgroundService for Reloader {
                 _ = shutdown.changed() => return,
                 _ = tick.tick() => {
                     self.report(self.check_settled().await);
-                    self.reload_keys();
+                    self.reload_keys().await;
                 }
             }
         }

@@ -100,8 +100,9 @@ impl Replica {
         if self.consecutive.load(Relaxed) != 0 {
             self.consecutive.store(0, Relaxed);
         }
-        if !self.is_ejected() {
-            if let Ok(mut e) = self.ejection.try_lock() {
+        // Under the lock, so an ejection landing now keeps its count.
+        if let Ok(mut e) = self.ejection.try_lock() {
+            if !self.is_ejected() {
                 e.0 = 0;
             }
         }

@@ -13,72 +13,8 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 
 use crate::policy::{PrefixChain, Request};
 
-/// Paths whose body is read and routed by prompt.
-pub const ROUTED_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/messages"];
-
 const ROLE_SEP: u8 = 0x1F;
 const MESSAGE_END: u8 = 0x1E;
-
-/// The routed path that `path` (without query) names, if any, after the
-/// normalisation an engine's HTTP server may apply: percent-decoding, empty
-/// and `.` segments dropped, `..` applied, a trailing slash ignored. So
-/// `/v1//chat/%63ompletions/` is routed (size limit, placement) like
-/// `/v1/chat/completions`, and is forwarded as that.
-pub fn routed_path(path: &str) -> Option<&'static str> {
-    if let Some(p) = ROUTED_PATHS.iter().find(|p| **p == path) {
-        return Some(p);
-    }
-    let decoded = percent_decode(path.as_bytes());
-    let mut segments: Vec<&[u8]> = Vec::new();
-    for seg in decoded.split(|b| *b == b'/') {
-        match seg {
-            b"" | b"." => {}
-            b".." => {
-                segments.pop();
-            }
-            s => segments.push(s),
-        }
-    }
-    ROUTED_PATHS.iter().copied().find(|p| {
-        let mut want = p.split('/').filter(|s| !s.is_empty());
-        segments.len() == want.clone().count()
-            && segments
-                .iter()
-                .all(|s| want.next().is_some_and(|w| w.as_bytes() == *s))
-    })
-}
-
-/// `%XX` escapes decoded (repeatedly, so a double encoding cannot hide a path);
-/// invalid escapes are kept as they are.
-fn percent_decode(path: &[u8]) -> Vec<u8> {
-    let mut cur = path.to_vec();
-    for _ in 0..3 {
-        let mut out = Vec::with_capacity(cur.len());
-        let mut i = 0;
-        while i < cur.len() {
-            let hex = |b: u8| (b as char).to_digit(16);
-            match (
-                cur[i],
-                cur.get(i + 1).and_then(|b| hex(*b)),
-                cur.get(i + 2).and_then(|b| hex(*b)),
-            ) {
-                (b'%', Some(h), Some(l)) => {
-                    out.push((h * 16 + l) as u8);
-                    i += 3;
-                }
-                (b, _, _) => {
-                    out.push(b);
-                    i += 1;
-                }
-            }
-        }
-        if out == cur {
-            break;
-        }
-        cur = out;
-    }
-    cur
-}
 
 /// Why a body could not be read as a prompt (it is still forwarded, spread).
 #[derive(Debug, thiserror::Error)]
@@ -600,31 +536,6 @@ mod tests {
     }
 
     #[test]
-    fn path_variants_of_a_routed_path_are_routed_as_it() {
-        for p in [
-            "/v1/chat/completions",
-            "/v1/chat/completions/",
-            "//v1/chat//completions",
-            "/v1/chat/%63ompletions",
-            "/v1/chat/%2563ompletions",
-            "/v1/./chat/x/../completions",
-            "/v1%2Fchat%2Fcompletions",
-        ] {
-            assert_eq!(routed_path(p), Some("/v1/chat/completions"), "{p}");
-        }
-        assert_eq!(routed_path("/v1/messages/"), Some("/v1/messages"));
-        for p in [
-            "/v1/models",
-            "/v1/chat/completionsx",
-            "/v1/chat",
-            "/%zz",
-            "/",
-        ] {
-            assert_eq!(routed_path(p), None, "{p}");
-        }
-    }
-
-    #[test]
     fn a_repeated_key_counts_once_with_its_last_value() {
         let twice =
             parse(r#"{"system":"A","messages":[{"role":"user","content":"q"}],"system":"B"}"#);
@@ -659,89 +570,5 @@ mod tests {
             parse(r#"{"messages":[{"role":"user","content":{"odd":1}}],"x":[1]}"#).messages,
             1
         );
-    }
-}
-
-/// Fuzzing `Prompt::parse` and the shape signals: arbitrary bytes and
-/// structure-aware JSON (the keys the parser acts on, nested at random).
-/// `PROPTEST_CASES=200000 cargo test --release --lib request::fuzz` for a
-/// longer run.
-#[cfg(test)]
-mod fuzz {
-    use super::*;
-    use proptest::prelude::*;
-    use serde_json::Value;
-
-    const CAP: usize = 4096;
-
-    fn key() -> impl Strategy<Value = String> {
-        prop_oneof![
-            Just("messages".to_owned()),
-            Just("system".to_owned()),
-            Just("prompt".to_owned()),
-            Just("prompt_cache_key".to_owned()),
-            Just("role".to_owned()),
-            Just("content".to_owned()),
-            Just("text".to_owned()),
-            Just("type".to_owned()),
-            "[a-z]{1,6}",
-        ]
-    }
-
-    fn json() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(Value::from),
-            any::<u64>().prop_map(Value::from),
-            any::<f64>().prop_map(Value::from),
-            prop_oneof![
-                Just("assistant".to_owned()),
-                Just("tool_result".to_owned()),
-                ".{0,40}"
-            ]
-            .prop_map(Value::String),
-        ];
-        leaf.prop_recursive(6, 96, 8, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
-                prop::collection::vec((key(), inner), 0..8)
-                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
-            ]
-        })
-    }
-
-    fn check(p: &Prompt) {
-        assert!(p.text.len() <= CAP);
-        assert!(p.message_ends.windows(2).all(|w| w[0] <= w[1]));
-        assert!(p.message_ends.iter().all(|e| *e <= p.text.len()));
-        assert!(p.message_ends.len() <= p.messages);
-    }
-
-    proptest! {
-        #[test]
-        fn arbitrary_bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..2048)) {
-            if let Ok(p) = Prompt::parse(&body, CAP) {
-                check(&p);
-            }
-        }
-
-        #[test]
-        fn arbitrary_json_parses_within_its_caps(v in json(), repeat in 1usize..4) {
-            // Repeated top-level objects' keys: the same key written `repeat` times.
-            let body = match &v {
-                Value::Object(m) if repeat > 1 => {
-                    let one: Vec<String> = m.iter().map(|(k, v)| format!("{}:{v}", Value::from(k.as_str()))).collect();
-                    format!("{{{}}}", vec![one.join(","); repeat].into_iter().filter(|s| !s.is_empty()).collect::<Vec<_>>().join(","))
-                }
-                _ => v.to_string(),
-            };
-            // An error (a field of the wrong type) forwards the body unparsed, spread.
-            if let Ok(p) = Prompt::parse(body.as_bytes(), CAP) {
-                check(&p);
-                let r = p.into_request(64, None);
-                prop_assert!(r.chain.len() <= CAP);
-            }
-        }
     }
 }

@@ -52,6 +52,12 @@ impl PrefixChain {
         }
     }
 
+    /// Heap bytes held: the text, the block hashes and the message ends.
+    pub fn heap_bytes(&self) -> usize {
+        self.text.capacity()
+            + (self.blocks.capacity() + self.message_ends.capacity()) * std::mem::size_of::<u64>()
+    }
+
     /// Length of the canonical text in bytes.
     pub fn len(&self) -> usize {
         self.text.len()

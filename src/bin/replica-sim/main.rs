@@ -7,7 +7,7 @@
 //! with a short `--backlog`, connects then time out as on an overloaded host;
 //! resume over a connection opened before the pause).
 //! Fault modes for tests: `--hang-after-requests`, `--close-after-requests`,
-//! `--fail-after-requests`; `--id-log` records each request's `x-soak-id`.
+//! `--fail-after-requests`, `--stall-bodies-over`; `--id-log` records each request's `x-soak-id`.
 //! Every completion response carries `x-sim-replica`, `x-sim-body-bytes` and
 //! `x-sim-body-xxh3` (of the exact request body received).
 //! It prints `listening on IP:PORT` once bound (use `--listen 127.0.0.1:0`).
@@ -90,6 +90,10 @@ struct Cli {
     /// Testing: completion requests after the first N are answered 500.
     #[arg(long)]
     fail_after_requests: Option<u64>,
+    /// Testing: a request declaring a body larger than this is never read (an
+    /// engine that stopped reading): the sender's write stalls.
+    #[arg(long)]
+    stall_bodies_over: Option<u64>,
     /// Listen backlog (accept queue length).
     #[arg(long, default_value_t = 1024)]
     backlog: u32,
@@ -112,6 +116,8 @@ struct Sim {
     cancelled: AtomicU64,
     /// Completion requests that arrived, answered or not.
     received: AtomicU64,
+    /// Requests left unread by `--stall-bodies-over`.
+    stalled: AtomicU64,
     accepting: tokio::sync::watch::Sender<bool>,
     id_log: Option<Mutex<std::fs::File>>,
     /// Model-time TTFT histogram (vllm:time_to_first_token_seconds).
@@ -372,6 +378,7 @@ impl Sim {
             "running": self.running.load(Relaxed),
             "cancelled": self.cancelled.load(Relaxed),
             "received": self.received.load(Relaxed),
+            "stalled": self.stalled.load(Relaxed),
             "prompt_tokens": c.prompt_tokens,
             "cached_tokens": c.prefix_hits,
             "preemptions": c.preemptions,
@@ -512,6 +519,7 @@ async fn main() -> std::io::Result<()> {
         running: AtomicU64::new(0),
         cancelled: AtomicU64::new(0),
         received: AtomicU64::new(0),
+        stalled: AtomicU64::new(0),
         accepting: tokio::sync::watch::Sender::new(true),
         id_log: match &cli.id_log {
             Some(p) => Some(Mutex::new(
@@ -550,6 +558,16 @@ async fn main() -> std::io::Result<()> {
                 let sim = Arc::clone(&sim);
                 let n = served.fetch_add(1, Relaxed);
                 async move {
+                    let declared = req
+                        .headers()
+                        .get("content-length")
+                        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+                    if let (Some(max), Some(n)) = (sim.cli.stall_bodies_over, declared) {
+                        if n > max {
+                            sim.stalled.fetch_add(1, Relaxed);
+                            return std::future::pending().await;
+                        }
+                    }
                     let limit = sim.cli.close_after_requests;
                     if limit > 0 && n >= limit && req.uri().path() != "/health" {
                         sim.received.fetch_add(1, Relaxed);

@@ -1,0 +1,85 @@
+//! Which request paths carry a prompt the router reads and routes by, after
+//! the normalisation an engine's HTTP server may apply, so no spelling of a
+//! routed path skips the body limit or placement.
+
+/// Paths whose body is read and routed by prompt.
+pub const ROUTED_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/messages"];
+
+/// The routed path that `path` (without query) names, if any, after the
+/// normalisation an engine's HTTP server may apply: percent-decoding, empty
+/// and `.` segments dropped, `..` applied, a trailing slash ignored. So
+/// `/v1//chat/%63ompletions/` is routed (size limit, placement) like
+/// `/v1/chat/completions`, and is forwarded as that.
+pub fn routed_path(path: &str) -> Option<&'static str> {
+    if let Some(p) = ROUTED_PATHS.iter().find(|p| **p == path) {
+        return Some(p);
+    }
+    let decoded = percent_decode(path.as_bytes());
+    let mut segments: Vec<&[u8]> = Vec::new();
+    for seg in decoded.split(|b| *b == b'/') {
+        match seg {
+            b"" | b"." => {}
+            b".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    ROUTED_PATHS.iter().copied().find(|p| {
+        let mut want = p.split('/').filter(|s| !s.is_empty());
+        segments.len() == want.clone().count()
+            && segments
+                .iter()
+                .all(|s| want.next().is_some_and(|w| w.as_bytes() == *s))
+    })
+}
+
+/// `%XX` escapes decoded once, as an engine's HTTP server does; invalid
+/// escapes are kept as they are.
+fn percent_decode(path: &[u8]) -> Vec<u8> {
+    let hex = |b: Option<&u8>| b.and_then(|b| (*b as char).to_digit(16));
+    let mut out = Vec::with_capacity(path.len());
+    let mut i = 0;
+    while i < path.len() {
+        match (path[i], hex(path.get(i + 1)), hex(path.get(i + 2))) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_variants_of_a_routed_path_are_routed_as_it() {
+        for p in [
+            "/v1/chat/completions",
+            "/v1/chat/completions/",
+            "//v1/chat//completions",
+            "/v1/chat/%63ompletions",
+            "/v1/./chat/x/../completions",
+            "/v1%2Fchat%2Fcompletions",
+        ] {
+            assert_eq!(routed_path(p), Some("/v1/chat/completions"), "{p}");
+        }
+        assert_eq!(routed_path("/v1/messages/"), Some("/v1/messages"));
+        for p in [
+            "/v1/models",
+            "/v1/chat/completionsx",
+            "/v1/chat",
+            "/%zz",
+            "/",
+        ] {
+            assert_eq!(routed_path(p), None, "{p}");
+        }
+    }
+}
