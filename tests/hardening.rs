@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use common::http::{self, EventStream, Framing};
-use common::{conversation, single, wait_for, Router, Sim};
+use common::{conversation, single, streaming, wait_for, Router, Sim};
 use serde_json::json;
 
 /// Health checks every minute: only the request path acts during a test.
@@ -277,9 +277,7 @@ fn a_client_that_sends_the_whole_body_before_reading_gets_the_413() {
 fn requests_past_the_limits_get_503_with_retry_after_and_the_rest_proceed() {
     let a = Sim::start("a", &["--decode-tps", "20"]);
     let router = Router::start(&[&a], "limits: {max_requests: 1}\n");
-    let mut body = single("hold the slot");
-    body["stream"] = json!(true);
-    body["max_tokens"] = json!(40);
+    let body = streaming("hold the slot", 40);
     let mut held = EventStream::open(router.addr, "/v1/chat/completions", &body);
     assert!(held.next_event().is_some());
     let r = router.post("/v1/chat/completions", &single("one too many"));
@@ -332,9 +330,7 @@ fn a_body_past_the_shared_byte_budget_gets_503_before_any_upload() {
 fn a_client_that_stops_reading_a_stream_is_dropped_and_its_request_cancelled() {
     let a = Sim::start("a", &["--decode-tps", "200000"]);
     let router = Router::start(&[&a], "client_timeouts: {write_ms: 300}\n");
-    let mut body = single("a long stream nobody reads");
-    body["stream"] = json!(true);
-    body["max_tokens"] = json!(2_000_000);
+    let body = streaming("a long stream nobody reads", 2_000_000);
     let mut s = EventStream::open(router.addr, "/v1/chat/completions", &body);
     assert!(s.next_event().is_some());
     // Stop reading; the router's writes back up, time out, and it lets go.

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::http::{self, EventStream, Framing};
-use common::{conversation, single, wait_for, Router, Sim};
+use common::{conversation, single, streaming, wait_for, Router, Sim};
 use serde_json::json;
 
 #[test]
@@ -117,9 +117,7 @@ fn sse_events_arrive_as_they_are_generated() {
     // 10 tokens at 5 tokens/s: the replica spends ~2 s generating.
     let a = Sim::start("a", &["--decode-tps", "5"]);
     let router = Router::start(&[&a], "");
-    let mut body = single("stream please");
-    body["stream"] = json!(true);
-    body["max_tokens"] = json!(10);
+    let body = streaming("stream please", 10);
     let mut s = EventStream::open(router.addr, "/v1/chat/completions", &body);
     assert_eq!(s.status, 200);
     assert_eq!(s.header("content-type"), Some("text/event-stream"));
@@ -146,9 +144,7 @@ fn sse_events_arrive_as_they_are_generated() {
 fn a_client_that_disconnects_cancels_the_replica_request() {
     let a = Sim::start("a", &["--decode-tps", "5"]);
     let router = Router::start(&[&a], "");
-    let mut body = single("long stream");
-    body["stream"] = json!(true);
-    body["max_tokens"] = json!(1000);
+    let body = streaming("long stream", 1000);
     let mut s = EventStream::open(router.addr, "/v1/chat/completions", &body);
     assert!(s.next_event().is_some());
     assert!(s.next_event().is_some());

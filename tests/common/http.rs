@@ -390,10 +390,14 @@ pub fn send_then_read(
     let mut s = connect(addr)?;
     write_head(&mut s, "POST", path, headers, framing, body.len())?;
     write_body(&mut s, body, framing)?;
-    let mut r = BufReader::new(s);
-    let (status, _) = read_head(&mut r)?;
-    let headers = read_rest_of_head(&mut r)?;
-    let body = read_body(&mut r, &headers)?;
+    read_response(&mut BufReader::new(s))
+}
+
+/// A whole final response (status, headers, body).
+fn read_response(r: &mut impl BufRead) -> io::Result<Response> {
+    let (status, _) = read_head(r)?;
+    let headers = read_rest_of_head(r)?;
+    let body = read_body(r, &headers)?;
     Ok(Response {
         status,
         headers,
@@ -430,15 +434,7 @@ pub fn keepalive_posts(
             let result = (|| {
                 s.write_all(head.as_bytes())?;
                 s.write_all(body)?;
-                let (status, _) = read_head(r)?;
-                let headers = read_rest_of_head(r)?;
-                let body = read_body(r, &headers)?;
-                Ok(Response {
-                    status,
-                    headers,
-                    body,
-                    continued: false,
-                })
+                read_response(r)
             })();
             let keep = matches!(&result, Ok(resp) if resp.header("connection") != Some("close"));
             if !keep {

@@ -338,6 +338,14 @@ pub fn single(text: &str) -> serde_json::Value {
         "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": text}]})
 }
 
+/// A streaming chat body of one user message generating `max_tokens` tokens.
+pub fn streaming(text: &str, max_tokens: u64) -> serde_json::Value {
+    let mut body = single(text);
+    body["stream"] = serde_json::json!(true);
+    body["max_tokens"] = serde_json::json!(max_tokens);
+    body
+}
+
 /// A chat body of a conversation after `turns` turns (assistant turns included).
 pub fn conversation(topic: &str, turns: usize) -> serde_json::Value {
     let mut m = vec![serde_json::json!({"role": "system", "content": "You are an agent."})];
