@@ -305,25 +305,30 @@ fn a_body_past_the_shared_byte_budget_gets_503_before_any_upload() {
     let stalled = std::thread::spawn(move || {
         http::send_stalled(addr, "/v1/chat/completions", 90_000, b"{\"messages\"")
     });
+    wait_for(
+        "the slow upload to hold its buffer",
+        Duration::from_secs(10),
+        || (router.metric("prefix_router_buffered_body_bytes") >= 90_000.0).then_some(()),
+    );
     let big = serde_json::to_vec(&single(&"z".repeat(20_000))).unwrap();
-    let r = wait_for("the budget to be held", Duration::from_secs(10), || {
-        let r = http::request(
-            router.addr,
-            "POST",
-            "/v1/chat/completions",
-            &[("expect", "100-continue")],
-            &big,
-        );
-        (r.status == 503).then_some(r)
-    });
+    let r = http::request(
+        router.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("expect", "100-continue")],
+        &big,
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
     assert!(
         !r.continued,
         "a 100 Continue invited an upload that was then refused"
     );
     assert!(r.text().contains("buffered request bytes"), "{}", r.text());
     assert_eq!(stalled.join().unwrap().status, 408);
-    let r = http::request(router.addr, "POST", "/v1/chat/completions", &[], &big);
-    assert_eq!(r.status, 200, "the budget was not returned");
+    wait_for("the budget to be returned", Duration::from_secs(10), || {
+        let r = http::request(router.addr, "POST", "/v1/chat/completions", &[], &big);
+        (r.status == 200).then_some(())
+    });
 }
 
 #[test]
