@@ -229,6 +229,12 @@ def main():
     return 0 if duplicates == 0 else 1
 
 
+def series(r):
+    samples = r["samples"]
+    picks = [samples[min(len(samples) - 1, i * len(samples) // 10)] for i in range(10)] + [samples[-1]]
+    return ", ".join(f"{t:.0f} s {rss / 1024:.1f}" for t, rss, _ in picks)
+
+
 def write_doc(path, r):
     with open(path) as f:
         text = f.read()
@@ -256,6 +262,8 @@ the requests streaming; events at {', '.join(f'{t} s {w}' for t, w in r['events'
 |---|---|---|---|---|
 | RSS (MiB) | {rss['after_warmup'] / 1024:.1f} | {rss['peak'] / 1024:.1f} | {rss['end'] / 1024:.1f} | {rss['idle_after'] / 1024:.1f} |
 | open fds | {fds['after_warmup']} | {fds['peak']} | {fds['end']} | {fds['idle_after']} |
+
+RSS over the run (MiB, one sample per tenth): {series(r)}
 """
     with open(path, "w") as f:
         f.write(head + figures)
