@@ -40,9 +40,6 @@ pub async fn read(
     declared: Option<usize>,
     ticket: &mut Ticket,
 ) -> Result<std::result::Result<Bytes, RouterError>> {
-    let over_budget = RouterError::Overloaded {
-        what: "buffered request bytes",
-    };
     let mut buf = BytesMut::new();
     let mut reserved = 0;
     let mut grow = |buf: &mut BytesMut, n: usize, ticket: &mut Ticket| {
@@ -56,14 +53,14 @@ pub async fn read(
         declared.unwrap_or(0).min(limit).min(INITIAL_CAPACITY),
         ticket,
     ) {
-        return Ok(Err(over_budget));
+        return Ok(Err(RouterError::OVER_BUDGET));
     }
     while let Some(chunk) = session.read_request_body().await? {
         if buf.len() + chunk.len() > limit {
             return Ok(Err(RouterError::BodyTooLarge { limit }));
         }
         if !grow(&mut buf, chunk.len(), ticket) {
-            return Ok(Err(over_budget));
+            return Ok(Err(RouterError::OVER_BUDGET));
         }
         buf.extend_from_slice(&chunk);
     }

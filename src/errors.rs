@@ -74,6 +74,11 @@ impl RouterError {
         }
     }
 
+    /// The byte budget (`limits.max_buffered_bytes`) is spent.
+    pub const OVER_BUDGET: RouterError = RouterError::Overloaded {
+        what: "buffered request bytes",
+    };
+
     /// Seconds a client should wait before retrying, for `Retry-After`.
     pub fn retry_after_s(&self) -> Option<u32> {
         matches!(

@@ -175,9 +175,8 @@ impl Router {
         ctx.ticket = None;
         session.set_keepalive(None);
         respond(session, err).await?;
-        let waits_for_continue = header(session, "expect")
-            .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
-            && session.response_written().is_none_or(|r| r.status != 100);
+        let waits_for_continue =
+            expects_continue(session) && session.response_written().is_none_or(|r| r.status != 100);
         if drain && !waits_for_continue {
             body::drain(session, self.drain_bytes()).await;
         }
@@ -226,6 +225,11 @@ fn header<'a>(session: &'a Session, name: &str) -> Option<&'a str> {
         .headers
         .get(name)
         .and_then(|v| v.to_str().ok())
+}
+
+/// The client sent `Expect: 100-continue`.
+fn expects_continue(session: &Session) -> bool {
+    header(session, "expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
 }
 
 /// Whether `e` failed while writing the request to the replica: the engine
@@ -293,12 +297,11 @@ impl ProxyHttp for Router {
         ctx.routed = Some(path);
         // Refuse before `100 Continue` a body that cannot fit the budget now.
         if !self.admission.has_room(declared.unwrap_or(0)) {
-            let err = RouterError::Overloaded {
-                what: "buffered request bytes",
-            };
-            return self.refuse(session, ctx, &err, true).await;
+            return self
+                .refuse(session, ctx, &RouterError::OVER_BUDGET, true)
+                .await;
         }
-        if header(session, "expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue")) {
+        if expects_continue(session) {
             session.write_continue_response().await?;
         }
         let deadline = self.settings.body_read_timeout;
@@ -322,10 +325,9 @@ impl ProxyHttp for Router {
         let request = body::parse(body.clone(), s.max_prompt_bytes, s.block_bytes, key).await;
         let parsed_bytes = request.as_ref().map_or(0, |r| r.chain.heap_bytes());
         if !ctx.ticket.as_mut().is_some_and(|t| t.reserve(parsed_bytes)) {
-            let err = RouterError::Overloaded {
-                what: "buffered request bytes",
-            };
-            return self.refuse(session, ctx, &err, false).await;
+            return self
+                .refuse(session, ctx, &RouterError::OVER_BUDGET, false)
+                .await;
         }
         ctx.request = request;
         ctx.body = Some(body);
@@ -460,13 +462,13 @@ impl ProxyHttp for Router {
     ) -> Box<Error> {
         let mut e = e.more_context(format!("replica {peer}"));
         let writing = failed_writing_request(&e);
-        if let Some(r) = ctx.attempt.as_ref().map(|a| Arc::clone(a.replica())) {
+        if let Some(r) = ctx.attempt.as_ref().map(InFlight::replica) {
             // A pooled connection the engine had closed is not the engine
             // failing (it is answered, not re-sent, when the request went out).
             let stale =
                 client_reused && (writing || matches!(e.etype(), ErrorType::ConnectionClosed));
             if e.esource() == &ErrorSource::Upstream && !stale {
-                self.failed(&r, Failure::Response, &e);
+                self.failed(r, Failure::Response, &e);
             }
             if writing && !client_reused {
                 ctx.tried.push(r.id);

@@ -108,7 +108,8 @@ impl Reloader {
     }
 
     /// Re-reads the file if it changed (no settling). `Ok(None)`: unchanged.
-    pub fn check(&self) -> Result<Option<Change>, ConfigError> {
+    #[cfg(test)]
+    fn check(&self) -> Result<Option<Change>, ConfigError> {
         self.judge(self.read())
     }
 

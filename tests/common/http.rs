@@ -123,35 +123,17 @@ pub fn send(
     if expect {
         // Wait for the interim response before sending the body, as curl does.
         let (status, _) = read_head(&mut r)?;
+        let headers = read_rest_of_head(&mut r)?;
         if status != 100 {
-            let headers = read_rest_of_head(&mut r)?;
-            let body = read_body(&mut r, &headers)?;
-            return Ok(Response {
-                status,
-                headers,
-                body,
-                continued,
-            });
+            return finish(&mut r, status, headers, false);
         }
-        read_rest_of_head(&mut r)?;
         continued = true;
     }
     // A server may answer (413) before the whole body is written.
     let _ = write_body(&mut s, body, framing);
-    let (mut status, _) = read_head(&mut r)?;
-    let mut headers = read_rest_of_head(&mut r)?;
-    while status == 100 {
-        continued = true;
-        status = read_head(&mut r)?.0;
-        headers = read_rest_of_head(&mut r)?;
-    }
-    let body = read_body(&mut r, &headers)?;
-    Ok(Response {
-        status,
-        headers,
-        body,
-        continued,
-    })
+    let mut resp = read_response(&mut r)?;
+    resp.continued |= continued;
+    Ok(resp)
 }
 
 /// Declares a `declared`-byte body, sends only `partial`, and waits for the answer.
@@ -159,16 +141,7 @@ pub fn send_stalled(addr: SocketAddr, path: &str, declared: usize, partial: &[u8
     let mut s = connect(addr).expect("connect");
     write_head(&mut s, "POST", path, &[], Framing::ContentLength, declared).expect("head");
     s.write_all(partial).expect("partial body");
-    let mut r = BufReader::new(s);
-    let (status, _) = read_head(&mut r).expect("status");
-    let headers = read_rest_of_head(&mut r).expect("headers");
-    let body = read_body(&mut r, &headers).expect("body");
-    Response {
-        status,
-        headers,
-        body,
-        continued: false,
-    }
+    read_response(&mut BufReader::new(s)).expect("response")
 }
 
 /// Sends one request; panics on connection failure.
@@ -393,16 +366,32 @@ pub fn send_then_read(
     read_response(&mut BufReader::new(s))
 }
 
-/// A whole final response (status, headers, body).
+/// A whole final response (status, headers, body), past any `100 Continue`.
 fn read_response(r: &mut impl BufRead) -> io::Result<Response> {
-    let (status, _) = read_head(r)?;
-    let headers = read_rest_of_head(r)?;
+    let mut continued = false;
+    loop {
+        let (status, _) = read_head(r)?;
+        let headers = read_rest_of_head(r)?;
+        if status != 100 {
+            return finish(r, status, headers, continued);
+        }
+        continued = true;
+    }
+}
+
+/// Reads the body that follows a final response head.
+fn finish(
+    r: &mut impl BufRead,
+    status: u16,
+    headers: Vec<(String, String)>,
+    continued: bool,
+) -> io::Result<Response> {
     let body = read_body(r, &headers)?;
     Ok(Response {
         status,
         headers,
         body,
-        continued: false,
+        continued,
     })
 }
 
