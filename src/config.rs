@@ -113,6 +113,9 @@ pub struct Limits {
 pub struct ClientTimeouts {
     /// An idle keep-alive connection is closed after this (whole seconds).
     pub keepalive_idle_s: u64,
+    /// A request head must arrive whole within this of its first byte
+    /// (slowloris); past it the connection is closed.
+    pub header_ms: u64,
     /// Longest wait for a client to accept response bytes; a client that
     /// stopped reading a stream is dropped and its replica request cancelled.
     pub write_ms: u64,
@@ -180,6 +183,12 @@ pub struct Timeouts {
     pub connect_ms: u64,
     /// Longest wait for any byte from a replica: must cover a long prefill.
     pub read_ms: u64,
+    /// Longest total wait for a replica's response head, from when the request
+    /// is first sent (a non-streaming answer's head comes after the whole
+    /// generation). Unlike `read_ms`, a replica trickling bytes cannot stretch it.
+    pub response_header_ms: u64,
+    /// Longest wait to write the request head, then the whole buffered body
+    /// (one write, so it must cover the largest body at the replica's pace).
     pub write_ms: u64,
     /// Idle pooled connections to replicas are closed after this. Keep it below
     /// the engines' own keep-alive timeout (uvicorn, under vLLM and SGLang: 5 s)
@@ -260,6 +269,7 @@ impl Default for ClientTimeouts {
     fn default() -> Self {
         Self {
             keepalive_idle_s: 60,
+            header_ms: 30_000,
             write_ms: 60_000,
         }
     }
@@ -279,6 +289,7 @@ impl Default for Timeouts {
         Self {
             connect_ms: 1_000,
             read_ms: 600_000,
+            response_header_ms: 600_000,
             write_ms: 60_000,
             idle_ms: 4_000,
         }
@@ -341,6 +352,10 @@ impl Config {
             ("health_check.interval_ms", self.health_check.interval_ms),
             ("timeouts.connect_ms", self.timeouts.connect_ms),
             ("timeouts.read_ms", self.timeouts.read_ms),
+            (
+                "timeouts.response_header_ms",
+                self.timeouts.response_header_ms,
+            ),
             ("timeouts.write_ms", self.timeouts.write_ms),
             ("reload_interval_ms", self.reload_interval_ms),
             ("working_set_window_s", u64::from(self.working_set_window_s)),
@@ -359,6 +374,7 @@ impl Config {
                 "client_timeouts.keepalive_idle_s",
                 self.client_timeouts.keepalive_idle_s,
             ),
+            ("client_timeouts.header_ms", self.client_timeouts.header_ms),
             ("client_timeouts.write_ms", self.client_timeouts.write_ms),
         ] {
             if v == 0 {

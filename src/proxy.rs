@@ -62,9 +62,11 @@ pub struct Settings {
     pub max_prompt_bytes: usize,
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
+    pub response_header_timeout: Duration,
     pub write_timeout: Duration,
     pub idle_timeout: Duration,
     pub client_keepalive_s: u64,
+    pub client_header_timeout: Duration,
     pub client_write_timeout: Duration,
     pub placement_headers: bool,
     pub outlier: OutlierRules,
@@ -80,9 +82,11 @@ impl Settings {
             max_prompt_bytes: c.limits.max_prompt_bytes,
             connect_timeout: ms(c.timeouts.connect_ms),
             read_timeout: ms(c.timeouts.read_ms),
+            response_header_timeout: ms(c.timeouts.response_header_ms),
             write_timeout: ms(c.timeouts.write_ms),
             idle_timeout: ms(c.timeouts.idle_ms),
             client_keepalive_s: c.client_timeouts.keepalive_idle_s,
+            client_header_timeout: ms(c.client_timeouts.header_ms),
             client_write_timeout: ms(c.client_timeouts.write_ms),
             placement_headers: c.placement_headers,
             outlier: c.outlier_rules(),
@@ -118,6 +122,9 @@ pub struct Ctx {
     attempt: Option<InFlight>,
     /// Replicas already tried for this request.
     tried: Vec<ReplicaId>,
+    /// When the first attempt began: the response head is due within
+    /// `timeouts.response_header_ms` of it, over all attempts.
+    first_attempt: Option<Instant>,
     /// An error the router answers itself.
     error: Option<RouterError>,
 }
@@ -253,8 +260,18 @@ impl ProxyHttp for Router {
             decision: None,
             attempt: None,
             tried: Vec::new(),
+            first_attempt: None,
             error: None,
         }
+    }
+
+    fn request_header_timeout(&self) -> Option<Duration> {
+        Some(self.settings.client_header_timeout)
+    }
+
+    fn upstream_response_header_deadline(&self, ctx: &Ctx) -> Option<Instant> {
+        ctx.first_attempt
+            .map(|t| t + self.settings.response_header_timeout)
     }
 
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
@@ -377,6 +394,7 @@ impl ProxyHttp for Router {
             }
             ctx.attempt = Some(replica.begin());
             ctx.decision = Some(decision);
+            ctx.first_attempt.get_or_insert_with(Instant::now);
             return Ok(Box::new(peer));
         }
         METRICS.no_replica.inc();

@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use common::http::{self, EventStream, Framing};
-use common::{conversation, single, streaming, wait_for, Router, Sim};
+use common::{conversation, single, streaming, wait_for, Router, Sim, TricklingReplica};
 use serde_json::json;
 
 /// Health checks every minute: only the request path acts during a test.
@@ -96,17 +96,82 @@ fn a_hung_replica_gets_each_request_once_and_the_client_a_504() {
 }
 
 #[test]
+fn a_replica_trickling_its_response_head_gets_a_504_at_the_total_deadline() {
+    // One head byte per 50 ms: the 2 s per-read timeout never fires.
+    let t = TricklingReplica::start();
+    let router = Router::spawn(
+        &format!(
+            "{SLOW_HEALTH}timeouts: {{read_ms: 2000, response_header_ms: 1000}}\nreplicas:\n{}",
+            t.yaml("t")
+        ),
+        &[],
+    );
+    router.wait_replica_up("t", true);
+    let started = Instant::now();
+    let r = router.post("/v1/chat/completions", &single("trickle"));
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "upstream_timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the deadline did not cut the wait: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(t.received(), 1, "a request was delivered twice");
+}
+
+#[test]
+fn a_client_trickling_its_request_head_is_disconnected() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "client_timeouts: {header_ms: 500}\n");
+    let mut s = std::net::TcpStream::connect(router.addr).unwrap();
+    let mut reader = s.try_clone().unwrap();
+    reader
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    // The router sends nothing for an unfinished head: it closes (or resets).
+    let closed = std::thread::spawn(move || match reader.read(&mut [0u8; 256]) {
+        Ok(n) => n == 0,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    });
+    s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: t\r\n")
+        .unwrap();
+    // A header byte every 100 ms (Pingora's own per-read timeout is 60 s).
+    let started = Instant::now();
+    while !closed.is_finished() && started.elapsed() < Duration::from_secs(30) {
+        if s.write_all(b"x").is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        closed.join().unwrap(),
+        "the slow head was neither closed nor reset"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the slow head was kept for {:?}",
+        started.elapsed()
+    );
+    // Everyone else is served meanwhile and after.
+    assert_eq!(
+        router.post("/v1/chat/completions", &single("after")).status,
+        200
+    );
+}
+
+#[test]
 fn a_request_whose_write_failed_is_resent_once_to_another_replica() {
     // a never reads a body over 1 MiB: the router's write times out, so the
     // engine never had the request whole, and b may take it.
     let a = Sim::start("a", &["--stall-bodies-over", "1048576"]);
     let b = Sim::start("b", &[]);
     // Pingora reads a possible early answer after a failed write, so the retry
-    // comes once that read ends too (read_ms).
+    // comes once that read ends too (read_ms). The body goes out as one write
+    // under one write_ms: b must take 24 MiB within it, on a loaded machine too.
     let router = Router::start(
         &[&a, &b],
         &format!(
-            "{SLOW_HEALTH}max_body_bytes: 33554432\ntimeouts: {{write_ms: 300, read_ms: 4000}}\n"
+            "{SLOW_HEALTH}max_body_bytes: 33554432\ntimeouts: {{write_ms: 3000, read_ms: 4000}}\n"
         ),
     );
     // Larger than loopback's socket buffers together, so the write blocks.

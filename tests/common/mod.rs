@@ -10,6 +10,8 @@ use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use http::{get, post_json, Response};
@@ -355,4 +357,82 @@ pub fn conversation(topic: &str, turns: usize) -> serde_json::Value {
     }
     m.push(serde_json::json!({"role": "user", "content": format!("{topic} step {turns}")}));
     serde_json::json!({"model": "m", "max_tokens": 2, "messages": m})
+}
+
+/// A replica that passes `/health` and answers every other request with a
+/// response head sent one byte per 50 ms, forever: per-read timeouts never
+/// fire. Not the simulator: hyper cannot write a head byte by byte.
+pub struct TricklingReplica {
+    pub addr: SocketAddr,
+    received: Arc<AtomicU64>,
+}
+
+impl TricklingReplica {
+    pub fn start() -> TricklingReplica {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let received = Arc::new(AtomicU64::new(0));
+        let count = received.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let count = count.clone();
+                std::thread::spawn(move || Self::serve(conn, &count));
+            }
+        });
+        TricklingReplica { addr, received }
+    }
+
+    fn serve(mut conn: std::net::TcpStream, received: &AtomicU64) {
+        use std::io::{Read, Write};
+        let Ok(clone) = conn.try_clone() else { return };
+        let mut reader = BufReader::new(clone);
+        loop {
+            let mut head = Vec::new();
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                let end = line == "\r\n";
+                head.push(line);
+                if end {
+                    break;
+                }
+            }
+            let mut body = vec![0; length];
+            if reader.read_exact(&mut body).is_err() {
+                return;
+            }
+            if head[0].starts_with("GET /health") {
+                let ok = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                if conn.write_all(ok.as_bytes()).is_err() {
+                    return;
+                }
+                continue;
+            }
+            received.fetch_add(1, Ordering::Relaxed);
+            for b in b"HTTP/1.1 200 OK\r\nx-trickle: "
+                .iter()
+                .chain(std::iter::repeat(&b'a'))
+            {
+                if conn.write_all(&[*b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Requests other than health checks that arrived.
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    pub fn yaml(&self, name: &str) -> String {
+        format!("  - {{name: {name}, addr: \"{}\"}}\n", self.addr)
+    }
 }
