@@ -243,7 +243,7 @@ def write_doc(path, r):
     fails = "\n".join(f"| {k} | {v} |" for k, v in sorted(r["failed"].items())) or "| (none) | 0 |"
     rss, fds = r["rss_kib"], r["fds"]
     figures = f"""{marker}
-One run of `make soak` ({r['duration_s']:.0f} s, {r['concurrency']} concurrent clients, half of
+One run of `scripts/soak.py --duration {r['duration_s']:.0f} --concurrency {r['concurrency']}` (half of
 the requests streaming; events at {', '.join(f'{t} s {w}' for t, w in r['events'])}):
 
 | requests | count |
