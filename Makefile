@@ -1,5 +1,5 @@
 # The two commands of the README, plus the benchmarks.
-.PHONY: run test bench results soak prepare
+.PHONY: run test bench bench-proxy results soak prepare
 
 prepare:
 	scripts/prepare.sh
@@ -20,6 +20,14 @@ test: prepare
 bench: prepare
 	cargo bench --bench decision | tee target/bench-decision.txt
 	scripts/perf-report.py
+
+# The router against direct, nginx, HAProxy, a plain Pingora proxy and SMG on
+# 127.0.0.1, each pinned to one CPU (~20 min); installs Debian's nginx-light,
+# haproxy and wrk, and SMG into bench-out/venv. Rewrites the proxy section of
+# docs/performance.md.
+bench-proxy: prepare
+	cargo build --release --bins --examples
+	scripts/bench-proxy.py --doc docs/performance.md
 
 # The three policies side by side, on simulated cards (~3 min) and on two real
 # llama.cpp replicas (~8 min); rewrites docs/results.md and its plots.

@@ -64,7 +64,7 @@ pub struct Config {
     pub reload_interval_ms: u64,
     /// Window of the per-replica working-set estimate (capacity gauges and warning).
     pub working_set_window_s: u32,
-    /// Pingora worker threads for the proxy.
+    /// Pingora worker threads for the proxy (default: the cores available).
     pub threads: usize,
     /// TLS to every replica (requires a build with `--features tls`).
     pub replica_tls: ReplicaTls,
@@ -232,7 +232,7 @@ impl Default for Config {
             load_guard_in_flight: None,
             reload_interval_ms: 1_000,
             working_set_window_s: 300,
-            threads: 2,
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             replica_tls: ReplicaTls::default(),
             outlier: Outlier::default(),
             limits: Limits::default(),
