@@ -8,6 +8,8 @@
 #   scripts/prepare-pingora.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 
 prepare() {
   local name=$1 sha=$2
@@ -20,8 +22,7 @@ prepare() {
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     return 0
   fi
-  local tmp
-  tmp=$(mktemp -d)
+  rm -rf "${tmp:?}"/*
   local cached
   cached=$(ls "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/*/"$crate".crate 2>/dev/null | head -n1 || true)
   if [ -n "$cached" ]; then
@@ -36,7 +37,6 @@ prepare() {
   rm -rf "$dest"
   mkdir -p "$(dirname "$dest")"
   mv "$tmp/$crate" "$dest"
-  rm -rf "$tmp"
   echo "prepared $dest with $diff"
 }
 

@@ -353,6 +353,14 @@ impl ProxyHttp for Router {
 
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
         ctx.attempt = None;
+        // A retry after the response-head deadline would start already late.
+        if ctx
+            .first_attempt
+            .is_some_and(|t| t.elapsed() >= self.settings.response_header_timeout)
+        {
+            ctx.error = Some(RouterError::UpstreamTimeout { replica: None });
+            return Error::e_explain(ErrorType::HTTPStatus(504), "response head deadline passed");
+        }
         let list = self.replicas.snapshot();
         for _ in 0..=list.len() {
             let (states, panic) = Replicas::states(&list, &ctx.tried);
@@ -485,7 +493,10 @@ impl ProxyHttp for Router {
             // failing (it is answered, not re-sent, when the request went out).
             let stale =
                 client_reused && (writing || matches!(e.etype(), ErrorType::ConnectionClosed));
-            if e.esource() == &ErrorSource::Upstream && !stale {
+            // A timeout while the client still trickles its body (paths streamed
+            // unread) is the client's doing: it must not eject the replica.
+            let client_slow = e.etype() == &ErrorType::ReadTimedout && !session.is_body_done();
+            if e.esource() == &ErrorSource::Upstream && !stale && !client_slow {
                 self.failed(r, Failure::Response, &e);
             }
             if writing && !client_reused {

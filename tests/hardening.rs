@@ -120,6 +120,46 @@ fn a_replica_trickling_its_response_head_gets_a_504_at_the_total_deadline() {
 }
 
 #[test]
+fn no_attempt_starts_after_the_response_head_deadline() {
+    // A write to a fails at 0.3 s; Pingora then waits for an early answer from
+    // a (read_ms), and the 1.5 s deadline ends the request first: it must not
+    // go on to b, whose attempt would start already late.
+    let a = Sim::start("a", &["--stall-bodies-over", "1048576"]);
+    let b = Sim::start("b", &[]);
+    let router = Router::start(
+        &[&a, &b],
+        &format!(
+            "{SLOW_HEALTH}max_body_bytes: 33554432\n\
+             timeouts: {{write_ms: 300, read_ms: 60000, response_header_ms: 1500}}\n"
+        ),
+    );
+    let big = serde_json::to_vec(&single(&"d".repeat(24 << 20))).unwrap();
+    let (mut ok_from_b, mut timed_out) = (0, 0);
+    for _ in 0..2 {
+        let r = http::request(router.addr, "POST", "/v1/chat/completions", &[], &big);
+        match r.status {
+            200 => {
+                assert_eq!(r.replica(), "b");
+                ok_from_b += 1;
+            }
+            504 => timed_out += 1,
+            s => panic!("unexpected {s}: {}", r.text()),
+        }
+    }
+    let stalled = a.stats()["stalled"].as_u64().unwrap();
+    assert!(stalled >= 1, "the counter never chose a");
+    assert_eq!(
+        timed_out, stalled,
+        "a request a never read was answered by b"
+    );
+    assert_eq!(
+        b.received(),
+        ok_from_b,
+        "b got a request after its deadline"
+    );
+}
+
+#[test]
 fn a_client_trickling_its_request_head_is_disconnected() {
     let a = Sim::start("a", &[]);
     let router = Router::start(&[&a], "client_timeouts: {header_ms: 500}\n");
@@ -135,8 +175,15 @@ fn a_client_trickling_its_request_head_is_disconnected() {
     });
     s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: t\r\n")
         .unwrap();
-    // A header byte every 100 ms (Pingora's own per-read timeout is 60 s).
     let started = Instant::now();
+    // Everyone else is served meanwhile.
+    assert_eq!(
+        router
+            .post("/v1/chat/completions", &single("meanwhile"))
+            .status,
+        200
+    );
+    // A header byte every 100 ms (Pingora's own per-read timeout is 60 s).
     while !closed.is_finished() && started.elapsed() < Duration::from_secs(30) {
         if s.write_all(b"x").is_err() {
             break;
@@ -152,11 +199,12 @@ fn a_client_trickling_its_request_head_is_disconnected() {
         "the slow head was kept for {:?}",
         started.elapsed()
     );
-    // Everyone else is served meanwhile and after.
-    assert_eq!(
-        router.post("/v1/chat/completions", &single("after")).status,
-        200
-    );
+    // Idle is not slow: a head's deadline starts at its first byte, so a
+    // keep-alive connection idle past header_ms is still served.
+    let mut k = std::net::TcpStream::connect(router.addr).unwrap();
+    http::keepalive_post(&mut k, "/v1/embeddings");
+    std::thread::sleep(Duration::from_millis(1200));
+    http::keepalive_post(&mut k, "/v1/embeddings");
 }
 
 #[test]
