@@ -183,9 +183,10 @@ pub struct Timeouts {
     pub connect_ms: u64,
     /// Longest wait for any byte from a replica: must cover a long prefill.
     pub read_ms: u64,
-    /// Longest total wait for a replica's response head, from when the request
-    /// is first sent (a non-streaming answer's head comes after the whole
-    /// generation). Unlike `read_ms`, a replica trickling bytes cannot stretch it.
+    /// Longest total wait for a replica's response head, from when a replica is
+    /// first chosen for the request, over all attempts (a non-streaming
+    /// answer's head comes after the whole generation). Unlike `read_ms`, a
+    /// replica trickling bytes cannot stretch it.
     pub response_header_ms: u64,
     /// Longest wait to write the request head, then the whole buffered body
     /// (one write, so it must cover the largest body at the replica's pace).

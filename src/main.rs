@@ -66,7 +66,8 @@ fn main() -> anyhow::Result<()> {
         threads: cfg.threads,
         // Pingora's fast timers stay registered until their deadline even when
         // the read they guarded ended long before: with `read_ms` at 600 s that
-        // held ~135 B per request for 10 minutes (the soak's RSS grew for 600 s).
+        // held ~135 B per thread and 10 ms slot for 10 minutes (the soak's RSS
+        // grew for 600 s).
         // Tokio's timers are removed with the read; only short timeouts stay fast.
         fast_timeout_to_tokio_threshold_seconds: Some(5),
         grace_period_seconds: Some(1),

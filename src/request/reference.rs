@@ -1,0 +1,657 @@
+//! The serde_json parser `Prompt::parse` used before the byte scanner, kept
+//! verbatim as the oracle the scanner is tested against.
+
+use std::fmt;
+
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+use super::Prompt;
+
+use super::{MESSAGE_END, ROLE_SEP};
+
+/// The old `Prompt::parse`.
+pub fn parse(body: &[u8], max_text_bytes: usize) -> Result<Prompt, serde_json::Error> {
+    let mut parser = Parser {
+        section: Section::default(),
+        scratch: String::new(),
+        room: max_text_bytes,
+        max: max_text_bytes,
+        reserve: body.len().min(max_text_bytes),
+    };
+    // Validating UTF-8 once up front lets serde_json skip it per string.
+    let body =
+        std::str::from_utf8(body).map_err(<serde_json::Error as serde::de::Error>::custom)?;
+    let mut de = serde_json::Deserializer::from_str(body);
+    let fields = de.deserialize_map(Top(&mut parser))?;
+    de.end()?;
+    Ok(fields.assemble(max_text_bytes))
+}
+
+/// The canonical text of one top-level field (`system`, `messages`, `prompt`).
+#[derive(Debug, Default)]
+struct Section {
+    text: Vec<u8>,
+    message_ends: Vec<usize>,
+    model_turn: bool,
+    messages: usize,
+}
+
+impl Section {
+    /// Closes a message whose content was appended since it began: the role goes
+    /// after the content, so the two may come in either order in the JSON.
+    fn end_message(&mut self, role: &str, room: &mut usize) {
+        push(&mut self.text, room, &[ROLE_SEP]);
+        push(&mut self.text, room, role.as_bytes());
+        if push(&mut self.text, room, &[MESSAGE_END]) {
+            self.message_ends.push(self.text.len());
+        }
+        self.messages += 1;
+        self.model_turn |= matches!(role, "assistant" | "tool" | "function");
+    }
+}
+
+/// Appends what fits in `room`; whether all of `bytes` did.
+fn push(text: &mut Vec<u8>, room: &mut usize, bytes: &[u8]) -> bool {
+    let n = bytes.len().min(*room);
+    text.extend_from_slice(&bytes[..n]);
+    *room -= n;
+    n == bytes.len()
+}
+
+/// Parsing state: the section being built, a reused buffer for short strings
+/// (roles, part types), and the canonical bytes still allowed.
+struct Parser {
+    section: Section,
+    scratch: String,
+    /// Canonical bytes still allowed in the current section.
+    room: usize,
+    /// The canonical text budget of a section.
+    max: usize,
+    /// Capacity for the first prompt-carrying section (the body's size, capped).
+    reserve: usize,
+}
+
+impl Parser {
+    fn append(&mut self, bytes: &[u8]) {
+        push(&mut self.section.text, &mut self.room, bytes);
+    }
+
+    fn end_message(&mut self, role: &str) {
+        self.section.end_message(role, &mut self.room);
+    }
+
+    /// Parses one top-level field into a fresh section with the whole text
+    /// budget, and returns it: a repeated key replaces, never accumulates, so
+    /// the work stays linear in the body.
+    fn section<E>(
+        &mut self,
+        reserve: bool,
+        fill: impl FnOnce(&mut Self) -> Result<(), E>,
+    ) -> Result<Section, E> {
+        let capacity = if reserve {
+            std::mem::take(&mut self.reserve)
+        } else {
+            0
+        };
+        self.section = Section {
+            text: Vec::with_capacity(capacity),
+            ..Section::default()
+        };
+        self.room = self.max;
+        fill(self)?;
+        Ok(std::mem::take(&mut self.section))
+    }
+}
+
+/// The top-level fields found, last occurrence of each.
+#[derive(Debug, Default)]
+struct Fields {
+    system: Option<Section>,
+    messages: Option<Section>,
+    prompt: Option<Section>,
+    key: Option<String>,
+}
+
+impl Fields {
+    /// The canonical text: Anthropic's `system` first wherever its key stood,
+    /// then `messages`, then a completions `prompt`, within `max_text_bytes`.
+    fn assemble(self, max_text_bytes: usize) -> Prompt {
+        let sections = [self.system, self.messages, self.prompt];
+        let mut parts = sections.into_iter().flatten();
+        let mut prompt = Prompt {
+            key: self.key,
+            ..Prompt::default()
+        };
+        let Some(first) = parts.next() else {
+            return prompt;
+        };
+        let (mut text, mut ends) = (first.text, first.message_ends);
+        prompt.model_turn = first.model_turn;
+        prompt.messages = first.messages;
+        for s in parts {
+            let shift = text.len();
+            let mut room = max_text_bytes.saturating_sub(shift);
+            push(&mut text, &mut room, &s.text);
+            ends.extend(
+                s.message_ends
+                    .into_iter()
+                    .map(|e| e + shift)
+                    .filter(|e| *e <= text.len()),
+            );
+            prompt.model_turn |= s.model_turn;
+            prompt.messages += s.messages;
+        }
+        // The buffer was sized for the whole body; keep only what the text needs.
+        if text.capacity() > text.len() + text.len() / 4 + 64 {
+            text.shrink_to_fit();
+        }
+        prompt.text = text;
+        prompt.message_ends = ends;
+        prompt
+    }
+}
+
+macro_rules! expecting {
+    ($what:literal) => {
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str($what)
+        }
+    };
+}
+
+/// The top-level object.
+struct Top<'p>(&'p mut Parser);
+
+impl<'de> Visitor<'de> for Top<'_> {
+    type Value = Fields;
+    expecting!("a JSON object");
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
+        let p = self.0;
+        let mut f = Fields::default();
+        while let Some(key) = map.next_key::<Field>()? {
+            match key {
+                Field::Messages => {
+                    f.messages = Some(p.section(true, |p| map.next_value_seed(Messages(p)))?);
+                }
+                Field::System => {
+                    f.system = Some(p.section(false, |p| {
+                        map.next_value_seed(Content(&mut *p))?;
+                        p.end_message("system");
+                        Ok(())
+                    })?);
+                }
+                Field::Prompt => {
+                    f.prompt = Some(p.section(true, |p| {
+                        map.next_value_seed(Texts(&mut *p))?;
+                        p.section.messages += 1;
+                        Ok(())
+                    })?);
+                }
+                Field::CacheKey => {
+                    f.key = map
+                        .next_value::<Option<String>>()?
+                        .filter(|k| !k.is_empty());
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(f)
+    }
+}
+
+/// The map keys the parser acts on; everything else is skipped unparsed.
+enum Field {
+    Messages,
+    System,
+    Prompt,
+    CacheKey,
+    Role,
+    Content,
+    Text,
+    Type,
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Field {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Field;
+            expecting!("a key");
+            fn visit_str<E>(self, v: &str) -> Result<Field, E> {
+                Ok(match v {
+                    "messages" => Field::Messages,
+                    "system" => Field::System,
+                    "prompt" => Field::Prompt,
+                    "prompt_cache_key" => Field::CacheKey,
+                    "role" => Field::Role,
+                    "content" => Field::Content,
+                    "text" => Field::Text,
+                    "type" => Field::Type,
+                    _ => Field::Other,
+                })
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// A short string written into a reused buffer (roles, part types).
+struct Word<'b>(&'b mut String);
+
+impl<'de> DeserializeSeed<'de> for Word<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl Visitor<'_> for Word<'_> {
+    type Value = ();
+    expecting!("a string");
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        self.0.clear();
+        self.0.push_str(v);
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        self.0.clear();
+        Ok(())
+    }
+}
+
+/// `messages`: a list of message objects.
+struct Messages<'p>(&'p mut Parser);
+
+impl<'de> DeserializeSeed<'de> for Messages<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Messages<'_> {
+    type Value = ();
+    expecting!("a list of messages");
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Message(self.0))?.is_some() {}
+        Ok(())
+    }
+}
+
+/// One message: its content is appended, then its role.
+struct Message<'p>(&'p mut Parser);
+
+impl<'de> DeserializeSeed<'de> for Message<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Message<'_> {
+    type Value = ();
+    expecting!("a message object");
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let p = self.0;
+        let mut role = std::mem::take(&mut p.scratch);
+        role.clear();
+        while let Some(key) = map.next_key::<Field>()? {
+            match key {
+                Field::Role => map.next_value_seed(Word(&mut role))?,
+                Field::Content => map.next_value_seed(Content(&mut *p))?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        p.end_message(&role);
+        p.scratch = role;
+        Ok(())
+    }
+}
+
+/// Message content: a string, a list of parts, or anything else (ignored).
+struct Content<'p>(&'p mut Parser);
+
+impl<'de> DeserializeSeed<'de> for Content<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Content<'_> {
+    type Value = ();
+    expecting!("message content");
+
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        self.0.append(v.as_bytes());
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Content(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+    /// A part: `text` counts, a nested `content` (tool results) counts, and a
+    /// tool part marks a model turn.
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let p = self.0;
+        while let Some(key) = map.next_key::<Field>()? {
+            match key {
+                Field::Text | Field::Content => map.next_value_seed(Content(&mut *p))?,
+                Field::Type => {
+                    let mut kind = std::mem::take(&mut p.scratch);
+                    map.next_value_seed(Word(&mut kind))?;
+                    p.section.model_turn |= matches!(
+                        kind.as_str(),
+                        "tool_result" | "tool_use" | "function_call_output"
+                    );
+                    p.scratch = kind;
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_none<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+}
+
+/// A completions `prompt`: a string, or nested lists of strings and token ids
+/// (list items joined by `0x1E`, token ids as decimal numbers).
+struct Texts<'p>(&'p mut Parser);
+
+impl<'de> DeserializeSeed<'de> for Texts<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Texts<'_> {
+    type Value = ();
+    expecting!("a prompt: a string, token ids, or a list of them");
+
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        self.0.append(v.as_bytes());
+        Ok(())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<(), E> {
+        self.0.append(format!("{v} ").as_bytes());
+        Ok(())
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<(), E> {
+        self.0.append(format!("{v} ").as_bytes());
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut first = true;
+        loop {
+            let (start, room) = (self.0.section.text.len(), self.0.room);
+            if !first {
+                self.0.append(&[MESSAGE_END]);
+            }
+            if seq.next_element_seed(Texts(&mut *self.0))?.is_none() {
+                self.0.section.text.truncate(start);
+                self.0.room = room;
+                return Ok(());
+            }
+            first = false;
+        }
+    }
+}
+
+mod tests {
+    use super::super::Prompt;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    /// The scanner and the oracle agree: the same prompt, or both refuse.
+    fn same(body: &[u8], max: usize) -> std::result::Result<(), TestCaseError> {
+        let new = Prompt::parse(body, max).ok();
+        let old = super::parse(body, max).ok();
+        prop_assert_eq!(new, old, "body {:?}", String::from_utf8_lossy(body));
+        Ok(())
+    }
+
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("messages".to_owned()),
+            Just("system".to_owned()),
+            Just("prompt".to_owned()),
+            Just("prompt_cache_key".to_owned()),
+            Just("role".to_owned()),
+            Just("content".to_owned()),
+            Just("text".to_owned()),
+            Just("type".to_owned()),
+            "[a-z]{1,6}",
+        ]
+    }
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            prop_oneof![
+                Just("assistant".to_owned()),
+                Just("tool_result".to_owned()),
+                ".{0,40}",
+                "[a\"\\\\\n\t\u{1}é😀]{0,90}",
+            ]
+            .prop_map(Value::String),
+        ];
+        leaf.prop_recursive(6, 96, 8, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                prop::collection::vec((key(), inner), 0..8)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// The source of a JSON string's contents, escapes and bad bytes included.
+    fn literal() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            "[a-z ]{1,20}",
+            Just("é".to_owned()),
+            Just(r"\n".to_owned()),
+            Just(r#"\""#.to_owned()),
+            Just(r"\\".to_owned()),
+            Just(r"\/".to_owned()),
+            Just(r"\u00e9".to_owned()),
+            Just(r"\u0041".to_owned()),
+            Just(r"\ud83d\ude00".to_owned()),
+            Just(r"\ud800".to_owned()),
+            Just(r"\udc00".to_owned()),
+            Just(r"\ud800\n".to_owned()),
+            Just(r"\ud800\u0041".to_owned()),
+            Just(r"\x".to_owned()),
+            Just(r"\u12".to_owned()),
+            Just("\u{1}".to_owned()),
+        ];
+        prop::collection::vec(piece, 0..12).prop_map(|p| p.concat())
+    }
+
+    fn shaped(v: &Value, repeat: usize) -> String {
+        match v {
+            Value::Object(m) if repeat > 1 => {
+                let one: Vec<String> = m
+                    .iter()
+                    .map(|(k, v)| format!("{}:{v}", Value::from(k.as_str())))
+                    .collect();
+                let all = vec![one.join(","); repeat];
+                let all: Vec<_> = all.into_iter().filter(|s| !s.is_empty()).collect();
+                format!("{{{}}}", all.join(","))
+            }
+            _ => v.to_string(),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn the_scanner_reads_random_json_as_the_serde_parser_did(
+            v in json(), repeat in 1usize..4, max in prop_oneof![Just(usize::MAX), 0usize..64],
+        ) {
+            same(shaped(&v, repeat).as_bytes(), max)?;
+        }
+
+        #[test]
+        fn the_scanner_refuses_what_the_serde_parser_refused(
+            v in json(), at in any::<prop::sample::Index>(), byte in any::<u8>(), how in 0..3u8,
+        ) {
+            let mut body = shaped(&v, 1).into_bytes();
+            let i = at.index(body.len() + 1);
+            match how {
+                0 => body.insert(i, byte),
+                1 if i < body.len() => { body.remove(i); }
+                _ => body.truncate(i),
+            }
+            same(&body, usize::MAX)?;
+        }
+
+        #[test]
+        fn escapes_read_as_the_serde_parser_read_them(s in literal(), at in 0..5usize) {
+            let body = match at {
+                0 => format!(r#"{{"messages":[{{"role":"user","content":"{s}"}}]}}"#),
+                1 => format!(r#"{{"x":["{s}"],"prompt":["{s}",1]}}"#),
+                2 => format!(r#"{{"prompt_cache_key":"{s}"}}"#),
+                3 => format!(r#"{{"{s}":1,"system":[{{"type":"{s}","text":"a"}}]}}"#),
+                _ => format!(r#"{{"messages":[{{"role":"{s}","x":{{"{s}":"{s}"}}}}]}}"#),
+            };
+            same(body.as_bytes(), usize::MAX)?;
+            same(body.as_bytes(), 7)?;
+        }
+    }
+
+    #[test]
+    fn hand_written_edge_cases_agree() {
+        let deep =
+            |n: usize, open: &str, close: &str| format!("{}{}", open.repeat(n), close.repeat(n));
+        let cases: Vec<String> = [
+            "",
+            " ",
+            "{",
+            "}",
+            "{}",
+            " {} ",
+            "{} x",
+            "{}}",
+            "[]",
+            "null",
+            "\"x\"",
+            r#"{"a":1,}"#,
+            r#"{,"a":1}"#,
+            r#"{"a" 1}"#,
+            r#"{"a":}"#,
+            r#"{a:1}"#,
+            r#"{"a":[1,]}"#,
+            r#"{"a":[,1]}"#,
+            r#"{"a":[1 2]}"#,
+            r#"{"a":01}"#,
+            r#"{"a":1.}"#,
+            r#"{"a":.5}"#,
+            r#"{"a":1e}"#,
+            r#"{"a":1e+}"#,
+            r#"{"a":-}"#,
+            r#"{"a":+1}"#,
+            r#"{"a":tru}"#,
+            r#"{"a":nul}"#,
+            r#"{"a":True}"#,
+            r#"{"a":"\x"}"#,
+            r#"{"a":"\u12g4"}"#,
+            "{\"a\":\"\u{1}\"}",
+            "{\"a\":\"\t\"}",
+            r#"{"a":"\ud800"}"#,
+            r#"{"\ud800":1}"#,
+            r#"{"system":"\ud800"}"#,
+            r#"{"system":"\udc00\ud800"}"#,
+            r#"{"system":"\ud83d\ude00é"}"#,
+            r#"{"prompt":-0}"#,
+            r#"{"prompt":[-0]}"#,
+            r#"{"prompt":0}"#,
+            r#"{"prompt":1.5}"#,
+            r#"{"prompt":18446744073709551615}"#,
+            r#"{"prompt":18446744073709551616}"#,
+            r#"{"prompt":-9223372036854775808}"#,
+            r#"{"prompt":-9223372036854775809}"#,
+            r#"{"prompt":[true]}"#,
+            r#"{"prompt":[{}]}"#,
+            r#"{"prompt":[null,"a",[1,[2]]]}"#,
+            r#"{"system":1e400}"#,
+            r#"{"system":-1e400}"#,
+            r#"{"system":1e-400}"#,
+            r#"{"system":0e99999999999999}"#,
+            r#"{"x":1e400}"#,
+            r#"{"system":1.5e308}"#,
+            r#"{"messages":null}"#,
+            r#"{"messages":[null]}"#,
+            r#"{"messages":[[]]}"#,
+            r#"{"messages":[{"role":1}]}"#,
+            r#"{"messages":[{"role":null,"content":5}]}"#,
+            r#"{"messages":[{"content":"a","role":"tool","role":"user"}]}"#,
+            r#"{"prompt_cache_key":1}"#,
+            r#"{"prompt_cache_key":null}"#,
+            r#"{"prompt_cache_key":"k","prompt_cache_key":null}"#,
+            r#"{"m\u0065ssages":[{"role":"\u0074ool"}]}"#,
+            r#"{"system":{"type":"tool_use","content":[{"text":"a"}],"text":"b"}}"#,
+            "{\"system\":\"caf\u{e9}\"}",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([
+            format!(r#"{{"x":{}}}"#, deep(5000, "[", "]")),
+            format!(r#"{{"x":{}}}"#, deep(5000, "{\"a\":", "}")),
+            format!(r#"{{"system":{}}}"#, deep(125, "[", "]")),
+            format!(r#"{{"system":{}}}"#, deep(126, "[", "]")),
+            format!(r#"{{"system":{}}}"#, deep(127, "[", "]")),
+            format!(r#"{{"prompt":{}}}"#, deep(126, "[", "]")),
+            format!(r#"{{"prompt":{}}}"#, deep(127, "[", "]")),
+            format!(r#"{{"system":{}}}"#, "1".repeat(400)),
+            format!(r#"{{"x":"{}"}}"#, "\\\"".repeat(100)),
+        ])
+        .collect();
+        for body in &cases {
+            for bytes in [
+                body.as_bytes().to_vec(),
+                [body.as_bytes(), b"\xff"].concat(),
+            ] {
+                let new = Prompt::parse(&bytes, usize::MAX).ok();
+                let old = super::parse(&bytes, usize::MAX).ok();
+                assert_eq!(new, old, "{body}");
+            }
+        }
+        let invalid_utf8 = b"{\"system\":\"a\xc3\"}";
+        assert!(Prompt::parse(invalid_utf8, 64).is_err());
+        assert!(super::parse(invalid_utf8, 64).is_err());
+    }
+}
