@@ -1,13 +1,14 @@
 //! The serde_json parser `Prompt::parse` used before the byte scanner, kept
-//! verbatim as the oracle the scanner is tested against.
+//! (but for the shared `Section` / `Fields`) as the oracle the scanner is
+//! tested against.
 
 use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::Prompt;
-
-use super::{MESSAGE_END, ROLE_SEP};
+// Sections and their assembly are shared with the scanner: the oracle checks
+// the reading of the body, not the assembly.
+use super::{push, Fields, Prompt, Section, MESSAGE_END};
 
 /// The old `Prompt::parse`.
 pub fn parse(body: &[u8], max_text_bytes: usize) -> Result<Prompt, serde_json::Error> {
@@ -25,37 +26,6 @@ pub fn parse(body: &[u8], max_text_bytes: usize) -> Result<Prompt, serde_json::E
     let fields = de.deserialize_map(Top(&mut parser))?;
     de.end()?;
     Ok(fields.assemble(max_text_bytes))
-}
-
-/// The canonical text of one top-level field (`system`, `messages`, `prompt`).
-#[derive(Debug, Default)]
-struct Section {
-    text: Vec<u8>,
-    message_ends: Vec<usize>,
-    model_turn: bool,
-    messages: usize,
-}
-
-impl Section {
-    /// Closes a message whose content was appended since it began: the role goes
-    /// after the content, so the two may come in either order in the JSON.
-    fn end_message(&mut self, role: &str, room: &mut usize) {
-        push(&mut self.text, room, &[ROLE_SEP]);
-        push(&mut self.text, room, role.as_bytes());
-        if push(&mut self.text, room, &[MESSAGE_END]) {
-            self.message_ends.push(self.text.len());
-        }
-        self.messages += 1;
-        self.model_turn |= matches!(role, "assistant" | "tool" | "function");
-    }
-}
-
-/// Appends what fits in `room`; whether all of `bytes` did.
-fn push(text: &mut Vec<u8>, room: &mut usize, bytes: &[u8]) -> bool {
-    let n = bytes.len().min(*room);
-    text.extend_from_slice(&bytes[..n]);
-    *room -= n;
-    n == bytes.len()
 }
 
 /// Parsing state: the section being built, a reused buffer for short strings
@@ -77,7 +47,8 @@ impl Parser {
     }
 
     fn end_message(&mut self, role: &str) {
-        self.section.end_message(role, &mut self.room);
+        self.section.end_message(role.as_bytes(), self.max);
+        self.room = self.max.saturating_sub(self.section.text.len());
     }
 
     /// Parses one top-level field into a fresh section with the whole text
@@ -100,54 +71,6 @@ impl Parser {
         self.room = self.max;
         fill(self)?;
         Ok(std::mem::take(&mut self.section))
-    }
-}
-
-/// The top-level fields found, last occurrence of each.
-#[derive(Debug, Default)]
-struct Fields {
-    system: Option<Section>,
-    messages: Option<Section>,
-    prompt: Option<Section>,
-    key: Option<String>,
-}
-
-impl Fields {
-    /// The canonical text: Anthropic's `system` first wherever its key stood,
-    /// then `messages`, then a completions `prompt`, within `max_text_bytes`.
-    fn assemble(self, max_text_bytes: usize) -> Prompt {
-        let sections = [self.system, self.messages, self.prompt];
-        let mut parts = sections.into_iter().flatten();
-        let mut prompt = Prompt {
-            key: self.key,
-            ..Prompt::default()
-        };
-        let Some(first) = parts.next() else {
-            return prompt;
-        };
-        let (mut text, mut ends) = (first.text, first.message_ends);
-        prompt.model_turn = first.model_turn;
-        prompt.messages = first.messages;
-        for s in parts {
-            let shift = text.len();
-            let mut room = max_text_bytes.saturating_sub(shift);
-            push(&mut text, &mut room, &s.text);
-            ends.extend(
-                s.message_ends
-                    .into_iter()
-                    .map(|e| e + shift)
-                    .filter(|e| *e <= text.len()),
-            );
-            prompt.model_turn |= s.model_turn;
-            prompt.messages += s.messages;
-        }
-        // The buffer was sized for the whole body; keep only what the text needs.
-        if text.capacity() > text.len() + text.len() / 4 + 64 {
-            text.shrink_to_fit();
-        }
-        prompt.text = text;
-        prompt.message_ends = ends;
-        prompt
     }
 }
 
