@@ -78,6 +78,13 @@ fn decision_path(c: &mut Criterion) {
     g.bench_function("parse_body", |b| {
         b.iter(|| Prompt::parse(black_box(&body), 8 << 20).unwrap())
     });
+    // The same bytes of tool output as one message: what the structure costs.
+    let text = "fn main() { println!(\"hello\"); }\n".repeat(400 * 1024 / 36);
+    let one =
+        serde_json::to_vec(&json!({"messages": [{"role": "tool", "content": text}]})).unwrap();
+    g.bench_function("parse_one_message", |b| {
+        b.iter(|| Prompt::parse(black_box(&one), 8 << 20).unwrap())
+    });
     g.bench_function("json_validate_only", |b| {
         b.iter(|| serde_json::from_slice::<serde::de::IgnoredAny>(black_box(&body)).unwrap())
     });

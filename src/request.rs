@@ -2,7 +2,10 @@
 //!
 //! Canonical text, the same for a conversation on every turn: per message the
 //! text of its content (a string, or the `text` of each part, tool results'
-//! nested content included), `0x1F`, its role, then `0x1E`. Anthropic's
+//! nested content included), `0x1F`, its role, then `0x1E`. Text is kept in the
+//! escaped form `serde_json` writes (`\n`, `\"`, `\u001f`; other characters as
+//! UTF-8): one-to-one with the text itself, so identity does not depend on how
+//! a client escaped it, and most strings are copied as written, not unescaped. Anthropic's
 //! top-level `system` is a first `system` message wherever its key stands; a
 //! completions `prompt` is its text (strings of a list joined by `0x1E`, token
 //! ids as decimal numbers). Unknown fields are ignored.
@@ -198,6 +201,14 @@ mod tests {
         assert_eq!(parse(r#"{"prompt":["a","b"]}"#).text, b"a\x1eb");
         assert_eq!(parse(r#"{"prompt":[1,2]}"#).text, b"1 \x1e2 ");
         assert_eq!(parse(r#"{"prompt":"caf\u00e9"}"#).text, "café".as_bytes());
+    }
+
+    #[test]
+    fn text_is_canonical_whatever_escapes_the_client_chose() {
+        let plain = parse(r#"{"prompt":"a\"b\\c\nd\u0001é/<"}"#);
+        assert_eq!(plain.text, r#"a\"b\\c\nd\u0001é/<"#.as_bytes());
+        let odd = parse(r#"{"prompt":"a\u0022b\u005cc\u000Ad\u0001\u00e9\/\u003c"}"#);
+        assert_eq!(odd.text, plain.text);
     }
 
     #[test]

@@ -46,6 +46,17 @@ impl Parser {
         push(&mut self.section.text, &mut self.room, bytes);
     }
 
+    /// Prompt text in canonical form: as `serde_json` escapes it, unquoted.
+    fn append_text(&mut self, v: &str) {
+        let quoted = serde_json::to_string(v).unwrap_or_default();
+        self.append(
+            quoted
+                .as_bytes()
+                .get(1..quoted.len() - 1)
+                .unwrap_or_default(),
+        );
+    }
+
     fn end_message(&mut self, role: &str) {
         self.section.end_message(role.as_bytes(), self.max);
         self.room = self.max.saturating_sub(self.section.text.len());
@@ -254,7 +265,7 @@ impl<'de> Visitor<'de> for Content<'_> {
     expecting!("message content");
 
     fn visit_str<E>(self, v: &str) -> Result<(), E> {
-        self.0.append(v.as_bytes());
+        self.0.append_text(v);
         Ok(())
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
@@ -320,7 +331,7 @@ impl<'de> Visitor<'de> for Texts<'_> {
     expecting!("a prompt: a string, token ids, or a list of them");
 
     fn visit_str<E>(self, v: &str) -> Result<(), E> {
-        self.0.append(v.as_bytes());
+        self.0.append_text(v);
         Ok(())
     }
     fn visit_u64<E>(self, v: u64) -> Result<(), E> {
@@ -422,7 +433,7 @@ mod tests {
             Just(r"\u12".to_owned()),
             Just("\u{1}".to_owned()),
         ];
-        prop::collection::vec(piece, 0..12).prop_map(|p| p.concat())
+        prop::collection::vec(piece, 0..32).prop_map(|p| p.concat())
     }
 
     fn shaped(v: &Value, repeat: usize) -> String {

@@ -8,8 +8,9 @@
 //! outside strings any non-ASCII byte is a syntax error anyway.
 //!
 //! Strings are scanned 64 bytes at a time for `"`, `\` and control bytes; the
-//! runs between escapes are copied whole, so an escape every dozen bytes (code
-//! in tool output) costs a few instructions, not a call.
+//! runs between escapes are copied whole. Prompt text keeps the common escapes
+//! as written ([`Canonical`]), so an escape every dozen bytes (code in tool
+//! output) costs a table lookup, and the string one copy.
 
 use std::fmt;
 
@@ -39,14 +40,21 @@ pub enum Number {
     Float { finite: bool },
 }
 
-/// Where unescaped string bytes go: the canonical text (within a limit) or
-/// nowhere (a skipped string, whose `\u` escapes are not paired up).
+/// Where a string's bytes go: unescaped (keys, roles), in canonical escaped
+/// form (prompt text), or nowhere (a skipped string, whose `\u` escapes are
+/// not paired up).
 pub trait Sink {
     /// Validate surrogate pairs in `\u` escapes (serde_json does for `&str`).
     const PAIRS: bool;
+    /// The escapes of the canonical form (`\"`, `\\`, `\b`, `\f`, `\n`,
+    /// `\r`, `\t`) stay in the run as written, so a string that has no other
+    /// escape is one run: no work per escape.
+    const KEEP_ESCAPES: bool;
     fn run(&mut self, bytes: &[u8], from: usize, to: usize);
     fn push(&mut self, bytes: &[u8]);
     fn byte(&mut self, byte: u8);
+    /// A character read from a `\u` escape.
+    fn char(&mut self, c: char);
 }
 
 /// Skipped strings.
@@ -54,19 +62,36 @@ pub struct Skip;
 
 impl Sink for Skip {
     const PAIRS: bool = false;
+    const KEEP_ESCAPES: bool = true;
     fn run(&mut self, _: &[u8], _: usize, _: usize) {}
     fn push(&mut self, _: &[u8]) {}
     fn byte(&mut self, _: u8) {}
+    fn char(&mut self, _: char) {}
 }
 
-/// Unescaped bytes appended to `out` while it is shorter than `limit`.
-pub struct Text<'o> {
+/// A string's bytes appended to `out` while it is shorter than `limit`:
+/// unescaped, or with `CANONICAL` in the form `serde_json` writes (the
+/// escapes above, other control characters as `\u00xx` in lower-case hex,
+/// everything else as UTF-8), which is one-to-one with the unescaped text and
+/// keeps prefixes prefixes, whatever escapes the client chose.
+pub struct Text<'o, const CANONICAL: bool> {
     pub out: &'o mut Vec<u8>,
     pub limit: usize,
 }
 
-impl Sink for Text<'_> {
+/// Keys, roles, part types, `prompt_cache_key`.
+pub type Unescaped<'o> = Text<'o, false>;
+/// Prompt text.
+pub type Canonical<'o> = Text<'o, true>;
+
+/// Whether `e` after a `\` makes an escape of the canonical form.
+const fn canonical_escape(e: u8) -> bool {
+    matches!(e, b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't')
+}
+
+impl<const CANONICAL: bool> Sink for Text<'_, CANONICAL> {
     const PAIRS: bool = true;
+    const KEEP_ESCAPES: bool = CANONICAL;
     #[inline(always)]
     fn run(&mut self, bytes: &[u8], from: usize, to: usize) {
         let keep = to
@@ -102,41 +127,156 @@ impl Sink for Text<'_> {
             self.out.push(byte);
         }
     }
+    fn char(&mut self, c: char) {
+        let short = match c {
+            '"' => Some(b'"'),
+            '\\' => Some(b'\\'),
+            '\u{8}' => Some(b'b'),
+            '\u{c}' => Some(b'f'),
+            '\n' => Some(b'n'),
+            '\r' => Some(b'r'),
+            '\t' => Some(b't'),
+            _ => None,
+        };
+        match (CANONICAL, short) {
+            (true, Some(e)) => self.push(&[b'\\', e]),
+            (true, None) if c < ' ' => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                let n = usize::from(c as u8);
+                self.push(&[b'\\', b'u', b'0', b'0', HEX[n >> 4], HEX[n & 15]]);
+            }
+            _ => self.push(c.encode_utf8(&mut [0; 4]).as_bytes()),
+        }
+    }
 }
 
-/// Bit `i` set where byte `i` of the block is `"`, `\` or a control byte; and
-/// whether any byte is non-ASCII. Flags per byte (vector compares), then eight
-/// at a time gathered into bits by a multiply.
-#[inline(always)]
-fn classify(block: &[u8; 64]) -> (u64, bool) {
-    let mut flags = [0u8; 64];
-    let mut high = 0u8;
-    for (f, &b) in flags.iter_mut().zip(block) {
-        *f = u8::from((b == b'"') | (b == b'\\') | (b < 0x20));
-        high |= b;
-    }
-    let mut mask = 0u64;
-    for (i, w) in flags.chunks_exact(8).enumerate() {
-        let w = u64::from_le_bytes(w.try_into().unwrap_or_default());
-        mask |= (w.wrapping_mul(0x0102_0408_1020_4080) >> 56) << (8 * i);
-    }
-    (mask, high >= 0x80)
+/// Bit `i` set where byte `i` of a 64-byte block is `"`, `\`, a control byte,
+/// or non-ASCII.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Masks {
+    quote: u64,
+    backslash: u64,
+    control: u64,
+    high: u64,
 }
 
-/// The classified block at `at`; past the end the input reads as `"` bytes,
-/// which the caller finds are not there.
+/// Sixteen bytes per SSE2 compare, gathered by `movemask`; control and
+/// non-ASCII bytes (rare in a JSON body) are located only in a block that
+/// has one.
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
 #[inline(always)]
-fn block(bytes: &[u8], at: usize) -> (u64, bool) {
+fn classify(block: &[u8; 64]) -> Masks {
+    use safe_arch::{
+        bitor_m128i as or, cmp_eq_mask_i8_m128i as eq, load_unaligned_m128i, min_u8_m128i,
+        move_mask_i8_m128i as bits, set_splat_i8_m128i as splat,
+    };
+    let (quote, backslash, unit_separator) = (splat(b'"' as i8), splat(b'\\' as i8), splat(0x1f));
+    let control = |v| eq(min_u8_m128i(v, unit_separator), v);
+    let mut m = Masks::default();
+    let (chunks, _) = block.as_chunks::<16>();
+    let at = |i: usize, mask: i32| u64::from(mask as u16) << (16 * i);
+    let mut unusual = splat(0);
+    for (i, chunk) in chunks.iter().enumerate() {
+        let v = load_unaligned_m128i(chunk);
+        m.quote |= at(i, bits(eq(v, quote)));
+        m.backslash |= at(i, bits(eq(v, backslash)));
+        // A control byte's flag and a non-ASCII byte both have the top bit.
+        unusual = or(unusual, or(control(v), v));
+    }
+    if bits(unusual) != 0 {
+        for (i, chunk) in chunks.iter().enumerate() {
+            let v = load_unaligned_m128i(chunk);
+            m.control |= at(i, bits(control(v)));
+            m.high |= at(i, bits(v));
+        }
+    }
+    m
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
+fn classify(block: &[u8; 64]) -> Masks {
+    classify_bytes(block)
+}
+
+/// A byte at a time: the other architectures, and the SSE2 version's oracle.
+#[cfg_attr(
+    all(target_arch = "x86_64", target_feature = "sse2", not(test)),
+    allow(dead_code)
+)]
+fn classify_bytes(block: &[u8; 64]) -> Masks {
+    let mut m = Masks::default();
+    for (i, &b) in block.iter().enumerate() {
+        m.quote |= u64::from(b == b'"') << i;
+        m.backslash |= u64::from(b == b'\\') << i;
+        m.control |= u64::from(b < 0x20) << i;
+        m.high |= u64::from(b >= 0x80) << i;
+    }
+    m
+}
+
+/// `f` of the 64-byte block at `at`; past the end the input reads as `"`
+/// bytes, which the caller finds are not there.
+#[inline(always)]
+fn block<R>(bytes: &[u8], at: usize, f: impl Fn(&[u8; 64]) -> R) -> R {
     match bytes.get(at..).and_then(|s| s.first_chunk::<64>()) {
-        Some(block) => classify(block),
+        Some(block) => f(block),
         None => {
             let mut pad = [b'"'; 64];
             for (d, s) in pad.iter_mut().zip(bytes.get(at..).unwrap_or_default()) {
                 *d = *s;
             }
-            classify(&pad)
+            f(&pad)
         }
     }
+}
+
+/// Bit `i` set where byte `i` is the letter of a canonical escape.
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+#[inline(always)]
+fn letters(block: &[u8; 64]) -> u64 {
+    use safe_arch::{
+        bitor_m128i as or, cmp_eq_mask_i8_m128i as eq, load_unaligned_m128i,
+        move_mask_i8_m128i as bits, set_splat_i8_m128i as splat,
+    };
+    let want = [b'"', b'\\', b'b', b'f', b'n', b'r', b't'].map(|c| splat(c as i8));
+    let mut mask = 0;
+    let (chunks, _) = block.as_chunks::<16>();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let v = load_unaligned_m128i(chunk);
+        let hit = want
+            .iter()
+            .fold(eq(v, want[0]), |acc, &c| or(acc, eq(v, c)));
+        mask |= u64::from(bits(hit) as u16) << (16 * i);
+    }
+    mask
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
+fn letters(block: &[u8; 64]) -> u64 {
+    letters_bytes(block)
+}
+
+#[cfg_attr(
+    all(target_arch = "x86_64", target_feature = "sse2", not(test)),
+    allow(dead_code)
+)]
+fn letters_bytes(block: &[u8; 64]) -> u64 {
+    let hits = block.iter().enumerate();
+    hits.fold(0, |m, (i, &b)| m | u64::from(canonical_escape(b)) << i)
+}
+
+/// Bits of the bytes a `\` escapes (the second of each pair in a run of
+/// backslashes); `carry` says whether the block before ended in an unpaired
+/// one, and is updated for the next (simdjson's branchless scan).
+#[inline(always)]
+fn escaped(backslash: u64, carry: &mut u64) -> u64 {
+    const EVEN: u64 = 0x5555_5555_5555_5555;
+    let backslash = backslash & !*carry;
+    let follows = backslash << 1 | *carry;
+    let odd_starts = backslash & !EVEN & !follows;
+    let (even_starts, overflow) = odd_starts.overflowing_add(backslash);
+    *carry = u64::from(overflow);
+    (EVEN ^ (even_starts << 1)) & follows
 }
 
 /// What each one-letter escape stands for; 0 for none.
@@ -303,27 +443,99 @@ impl<'b> Scanner<'b> {
             at += 1;
         }
         scratch.clear();
-        self.string(&mut Text {
+        self.string(&mut Unescaped {
             out: scratch,
             limit: usize::MAX,
         })?;
         Ok(None)
     }
 
-    /// A string whose `"` is consumed, unescaped into `sink`.
+    /// A string whose `"` is consumed, into `sink`.
     #[inline]
     pub fn string<S: Sink>(&mut self, sink: &mut S) -> Result<()> {
+        // Short plain strings (ids, roles, types) end before a block is worth
+        // classifying.
+        let (bytes, start) = (self.bytes, self.pos);
+        for (i, &b) in bytes
+            .get(start..)
+            .unwrap_or_default()
+            .iter()
+            .take(16)
+            .enumerate()
+        {
+            if b == b'"' {
+                sink.run(bytes, start, start + i);
+                self.pos = start + i + 1;
+                return Ok(());
+            }
+            if b == b'\\' || !(0x20..0x80).contains(&b) {
+                break;
+            }
+        }
+        if S::KEEP_ESCAPES {
+            if let Some(done) = self.canonical_string(sink) {
+                return done;
+            }
+        }
+        self.escaped_string(sink)
+    }
+
+    /// A string whose escapes are all of the canonical form (most are): one
+    /// run, found 64 bytes at a time with no work per escape beyond checking
+    /// its letter. `None`, with nothing consumed or written, for any other
+    /// string, which `escaped_string` then reads (or rejects).
+    #[inline(always)]
+    fn canonical_string<S: Sink>(&mut self, sink: &mut S) -> Option<Result<()>> {
+        let bytes = self.bytes;
+        let start = self.pos;
+        let mut at = start;
+        let (mut carry, mut high) = (0, 0);
+        loop {
+            let m = block(bytes, at, classify);
+            let escaped = escaped(m.backslash, &mut carry);
+            let quote = m.quote & !escaped;
+            // The bytes before the closing quote; all of them when there is none.
+            let inside = quote.wrapping_sub(1) & !quote;
+            if m.control & inside != 0 {
+                return None;
+            }
+            if escaped & inside & !block(bytes, at, letters) != 0 {
+                return None;
+            }
+            high |= m.high & inside;
+            if quote != 0 {
+                let end = at + quote.trailing_zeros() as usize;
+                if end >= bytes.len() {
+                    return None;
+                }
+                sink.run(bytes, start, end);
+                self.pos = end + 1;
+                return Some(self.utf8(high != 0, start, end));
+            }
+            at += 64;
+        }
+    }
+
+    /// Any string, escapes handled one by one.
+    fn escaped_string<S: Sink>(&mut self, sink: &mut S) -> Result<()> {
         let bytes = self.bytes;
         let start = self.pos;
         let mut run = start;
         let mut high = false;
         loop {
             let base = self.pos;
-            let (mut mask, h) = block(bytes, base);
-            high |= h;
+            let m = block(bytes, base, classify);
+            let mut mask = m.quote | m.backslash | m.control;
+            high |= m.high != 0;
             while mask != 0 {
                 let t = base + mask.trailing_zeros() as usize;
                 match bytes.get(t) {
+                    Some(b'\\')
+                        if S::KEEP_ESCAPES
+                            && bytes.get(t + 1).is_some_and(|&e| canonical_escape(e)) =>
+                    {
+                        self.pos = t + 2;
+                    }
                     Some(b'\\') => {
                         sink.run(bytes, run, t);
                         self.pos = t + 1;
@@ -426,7 +638,7 @@ impl<'b> Scanner<'b> {
         let Some(c) = char::from_u32(code) else {
             return self.error("invalid \\u escape");
         };
-        sink.push(c.encode_utf8(&mut [0; 4]).as_bytes());
+        sink.char(c);
         Ok(())
     }
 
@@ -587,5 +799,95 @@ impl<'b> Scanner<'b> {
             self.digits()?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The bytes a `\` escapes, one at a time.
+    fn escaped_naive(bytes: &[u8]) -> Vec<bool> {
+        let mut out = vec![false; bytes.len()];
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'\\' {
+                if let Some(e) = out.get_mut(i + 1) {
+                    *e = true;
+                }
+                i += 2;
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn sse2_and_bytewise_classification_agree(block in prop::array::uniform32(any::<u8>()), tail in prop::array::uniform32(any::<u8>())) {
+            let mut all = [0u8; 64];
+            all[..32].copy_from_slice(&block);
+            all[32..].copy_from_slice(&tail);
+            all[7] = b'n';
+            all[40] = b't';
+            prop_assert_eq!(classify(&all), classify_bytes(&all));
+            prop_assert_eq!(letters(&all), letters_bytes(&all));
+        }
+
+        #[test]
+        fn backslash_runs_escape_across_blocks(
+            bytes in prop::collection::vec(prop::sample::select(vec![b'\\', b'\\', b'a', b'"']), 0..400)
+        ) {
+            let want = escaped_naive(&bytes);
+            let mut carry = 0;
+            for (k, chunk) in bytes.chunks(64).enumerate() {
+                let mut block = [b'a'; 64];
+                block[..chunk.len()].copy_from_slice(chunk);
+                let got = escaped(classify_bytes(&block).backslash, &mut carry);
+                for (i, &w) in want[64 * k..64 * k + chunk.len()].iter().enumerate() {
+                    prop_assert_eq!(got >> i & 1 == 1, w, "byte {}", 64 * k + i);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn long_strings_read_the_same_on_both_paths() {
+        let text = "fn main() { println!(\"hi\\\\\"); }\n\t\u{1}é".repeat(40);
+        let json = serde_json::to_string(&text).unwrap();
+        for tail in ["", "\\/", "\\u00e9"] {
+            let body = format!("{}{tail}\"", &json[..json.len() - 1]);
+            let (mut fast, mut slow) = (Vec::new(), Vec::new());
+            let mut s = Scanner::new(&body.as_bytes()[1..]);
+            s.string(&mut Canonical {
+                out: &mut fast,
+                limit: usize::MAX,
+            })
+            .unwrap();
+            let mut s = Scanner::new(&body.as_bytes()[1..]);
+            s.escaped_string(&mut Canonical {
+                out: &mut slow,
+                limit: usize::MAX,
+            })
+            .unwrap();
+            assert_eq!(fast, slow, "tail {tail:?}");
+            assert_eq!(
+                fast,
+                [
+                    &json[1..json.len() - 1],
+                    if tail.is_empty() {
+                        ""
+                    } else if tail == "\\/" {
+                        "/"
+                    } else {
+                        "é"
+                    }
+                ]
+                .concat()
+                .as_bytes()
+            );
+        }
     }
 }

@@ -5,7 +5,7 @@
 //! replaces (kept as the test oracle in `reference.rs`); so is nesting deeper
 //! than serde_json's 128 levels in the fields that are read.
 
-use super::scan::{JsonError, Number, Result, Scanner, Text};
+use super::scan::{Canonical, JsonError, Number, Result, Scanner, Unescaped};
 use super::{Fields, Section, MESSAGE_END};
 
 /// serde_json's recursion limit: containers read, not skipped, count.
@@ -139,7 +139,7 @@ impl Walk<'_> {
     fn text(&mut self) -> Result<()> {
         self.s.bump();
         let limit = self.max;
-        self.s.string(&mut Text {
+        self.s.string(&mut Canonical {
             out: &mut self.section.text,
             limit,
         })
@@ -176,7 +176,7 @@ impl Walk<'_> {
         match self.s.peek() {
             Some(b'"') => {
                 self.s.bump();
-                self.s.string(&mut Text {
+                self.s.string(&mut Unescaped {
                     out,
                     limit: usize::MAX,
                 })
@@ -193,7 +193,7 @@ impl Walk<'_> {
             return Ok(None);
         }
         self.s.expect(b'"', "expected a string")?;
-        self.s.string(&mut Text {
+        self.s.string(&mut Unescaped {
             out: &mut key,
             limit: usize::MAX,
         })?;
