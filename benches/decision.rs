@@ -48,7 +48,7 @@ fn agent_body(bytes: usize, salt: usize) -> Vec<u8> {
     serde_json::to_vec(&json!({"model": "m", "stream": true, "messages": messages})).unwrap()
 }
 
-fn decide(p: &mut Policy, body: &[u8], rs: &[ReplicaState]) -> Option<ReplicaId> {
+fn decide(p: &Policy, body: &[u8], rs: &[ReplicaState]) -> Option<ReplicaId> {
     let req = match Prompt::parse(body, 8 << 20) {
         Ok(prompt) => prompt.into_request(BLOCK, None),
         Err(_) => return p.spread(rs).replica,
@@ -61,10 +61,10 @@ fn decision_path(c: &mut Criterion) {
     for kib in [4usize, 400] {
         let body = agent_body(kib * 1024, 0);
         let rs = fleet(8);
-        let mut p = policy(1 << 20);
-        decide(&mut p, &body, &rs);
+        let p = policy(1 << 20);
+        decide(&p, &body, &rs);
         g.bench_with_input(BenchmarkId::new("agent_body_kib", kib), &body, |b, body| {
-            b.iter(|| decide(&mut p, black_box(body), &rs))
+            b.iter(|| decide(&p, black_box(body), &rs))
         });
     }
     g.finish();
@@ -72,8 +72,8 @@ fn decision_path(c: &mut Criterion) {
     let mut g = c.benchmark_group("decision_parts_400kib");
     let body = agent_body(400 * 1024, 0);
     let rs = fleet(8);
-    let mut p = policy(1 << 20);
-    decide(&mut p, &body, &rs);
+    let p = policy(1 << 20);
+    decide(&p, &body, &rs);
     let prompt = Prompt::parse(&body, 8 << 20).unwrap();
     g.bench_function("parse_body", |b| {
         b.iter(|| Prompt::parse(black_box(&body), 8 << 20).unwrap())
@@ -99,11 +99,11 @@ fn decision_path(c: &mut Criterion) {
 }
 
 fn lookup_vs_tracked(c: &mut Criterion) {
-    let mut g = c.benchmark_group("lookup_64_replicas");
+    let mut g = c.benchmark_group("decision_4kib");
     g.sample_size(30);
-    let rs = fleet(64);
     for conversations in [1_000usize, 1_000_000] {
-        let mut p = policy(8 << 20);
+        let p = policy(8 << 20);
+        let rs = fleet(64);
         for i in 0..conversations {
             // A 2 KiB canonical prompt each: two blocks plus its end.
             let text = format!("conversation {i:>12} ").repeat(2048 / 26);
@@ -122,15 +122,66 @@ fn lookup_vs_tracked(c: &mut Criterion) {
             per
         );
         let body = agent_body(4 * 1024, 1);
-        decide(&mut p, &body, &rs);
-        g.bench_with_input(
-            BenchmarkId::new("tracked_conversations", conversations),
-            &body,
-            |b, body| b.iter(|| decide(&mut p, black_box(body), &rs)),
-        );
+        for replicas in [2u32, 64] {
+            let rs = fleet(replicas);
+            decide(&p, &body, &rs);
+            g.bench_with_input(
+                BenchmarkId::new(format!("replicas_{replicas}"), conversations),
+                &body,
+                |b, body| b.iter(|| decide(&p, black_box(body), &rs)),
+            );
+        }
     }
     g.finish();
 }
 
-criterion_group!(benches, decision_path, lookup_vs_tracked);
+/// Placements per second from one and two threads sharing a policy: the
+/// sharded index, and the same policy behind one lock (the design before).
+fn shared_policy(c: &mut Criterion) {
+    let mut g = c.benchmark_group("place_4kib_shared");
+    g.sample_size(20);
+    let rs = fleet(8);
+    let requests: Vec<_> = (0..4096)
+        .map(|i| {
+            let body = agent_body(4 * 1024, i);
+            let prompt = Prompt::parse(&body, 8 << 20).unwrap();
+            prompt.into_request(BLOCK, None)
+        })
+        .collect();
+    let sharded = policy(1 << 20);
+    let one_lock = std::sync::Mutex::new(policy(1 << 20));
+    for threads in [1usize, 2] {
+        let run = |iters: u64, place: &(dyn Fn(&prefix_router::policy::Request) + Sync)| {
+            let start = std::time::Instant::now();
+            std::thread::scope(|s| {
+                for t in 0..threads {
+                    let requests = &requests;
+                    s.spawn(move || {
+                        for i in (t as u64..iters).step_by(threads) {
+                            place(&requests[i as usize % requests.len()]);
+                        }
+                    });
+                }
+            });
+            start.elapsed()
+        };
+        g.bench_function(BenchmarkId::new("sharded_threads", threads), |b| {
+            b.iter_custom(|iters| {
+                run(iters, &|r| {
+                    black_box(sharded.place(r, &rs));
+                })
+            })
+        });
+        g.bench_function(BenchmarkId::new("one_lock_threads", threads), |b| {
+            b.iter_custom(|iters| {
+                run(iters, &|r| {
+                    black_box(one_lock.lock().unwrap().place(r, &rs));
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, decision_path, lookup_vs_tracked, shared_policy);
 criterion_main!(benches);

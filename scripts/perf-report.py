@@ -37,8 +37,15 @@ rows = [
     ("  of which: hash the blocks", "decision_parts_400kib", "hash_blocks", ""),
     ("  of which: look up and record", "decision_parts_400kib", "lookup_and_record", ""),
     ("  reference: serde_json validating the body, nothing kept", "decision_parts_400kib", "json_validate_only", ""),
-    ("4 KiB decision, 64 replicas, 1,000 tracked conversations", "lookup_64_replicas", "tracked_conversations/1000", ""),
-    ("4 KiB decision, 64 replicas, 1,000,000 tracked conversations", "lookup_64_replicas", "tracked_conversations/1000000", "same as above"),
+    ("  reference: the same bytes as one message (string scanning only)", "decision_parts_400kib", "parse_one_message", ""),
+    ("4 KiB decision, 2 replicas, 1,000 tracked conversations", "decision_4kib", "replicas_2/1000", ""),
+    ("4 KiB decision, 64 replicas, 1,000 tracked conversations", "decision_4kib", "replicas_64/1000", "flat"),
+    ("4 KiB decision, 2 replicas, 1,000,000 tracked conversations", "decision_4kib", "replicas_2/1000000", "flat"),
+    ("4 KiB decision, 64 replicas, 1,000,000 tracked conversations", "decision_4kib", "replicas_64/1000000", "flat"),
+    ("place + record a 4 KiB prompt, 1 thread, sharded index (per placement)", "place_4kib_shared", "sharded_threads/1", ""),
+    ("place + record, 2 threads sharing it (wall time per placement)", "place_4kib_shared", "sharded_threads/2", ""),
+    ("  before: one lock around the policy, 1 thread", "place_4kib_shared", "one_lock_threads/1", ""),
+    ("  before: one lock around the policy, 2 threads", "place_4kib_shared", "one_lock_threads/2", ""),
 ]
 out = []
 for label, group, bench, target in rows:

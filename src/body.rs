@@ -6,7 +6,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use pingora_core::Result;
 use pingora_proxy::Session;
 use tokio::sync::Semaphore;
@@ -40,19 +40,22 @@ pub async fn read(
     declared: Option<usize>,
     ticket: &mut Ticket,
 ) -> Result<std::result::Result<Bytes, RouterError>> {
-    let mut buf = BytesMut::new();
+    // Grows by doubling as bytes arrive, never past the declared length: a
+    // body that sends what it declared ends in an exactly sized buffer.
+    let cap = declared.unwrap_or(limit).min(limit);
+    let mut buf = Vec::new();
     let mut reserved = 0;
-    let mut grow = |buf: &mut BytesMut, n: usize, ticket: &mut Ticket| {
-        buf.reserve(n);
+    let mut grow = |buf: &mut Vec<u8>, n: usize, ticket: &mut Ticket| {
+        if buf.capacity() - buf.len() < n {
+            let doubled = (2 * buf.capacity()).min(cap);
+            buf.reserve_exact(doubled.max(buf.len() + n) - buf.len());
+        }
         let more = buf.capacity().saturating_sub(reserved);
         reserved += more;
         ticket.reserve(more)
     };
-    if !grow(
-        &mut buf,
-        declared.unwrap_or(0).min(limit).min(INITIAL_CAPACITY),
-        ticket,
-    ) {
+    let initial = declared.unwrap_or(0).min(limit).min(INITIAL_CAPACITY);
+    if !grow(&mut buf, initial, ticket) {
         return Ok(Err(RouterError::OVER_BUDGET));
     }
     while let Some(chunk) = session.read_request_body().await? {
@@ -64,11 +67,11 @@ pub async fn read(
         }
         buf.extend_from_slice(&chunk);
     }
-    // The buffer grew by doubling: keep only what it holds.
+    // A chunked body's buffer grew by doubling: keep only what it holds.
     if buf.capacity() > buf.len() + buf.len() / 4 + 4096 {
         return Ok(Ok(Bytes::copy_from_slice(&buf)));
     }
-    Ok(Ok(buf.freeze()))
+    Ok(Ok(Bytes::from(buf)))
 }
 
 /// Reads and discards what is left of the body, at most `max_bytes` and for

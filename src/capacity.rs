@@ -31,7 +31,7 @@ pub struct CapacityWatch {
     /// the request path never reads the time (stamps lag by under a tick).
     started: Instant,
     pub window_s: u32,
-    pub policy: Arc<Mutex<Policy>>,
+    pub policy: Arc<Policy>,
     pub replicas: Arc<Replicas>,
     pub admission: Arc<Admission>,
     /// Replicas now over capacity, with the clock of their last warning.
@@ -41,7 +41,7 @@ pub struct CapacityWatch {
 impl CapacityWatch {
     pub fn new(
         window_s: u32,
-        policy: Arc<Mutex<Policy>>,
+        policy: Arc<Policy>,
         replicas: Arc<Replicas>,
         admission: Arc<Admission>,
     ) -> Self {
@@ -59,13 +59,11 @@ impl CapacityWatch {
     /// admission and index size too, off the request path), and warns on overflow.
     pub fn check(&self) {
         let now = self.started.elapsed().as_secs() as u32;
-        let ws = {
-            let mut policy = self.policy.lock().unwrap_or_else(|p| p.into_inner());
-            policy.set_clock(now);
-            METRICS.index_entries.set(policy.tracked_entries() as i64);
-            METRICS.index_bytes.set(policy.index_bytes() as i64);
-            policy.working_set(self.window_s)
-        };
+        let policy = &self.policy;
+        policy.set_clock(now);
+        METRICS.index_entries.set(policy.tracked_entries() as i64);
+        METRICS.index_bytes.set(policy.index_bytes() as i64);
+        let ws = policy.working_set(self.window_s);
         METRICS
             .admitted_requests
             .set(self.admission.requests() as i64);

@@ -123,11 +123,25 @@ impl HealthCheck for ReplicaHealth {
     }
 }
 
-/// Resolves the policy's decision (the key is the replica's `IP:port`) to the
-/// Pingora backend, so `select_with` applies Pingora's membership and health
-/// to it: a replica just removed by reload is never returned.
+/// Resolves the policy's decision (the key is [`addr_key`] of the replica's
+/// address) to the Pingora backend, so `select_with` applies Pingora's
+/// membership and health to it: a replica just removed by reload is never
+/// returned.
 pub struct PolicySelection {
-    by_addr: HashMap<String, Backend>,
+    by_addr: HashMap<[u8; 18], Backend>,
+}
+
+/// An address as a fixed-size key (IPv4 as IPv6-mapped, then the port), built
+/// without allocating on the request path.
+pub fn addr_key(addr: &std::net::SocketAddr) -> [u8; 18] {
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        std::net::IpAddr::V6(v6) => v6,
+    };
+    let mut key = [0; 18];
+    key[..16].copy_from_slice(&ip.octets());
+    key[16..].copy_from_slice(&addr.port().to_be_bytes());
+    key
 }
 
 impl BackendSelection for PolicySelection {
@@ -138,15 +152,15 @@ impl BackendSelection for PolicySelection {
         Self {
             by_addr: backends
                 .iter()
-                .map(|b| (b.addr.to_string(), b.clone()))
+                .filter_map(|b| Some((addr_key(b.addr.as_inet()?), b.clone())))
                 .collect(),
         }
     }
 
     fn iter(self: &Arc<Self>, key: &[u8]) -> Once {
-        let found = std::str::from_utf8(key)
+        let found = <[u8; 18]>::try_from(key)
             .ok()
-            .and_then(|k| self.by_addr.get(k))
+            .and_then(|k| self.by_addr.get(&k))
             .cloned();
         Once {
             backend: found,

@@ -2,7 +2,7 @@
 //!   cargo run --release --bin prefix-router -- --config conf/example.yaml
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
@@ -83,7 +83,7 @@ fn main() -> anyhow::Result<()> {
     for r in replicas.snapshot().iter() {
         METRICS.add_replica(r);
     }
-    let policy = Arc::new(Mutex::new(Policy::new(cfg.policy_config())));
+    let policy = Arc::new(Policy::new(cfg.policy_config()));
     let fleet_service = background_service(
         "replicas",
         fleet(

@@ -46,6 +46,55 @@ pub struct Metrics {
     pub buffered_body_bytes: IntGauge,
 }
 
+/// A replica's per-request counters, resolved once when it joins the set
+/// (at 0, so they show before its first request): counting a request is an
+/// atomic add, not a label lookup.
+pub struct ReplicaCounters {
+    /// `requests_total` by reason (in `Reason::ALL` order, `no_replica`
+    /// excluded: it has no replica) and shape.
+    requests: Vec<[IntCounter; 2]>,
+    failovers: IntCounter,
+}
+
+impl ReplicaCounters {
+    pub fn new(name: &str) -> Self {
+        let m = &*METRICS;
+        let requests = Reason::ALL
+            .iter()
+            .filter(|&&r| r != Reason::NoReplica)
+            .map(|r| {
+                [Shape::Continuation, Shape::Single].map(|s| {
+                    m.requests
+                        .with_label_values(&[name, r.as_str(), s.as_str()])
+                })
+            })
+            .collect();
+        Self {
+            requests,
+            failovers: m.failovers.with_label_values(&[name]),
+        }
+    }
+
+    /// Counts one routed request.
+    pub fn routed(&self, reason: Reason, shape: Shape) {
+        let at = Reason::ALL.iter().position(|&r| r == reason);
+        if let Some(by_shape) = at.and_then(|i| self.requests.get(i)) {
+            by_shape[usize::from(shape == Shape::Single)].inc();
+        }
+    }
+
+    /// Counts one request moved to another replica after a connect failure.
+    pub fn failover(&self) {
+        self.failovers.inc();
+    }
+}
+
+impl std::fmt::Debug for ReplicaCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("ReplicaCounters")
+    }
+}
+
 /// The process-wide metrics.
 pub static METRICS: Lazy<Metrics> = Lazy::new(|| {
     Metrics {
@@ -173,32 +222,16 @@ impl Metrics {
         self.kv_tokens
             .with_label_values(&[name])
             .set(replica.kv_tokens().unwrap_or(0) as i64);
-        self.failovers.with_label_values(&[name]);
         for kind in crate::replicas::Ejection::ALL {
             self.ejections.with_label_values(&[name, kind.as_str()]);
         }
         self.working_set.with_label_values(&[name]);
-        for reason in Reason::ALL {
-            if reason != Reason::NoReplica {
-                for shape in [Shape::Continuation, Shape::Single] {
-                    self.requests
-                        .with_label_values(&[name, reason.as_str(), shape.as_str()]);
-                }
-            }
-        }
     }
 
     /// Counts one ejection.
     pub fn ejected(&self, replica: &str, kind: crate::replicas::Ejection) {
         self.ejections
             .with_label_values(&[replica, kind.as_str()])
-            .inc();
-    }
-
-    /// Counts one routed request.
-    pub fn routed(&self, replica: &str, reason: Reason, shape: Shape) {
-        self.requests
-            .with_label_values(&[replica, reason.as_str(), shape.as_str()])
             .inc();
     }
 

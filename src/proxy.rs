@@ -25,7 +25,7 @@
 //! A `100 Continue` is not "a response": every check of whether the client has
 //! seen a response looks past 1xx ([`response_started`]).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -40,7 +40,7 @@ use crate::auth::KeyFile;
 use crate::body;
 use crate::config::{ms, Config};
 use crate::errors::RouterError;
-use crate::fleet::Fleet;
+use crate::fleet::{addr_key, Fleet};
 use crate::metrics::METRICS;
 use crate::paths::routed_path;
 use crate::policy::{Decision, Policy, ReplicaId, Request};
@@ -98,7 +98,7 @@ impl Settings {
 /// The proxy: settings plus the state shared with reload and health checks.
 pub struct Router {
     pub settings: Settings,
-    pub policy: Arc<Mutex<Policy>>,
+    pub policy: Arc<Policy>,
     pub replicas: Arc<Replicas>,
     pub fleet: Arc<Fleet>,
     pub admission: Arc<Admission>,
@@ -138,10 +138,6 @@ pub fn response_started(session: &Session) -> bool {
 }
 
 impl Router {
-    fn lock_policy(&self) -> std::sync::MutexGuard<'_, Policy> {
-        self.policy.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The replica's name for error bodies, unless placement is hidden.
     fn shown(&self, replica: &Replica) -> Option<String> {
         self.settings
@@ -364,12 +360,9 @@ impl ProxyHttp for Router {
         let list = self.replicas.snapshot();
         for _ in 0..=list.len() {
             let (states, panic) = Replicas::states(&list, &ctx.tried);
-            let decision = {
-                let mut policy = self.lock_policy();
-                match &ctx.request {
-                    Some(r) => policy.place(r, &states),
-                    None => policy.spread(&states),
-                }
+            let decision = match &ctx.request {
+                Some(r) => self.policy.place(r, &states),
+                None => self.policy.spread(&states),
             };
             let replica = decision
                 .replica
@@ -378,10 +371,9 @@ impl ProxyHttp for Router {
                 break;
             };
             // Pingora's own view: still a member (not removed by reload) and healthy.
-            let key = replica.addr.to_string();
             if self
                 .fleet
-                .select_with(key.as_bytes(), 1, |_, healthy| healthy)
+                .select_with(&addr_key(&replica.addr), 1, |_, healthy| healthy)
                 .is_none()
             {
                 ctx.tried.push(replica.id);
@@ -471,7 +463,7 @@ impl ProxyHttp for Router {
             ctx.tried.push(r.id);
             // Nothing reached the engine: another replica may take it.
             if !response_started(session) {
-                METRICS.failovers.with_label_values(&[&r.name]).inc();
+                r.counters.failover();
                 e.set_retry(true);
             }
         }
@@ -535,7 +527,7 @@ impl ProxyHttp for Router {
                 upstream_response.insert_header(REPLICA_HEADER, r.name.as_str())?;
                 upstream_response.insert_header(DECISION_HEADER, d.reason.as_str())?;
             }
-            METRICS.routed(&r.name, d.reason, d.shape);
+            r.counters.routed(d.reason, d.shape);
             METRICS
                 .upstream_header_seconds
                 .observe(ctx.started.elapsed().as_secs_f64());
@@ -591,14 +583,15 @@ impl ProxyHttp for Router {
             .response_written()
             .filter(|r| !r.status.is_informational())
             .map_or(0, |r| r.status.as_u16());
-        let replica = ctx.attempt.take().map(|a| a.replica().name.clone());
+        let attempt = ctx.attempt.take();
+        let replica = attempt.as_ref().map(|a| a.replica().name.as_str());
         let d = ctx.decision.as_ref();
         log::info!(
             "{} {} status={} replica={} decision={} shape={} matched_bytes={} tried={} ms={}{}",
             session.req_header().method,
             session.req_header().uri.path(),
             status,
-            replica.as_deref().unwrap_or("-"),
+            replica.unwrap_or("-"),
             d.map_or("-", |d| d.reason.as_str()),
             d.map_or("-", |d| d.shape.as_str()),
             d.map_or(0, |d| d.matched_bytes),

@@ -26,7 +26,7 @@ pub struct Reloader {
     pub interval: Duration,
     pub env_policy: Option<String>,
     pub replicas: Arc<Replicas>,
-    pub policy: Arc<Mutex<Policy>>,
+    pub policy: Arc<Policy>,
     /// The text last seen (applied or rejected), so a file is judged once.
     last: Mutex<Option<String>>,
     /// The configuration in force, to flag edits that need a restart.
@@ -65,7 +65,7 @@ impl Reloader {
         running: Config,
         env_policy: Option<String>,
         replicas: Arc<Replicas>,
-        policy: Arc<Mutex<Policy>>,
+        policy: Arc<Policy>,
         keys: Option<Arc<KeyFile>>,
     ) -> Self {
         let last = std::fs::read_to_string(&path).ok();
@@ -127,11 +127,8 @@ impl Reloader {
 
     fn apply(&self, cfg: Config) -> Change {
         let change = self.replicas.apply(&cfg.replicas);
-        {
-            let mut policy = self.policy.lock().unwrap_or_else(|p| p.into_inner());
-            for r in &change.removed {
-                policy.forget_replica(r.id);
-            }
+        for r in &change.removed {
+            self.policy.forget_replica(r.id);
         }
         for r in &change.removed {
             METRICS.forget_replica(&r.name);
@@ -238,9 +235,9 @@ mod tests {
         std::fs::write(&path, yaml).unwrap();
         let cfg = Config::parse(yaml, None).unwrap();
         let replicas = Arc::new(Replicas::new(&cfg.replicas));
-        let policy = Arc::new(Mutex::new(Policy::new(PolicyConfig {
+        let policy = Arc::new(Policy::new(PolicyConfig {
             ..cfg.policy_config()
-        })));
+        }));
         Reloader::new(path, cfg, None, replicas, policy, None)
     }
 

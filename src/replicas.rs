@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::config;
+use crate::metrics::ReplicaCounters;
 use crate::policy::{ReplicaId, ReplicaState};
 
 /// One replica.
@@ -40,6 +41,7 @@ pub struct Replica {
     consecutive: AtomicU32,
     /// Outlier ejections in a row, and the end of the current one.
     ejection: Mutex<(u32, Option<Instant>)>,
+    pub counters: ReplicaCounters,
 }
 
 /// How a request to a replica failed.
@@ -288,6 +290,7 @@ impl Replicas {
                         ejected: AtomicBool::new(false),
                         consecutive: AtomicU32::new(0),
                         ejection: Mutex::new((0, None)),
+                        counters: ReplicaCounters::new(&c.name),
                     });
                     change.added.push(Arc::clone(&r));
                     r

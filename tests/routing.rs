@@ -31,12 +31,12 @@ fn fleet(live: &[bool]) -> Vec<ReplicaState> {
         .collect()
 }
 
-fn place(p: &mut Policy, body: &serde_json::Value, rs: &[ReplicaState]) -> Option<u32> {
+fn place(p: &Policy, body: &serde_json::Value, rs: &[ReplicaState]) -> Option<u32> {
     decide(p, body, rs).replica.map(|r| r.0)
 }
 
 fn decide(
-    p: &mut Policy,
+    p: &Policy,
     body: &serde_json::Value,
     rs: &[ReplicaState],
 ) -> prefix_router::policy::Decision {
@@ -65,10 +65,10 @@ fn conversation(system: &str, topic: &str, turns: usize) -> serde_json::Value {
 
 #[test]
 fn batch_of_singles_uses_both_replicas_and_alternates() {
-    let mut p = policy(Mode::Shape);
+    let p = policy(Mode::Shape);
     let rs = fleet(&[true, true]);
     let picks: Vec<u32> = (0..16)
-        .map(|i| place(&mut p, &one_shot("You are helpful.", &format!("q{i}")), &rs).unwrap())
+        .map(|i| place(&p, &one_shot("You are helpful.", &format!("q{i}")), &rs).unwrap())
         .collect();
     assert!(picks.contains(&0) && picks.contains(&1));
     for w in picks.windows(2) {
@@ -78,12 +78,12 @@ fn batch_of_singles_uses_both_replicas_and_alternates() {
 
 #[test]
 fn growing_conversation_stays_on_its_first_replica() {
-    let mut p = policy(Mode::Shape);
+    let p = policy(Mode::Shape);
     let rs = fleet(&[true, true]);
     let system = "You are an agent. ".repeat(300); // ~5 KiB, several blocks
-    let first = place(&mut p, &conversation(&system, "task", 0), &rs);
+    let first = place(&p, &conversation(&system, "task", 0), &rs);
     for turn in 1..12 {
-        let d = decide(&mut p, &conversation(&system, "task", turn), &rs);
+        let d = decide(&p, &conversation(&system, "task", turn), &rs);
         assert_eq!(d.replica.map(|r| r.0), first, "turn {turn} moved");
         assert_eq!(d.shape, Shape::Continuation);
     }
@@ -91,33 +91,29 @@ fn growing_conversation_stays_on_its_first_replica() {
 
 #[test]
 fn conversation_shorter_than_one_block_stays_on_its_first_replica() {
-    let mut p = policy(Mode::Shape);
+    let p = policy(Mode::Shape);
     let rs = fleet(&[true, true]);
     let first = json!({"messages": [{"role": "user", "content": "hi"}]});
-    let r = place(&mut p, &first, &rs);
+    let r = place(&p, &first, &rs);
     let second = json!({"messages": [{"role": "user", "content": "hi"},
         {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"}]});
     assert!(serde_json::to_vec(&second).unwrap().len() < BLOCK);
-    assert_eq!(place(&mut p, &second, &rs), r);
+    assert_eq!(place(&p, &second, &rs), r);
 }
 
 #[test]
 fn conversation_returns_to_its_replica_after_unrelated_traffic() {
-    let mut p = policy(Mode::Shape);
+    let p = policy(Mode::Shape);
     let rs = fleet(&[true, true, true]);
     let system = "Shared system prompt for everyone. ".repeat(100);
     let mut home = None;
     for turn in 0..8 {
         // Unrelated one-shots (same system prompt) and another conversation interleave.
         for i in 0..3 {
-            place(
-                &mut p,
-                &one_shot(&system, &format!("noise {turn} {i}")),
-                &rs,
-            );
+            place(&p, &one_shot(&system, &format!("noise {turn} {i}")), &rs);
         }
-        place(&mut p, &conversation(&system, "other", turn), &rs);
-        let r = place(&mut p, &conversation(&system, "mine", turn), &rs);
+        place(&p, &conversation(&system, "other", turn), &rs);
+        let r = place(&p, &conversation(&system, "mine", turn), &rs);
         assert_eq!(*home.get_or_insert(r), r, "turn {turn} moved");
     }
 }
@@ -126,10 +122,10 @@ fn conversation_returns_to_its_replica_after_unrelated_traffic() {
 fn one_shots_sharing_a_long_system_prompt_spread_in_shape_and_pin_in_affinity() {
     let system = "A very long shared system prompt. ".repeat(400); // ~13 KiB
     let run = |mode| {
-        let mut p = policy(mode);
+        let p = policy(mode);
         let rs = fleet(&[true, true]);
         (0..8)
-            .map(|i| place(&mut p, &one_shot(&system, &format!("question {i}")), &rs).unwrap())
+            .map(|i| place(&p, &one_shot(&system, &format!("question {i}")), &rs).unwrap())
             .collect::<Vec<_>>()
     };
     let shape = run(Mode::Shape);
@@ -147,13 +143,13 @@ fn one_shots_sharing_a_long_system_prompt_spread_in_shape_and_pin_in_affinity() 
 #[test]
 fn multi_message_rule_pins_shared_system_prompt_one_shots() {
     let system = "A very long shared system prompt. ".repeat(400);
-    let mut p = Policy::new(PolicyConfig {
+    let p = Policy::new(PolicyConfig {
         continuation: ContinuationRule::MultiMessage,
         ..*policy(Mode::Shape).config()
     });
     let rs = fleet(&[true, true]);
     let picks: Vec<_> = (0..6)
-        .map(|i| place(&mut p, &one_shot(&system, &format!("q{i}")), &rs).unwrap())
+        .map(|i| place(&p, &one_shot(&system, &format!("q{i}")), &rs).unwrap())
         .collect();
     // The seed's literal rule: every one-shot after the first follows the shared prefix.
     assert!(picks[1..].iter().all(|r| *r == picks[0]), "{picks:?}");
@@ -162,24 +158,20 @@ fn multi_message_rule_pins_shared_system_prompt_one_shots() {
 #[test]
 fn every_mode_with_a_replica_down_chooses_the_live_one_and_none_when_none() {
     for mode in [Mode::Shape, Mode::RoundRobin, Mode::Affinity] {
-        let mut p = policy(mode);
+        let p = policy(mode);
         for body in [one_shot("s", "q"), conversation("s", "c", 3)] {
             for _ in 0..4 {
                 assert_eq!(
-                    place(&mut p, &body, &fleet(&[false, true])),
+                    place(&p, &body, &fleet(&[false, true])),
                     Some(1),
                     "{mode:?}"
                 );
                 assert_eq!(
-                    place(&mut p, &body, &fleet(&[true, false])),
+                    place(&p, &body, &fleet(&[true, false])),
                     Some(0),
                     "{mode:?}"
                 );
-                assert_eq!(
-                    place(&mut p, &body, &fleet(&[false, false])),
-                    None,
-                    "{mode:?}"
-                );
+                assert_eq!(place(&p, &body, &fleet(&[false, false])), None, "{mode:?}");
             }
         }
     }
@@ -187,7 +179,7 @@ fn every_mode_with_a_replica_down_chooses_the_live_one_and_none_when_none() {
 
 #[test]
 fn completions_prompts_that_extend_earlier_prompts_are_pinned() {
-    let mut p = policy(Mode::Shape);
+    let p = policy(Mode::Shape);
     let rs = fleet(&[true, true]);
     let mut prompt = String::from("### Agent transcript\n");
     let mut home = None;
@@ -196,9 +188,9 @@ fn completions_prompts_that_extend_earlier_prompts_are_pinned() {
             "Observation {turn}: {}\nAction: ",
             "data ".repeat(turn * 37)
         ));
-        let d = decide(&mut p, &json!({"prompt": prompt}), &rs);
+        let d = decide(&p, &json!({"prompt": prompt}), &rs);
         // Unrelated completions between turns.
-        place(&mut p, &json!({"prompt": format!("unrelated {turn}")}), &rs);
+        place(&p, &json!({"prompt": format!("unrelated {turn}")}), &rs);
         let r = d.replica.unwrap().0;
         assert_eq!(*home.get_or_insert(r), r, "turn {turn} moved");
         if turn > 0 {
@@ -210,10 +202,10 @@ fn completions_prompts_that_extend_earlier_prompts_are_pinned() {
 
 #[test]
 fn roundrobin_alternates_even_a_conversation() {
-    let mut p = policy(Mode::RoundRobin);
+    let p = policy(Mode::RoundRobin);
     let rs = fleet(&[true, true]);
     let picks: Vec<_> = (0..6)
-        .map(|t| place(&mut p, &conversation("s", "c", t), &rs).unwrap())
+        .map(|t| place(&p, &conversation("s", "c", t), &rs).unwrap())
         .collect();
     assert_eq!(picks, vec![0, 1, 0, 1, 0, 1]);
 }
@@ -225,7 +217,7 @@ proptest! {
         cap in 1usize..64,
         mode in prop::sample::select(vec![Mode::Shape, Mode::RoundRobin, Mode::Affinity]),
     ) {
-        let mut p = Policy::new(PolicyConfig {
+        let p = Policy::new(PolicyConfig {
             mode,
             continuation: ContinuationRule::ModelTurn,
             block_bytes: 8,
@@ -254,7 +246,7 @@ proptest! {
 
 #[test]
 fn a_flood_of_singles_larger_than_the_index_leaves_a_live_conversation_pinned() {
-    let mut p = Policy::new(PolicyConfig {
+    let p = Policy::new(PolicyConfig {
         mode: Mode::Shape,
         continuation: ContinuationRule::ModelTurn,
         block_bytes: BLOCK,
@@ -263,16 +255,16 @@ fn a_flood_of_singles_larger_than_the_index_leaves_a_live_conversation_pinned() 
     });
     let rs = fleet(&[true, true]);
     let system = "You are a coding agent. ".repeat(200); // ~4.6 KiB
-    let home = place(&mut p, &conversation(&system, "live", 0), &rs).unwrap();
-    let turn1 = decide(&mut p, &conversation(&system, "live", 1), &rs);
+    let home = place(&p, &conversation(&system, "live", 0), &rs).unwrap();
+    let turn1 = decide(&p, &conversation(&system, "live", 1), &rs);
     assert_eq!(turn1.replica, Some(ReplicaId(home)));
     // 100 one-shot prompts of 64 KiB each: ~6,400 blocks through a 2,000-entry index.
     for i in 0..100 {
         let filler = format!("{i} ").repeat(22_000);
-        place(&mut p, &one_shot(&filler, "summarise"), &rs);
+        place(&p, &one_shot(&filler, "summarise"), &rs);
     }
     assert!(p.tracked_entries() <= 2_000);
-    let turn2 = decide(&mut p, &conversation(&system, "live", 2), &rs);
+    let turn2 = decide(&p, &conversation(&system, "live", 2), &rs);
     assert_eq!(
         (turn2.replica, turn2.reason.as_str()),
         (Some(ReplicaId(home)), "pin"),

@@ -21,21 +21,25 @@
 //!   affinity      everything by prefix: longest live match, else a rendezvous
 //!                 hash of the first block over live replicas             reason `hash`
 //! PARAMETERS      PolicyConfig: mode, continuation, block_bytes, max_entries, load_guard
-//! STATE           the prefix index (capped LRU) and the counter; every placement is
-//!                 recorded, so a failover's re-placement moves the pin with it.
+//! STATE           the prefix index (capped LRU, sharded by key, a lock per shard)
+//!                 and the counter; every placement is recorded, so a failover's
+//!                 re-placement moves the pin with it.
 //! ```
 //!
-//! No I/O, no clock, no threads: replica liveness and load are passed in.
+//! No I/O, no clock, no threads of its own: replica liveness and load are
+//! passed in; worker threads share one `Policy` (`&self` throughout).
 
 mod index;
 mod prefix;
+mod shards;
 
 pub use prefix::PrefixChain;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
-use index::PrefixIndex;
 use prefix::explicit_key_hash;
+use shards::Shards;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Which rule places requests.
@@ -177,12 +181,17 @@ struct Match {
 }
 
 /// The routing state: prefix index, counter, and the clock the caller sets.
+/// Shared by every worker thread without a lock of its own: the index locks
+/// one shard per operation, the counter and clock are atomics. A request's
+/// lookup and its recording are separate steps, so two turns of one
+/// conversation racing each other may both place as if the other had not
+/// happened yet, as they would a moment apart in the other order.
 #[derive(Debug)]
 pub struct Policy {
     cfg: PolicyConfig,
-    index: PrefixIndex,
-    counter: u64,
-    clock_s: u32,
+    index: Shards,
+    counter: AtomicU64,
+    clock_s: AtomicU32,
 }
 
 impl Policy {
@@ -192,26 +201,25 @@ impl Policy {
             ..cfg
         };
         Self {
-            index: PrefixIndex::new(cfg.max_entries),
+            index: Shards::new(cfg.max_entries),
             cfg,
-            counter: 0,
-            clock_s: 0,
+            counter: AtomicU64::new(0),
+            clock_s: AtomicU32::new(0),
         }
     }
 
     /// Sets the clock (seconds, monotonic) that stamps what is recorded next.
-    pub fn set_clock(&mut self, now_s: u32) {
-        self.clock_s = self.clock_s.max(now_s);
+    pub fn set_clock(&self, now_s: u32) {
+        self.clock_s.fetch_max(now_s, Relaxed);
     }
 
     /// Bytes of distinct prompt blocks placed on each replica within the last
     /// `window_s` seconds: the prefix cache each replica is asked to hold.
     pub fn working_set(&self, window_s: u32) -> Vec<(ReplicaId, u64)> {
-        let since = self.clock_s.saturating_sub(window_s);
+        let since = self.clock_s.load(Relaxed).saturating_sub(window_s);
         let mut blocks: HashMap<u32, u64> = HashMap::new();
-        for r in self.index.recent_blocks(since) {
-            *blocks.entry(r).or_default() += 1;
-        }
+        self.index
+            .recent_blocks(since, |r| *blocks.entry(r).or_default() += 1);
         let bytes = self.cfg.block_bytes as u64;
         blocks
             .into_iter()
@@ -239,7 +247,7 @@ impl Policy {
     }
 
     /// Places a request that has no prompt (other paths, unparsable bodies): the counter.
-    pub fn spread(&mut self, replicas: &[ReplicaState]) -> Decision {
+    pub fn spread(&self, replicas: &[ReplicaState]) -> Decision {
         let live = live_sorted(replicas);
         Decision {
             replica: self.count(&live),
@@ -251,7 +259,7 @@ impl Policy {
 
     /// Places a request and records the placement (so later turns, and a
     /// re-placement after failover, see it).
-    pub fn place(&mut self, req: &Request, replicas: &[ReplicaState]) -> Decision {
+    pub fn place(&self, req: &Request, replicas: &[ReplicaState]) -> Decision {
         let live = live_sorted(replicas);
         if req.chain.is_empty() && req.key.is_none() {
             return self.spread(replicas);
@@ -298,7 +306,7 @@ impl Policy {
     }
 
     /// Drops everything the index holds for a replica that left the set.
-    pub fn forget_replica(&mut self, id: ReplicaId) {
+    pub fn forget_replica(&self, id: ReplicaId) {
         self.index.forget_replica(id.0);
     }
 
@@ -316,7 +324,7 @@ impl Policy {
 
     /// Prefix placement: the longest live match (guarded), else the counter
     /// (`shape`) or a rendezvous hash (`affinity`).
-    fn by_prefix(&mut self, head: u64, matches: &[Match], live: &[ReplicaState], d: &mut Decision) {
+    fn by_prefix(&self, head: u64, matches: &[Match], live: &[ReplicaState], d: &mut Decision) {
         let first_live = matches
             .iter()
             .position(|m| live.iter().any(|s| s.id == m.replica));
@@ -406,10 +414,10 @@ impl Policy {
 
     /// Records that `replica` now holds this prompt's prefix. The end key goes in
     /// first and block 1 last, so LRU eviction trims a conversation from its tail.
-    fn record(&mut self, chain: &PrefixChain, key: Option<u64>, replica: ReplicaId) {
-        let (r, now) = (replica.0, self.clock_s);
+    fn record(&self, chain: &PrefixChain, key: Option<u64>, replica: ReplicaId) {
+        let (r, now) = (replica.0, self.clock_s.load(Relaxed));
         if let Some(k) = key {
-            self.index.upsert(k, r, now, false);
+            self.index.upsert(k, r, now, false, None);
         }
         if chain.is_empty() {
             return;
@@ -417,23 +425,21 @@ impl Policy {
         let n = chain.blocks.len();
         let tail = (chain.len() - n * chain.block_bytes) as u16;
         self.index
-            .upsert(chain.end_hash(chain.len()), r, now, false);
+            .upsert(chain.end_hash(chain.len()), r, now, false, None);
         // Block n (or the empty prefix, which is no block, when n is 0) keeps
         // the tail length of this prompt's end.
         self.index
-            .upsert(chain.block_hash(n), r, now, n > 0)
-            .add_tail(tail);
+            .upsert(chain.block_hash(n), r, now, n > 0, Some(tail));
         for h in chain.blocks[..n.saturating_sub(1)].iter().rev() {
-            self.index.upsert(*h, r, now, true);
+            self.index.upsert(*h, r, now, true, None);
         }
     }
 
-    fn count(&mut self, live: &[ReplicaState]) -> Option<ReplicaId> {
+    fn count(&self, live: &[ReplicaState]) -> Option<ReplicaId> {
         if live.is_empty() {
             return None;
         }
-        let i = (self.counter % live.len() as u64) as usize;
-        self.counter = self.counter.wrapping_add(1);
+        let i = (self.counter.fetch_add(1, Relaxed) % live.len() as u64) as usize;
         Some(live[i].id)
     }
 }

@@ -37,7 +37,7 @@ fn req(text: &str, model_turn: bool) -> Request {
 
 #[test]
 fn singles_alternate_and_continuations_follow_their_prefix() {
-    let mut p = Policy::new(cfg(Mode::Shape));
+    let p = Policy::new(cfg(Mode::Shape));
     let rs = replicas(&[true, true]);
     let first = p.place(&req("conversation A: hello", false), &rs);
     let other = p.place(&req("unrelated one-shot", false), &rs);
@@ -50,7 +50,7 @@ fn singles_alternate_and_continuations_follow_their_prefix() {
 
 #[test]
 fn extending_an_earlier_prompt_is_a_continuation_without_a_model_turn() {
-    let mut p = Policy::new(cfg(Mode::Shape));
+    let p = Policy::new(cfg(Mode::Shape));
     let rs = replicas(&[true, true]);
     let a = p.place(
         &req("a prompt of some length that spans blocks", false),
@@ -67,7 +67,7 @@ fn extending_an_earlier_prompt_is_a_continuation_without_a_model_turn() {
 
 #[test]
 fn shared_blocks_alone_do_not_make_a_continuation() {
-    let mut p = Policy::new(cfg(Mode::Shape));
+    let p = Policy::new(cfg(Mode::Shape));
     let rs = replicas(&[true, true]);
     let system = "a long shared system prompt, several blocks long. ";
     let a = p.place(&req(&format!("{system}question one"), false), &rs);
@@ -78,7 +78,7 @@ fn shared_blocks_alone_do_not_make_a_continuation() {
 
 #[test]
 fn pinned_replica_down_falls_back_and_the_pin_moves() {
-    let mut p = Policy::new(cfg(Mode::Shape));
+    let p = Policy::new(cfg(Mode::Shape));
     let both = replicas(&[true, true]);
     p.place(&req("x", false), &both); // advance the counter
     let first = p.place(&req("the conversation", false), &both);
@@ -95,7 +95,7 @@ fn pinned_replica_down_falls_back_and_the_pin_moves() {
 
 #[test]
 fn a_replica_that_comes_back_keeps_its_pins() {
-    let mut p = Policy::new(cfg(Mode::Shape));
+    let p = Policy::new(cfg(Mode::Shape));
     let both = replicas(&[true, true]);
     let a = p.place(&req("conversation one", false), &both);
     let b = p.place(&req("conversation two", false), &both);
@@ -110,7 +110,7 @@ fn a_replica_that_comes_back_keeps_its_pins() {
 
 #[test]
 fn explicit_key_wins_over_the_prefix() {
-    let mut p = Policy::new(cfg(Mode::Shape));
+    let p = Policy::new(cfg(Mode::Shape));
     let rs = replicas(&[true, true]);
     let mut first = req("turn one", false);
     first.key = Some("session-9".into());
@@ -126,7 +126,7 @@ fn explicit_key_wins_over_the_prefix() {
 
 #[test]
 fn load_guard_moves_to_the_next_best_cached_replica_not_the_least_loaded() {
-    let mut p = Policy::new(PolicyConfig {
+    let p = Policy::new(PolicyConfig {
         load_guard: Some(2),
         ..cfg(Mode::Affinity)
     });
@@ -148,7 +148,7 @@ fn load_guard_moves_to_the_next_best_cached_replica_not_the_least_loaded() {
 
 #[test]
 fn no_live_replica_is_no_decision() {
-    let mut p = Policy::new(cfg(Mode::Shape));
+    let p = Policy::new(cfg(Mode::Shape));
     let d = p.place(&req("hello", true), &replicas(&[false, false]));
     assert_eq!((d.replica, d.reason), (None, Reason::NoReplica));
     let d = p.spread(&[]);
@@ -157,7 +157,7 @@ fn no_live_replica_is_no_decision() {
 
 #[test]
 fn forgetting_a_replica_drops_its_pins() {
-    let mut p = Policy::new(cfg(Mode::Shape));
+    let p = Policy::new(cfg(Mode::Shape));
     let rs = replicas(&[true, true]);
     let a = p.place(&req("conversation", false), &rs);
     p.forget_replica(a.replica.unwrap());
@@ -167,7 +167,7 @@ fn forgetting_a_replica_drops_its_pins() {
 
 #[test]
 fn working_set_counts_distinct_recent_blocks_per_replica() {
-    let mut p = Policy::new(cfg(Mode::Shape));
+    let p = Policy::new(cfg(Mode::Shape));
     let rs = replicas(&[true, true]);
     p.set_clock(100);
     let a = "a".repeat(B * 10);
@@ -186,4 +186,30 @@ fn working_set_counts_distinct_recent_blocks_per_replica() {
     assert_eq!(bytes(other), (B * 3) as u64);
     // Only the last 50 seconds: the first conversation has aged out.
     assert_eq!(p.working_set(50).len(), 1);
+}
+
+#[test]
+fn threads_sharing_a_sharded_policy_keep_every_conversation_pinned() {
+    let p = Policy::new(PolicyConfig {
+        max_entries: shards::SHARDED_FROM,
+        ..cfg(Mode::Shape)
+    });
+    let rs = replicas(&[true, true, true, true]);
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (p, rs) = (&p, &rs);
+            s.spawn(move || {
+                for c in 0..50 {
+                    let mut text = format!("thread {t} conversation {c}: the task is");
+                    let first = p.place(&req(&text, false), rs).replica;
+                    for turn in 0..5 {
+                        text.push_str(&format!(" / turn {turn} of a growing context"));
+                        let d = p.place(&req(&text, true), rs);
+                        assert_eq!((d.replica, d.reason), (first, Reason::Pin));
+                    }
+                }
+            });
+        }
+    });
+    assert!(p.tracked_entries() > 4 * 50 * 6);
 }
