@@ -39,7 +39,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use prefix::explicit_key_hash;
-use shards::Shards;
+use shards::{Shards, Upsert};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Which rule places requests.
@@ -371,8 +371,14 @@ impl Policy {
     fn matches(&self, chain: &PrefixChain) -> Vec<Match> {
         let b = chain.block_bytes;
         let mut out = Vec::new();
+        // Block 1 alone first: most prompts that miss, miss there.
+        let first = chain.blocks.first().and_then(|h| self.index.get(*h));
+        let found = match first {
+            Some(_) => self.index.get_all(&chain.blocks),
+            None => Vec::new(),
+        };
         let mut depth = 0;
-        while let Some(e) = chain.blocks.get(depth).and_then(|h| self.index.get(*h)) {
+        while let Some(Some(e)) = found.get(depth) {
             depth += 1;
             out.push(Match {
                 pos: depth * b,
@@ -415,24 +421,23 @@ impl Policy {
     /// Records that `replica` now holds this prompt's prefix. The end key goes in
     /// first and block 1 last, so LRU eviction trims a conversation from its tail.
     fn record(&self, chain: &PrefixChain, key: Option<u64>, replica: ReplicaId) {
-        let (r, now) = (replica.0, self.clock_s.load(Relaxed));
+        let upsert = |key, block, tail| Upsert { key, block, tail };
+        let mut ops = Vec::with_capacity(chain.blocks.len() + 2);
         if let Some(k) = key {
-            self.index.upsert(k, r, now, false, None);
+            ops.push(upsert(k, false, None));
         }
-        if chain.is_empty() {
-            return;
+        if !chain.is_empty() {
+            let n = chain.blocks.len();
+            let tail = (chain.len() - n * chain.block_bytes) as u16;
+            ops.push(upsert(chain.end_hash(chain.len()), false, None));
+            // Block n (or the empty prefix, which is no block, when n is 0)
+            // keeps the tail length of this prompt's end.
+            ops.push(upsert(chain.block_hash(n), n > 0, Some(tail)));
+            let earlier = chain.blocks[..n.saturating_sub(1)].iter().rev();
+            ops.extend(earlier.map(|h| upsert(*h, true, None)));
         }
-        let n = chain.blocks.len();
-        let tail = (chain.len() - n * chain.block_bytes) as u16;
         self.index
-            .upsert(chain.end_hash(chain.len()), r, now, false, None);
-        // Block n (or the empty prefix, which is no block, when n is 0) keeps
-        // the tail length of this prompt's end.
-        self.index
-            .upsert(chain.block_hash(n), r, now, n > 0, Some(tail));
-        for h in chain.blocks[..n.saturating_sub(1)].iter().rev() {
-            self.index.upsert(*h, r, now, true, None);
-        }
+            .upsert_all(&ops, replica.0, self.clock_s.load(Relaxed));
     }
 
     fn count(&self, live: &[ReplicaState]) -> Option<ReplicaId> {

@@ -18,6 +18,15 @@ const SHARDS: usize = 16;
 /// Caps from which the index is sharded.
 pub(crate) const SHARDED_FROM: usize = 1 << 16;
 
+/// One entry to record: see [`PrefixIndex::upsert`]; `tail`, when given, is
+/// a prompt end past this block.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Upsert {
+    pub key: u64,
+    pub block: bool,
+    pub tail: Option<u16>,
+}
+
 #[derive(Debug)]
 pub(crate) struct Shards {
     shards: Box<[Mutex<PrefixIndex>]>,
@@ -33,10 +42,13 @@ impl Shards {
         }
     }
 
-    fn shard(&self, key: u64) -> MutexGuard<'_, PrefixIndex> {
+    fn shard_of(&self, key: u64) -> usize {
         let n = self.shards.len() as u64;
-        let i = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % n;
-        lock(&self.shards[i as usize])
+        ((key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % n) as usize
+    }
+
+    fn shard(&self, key: u64) -> MutexGuard<'_, PrefixIndex> {
+        lock(&self.shards[self.shard_of(key)])
     }
 
     fn all(&self) -> impl Iterator<Item = MutexGuard<'_, PrefixIndex>> {
@@ -48,13 +60,71 @@ impl Shards {
         self.shard(key).get(key).copied()
     }
 
-    /// Records `key` as served by `replica`; `tail`, when given, is a prompt
-    /// end past this block (see [`PrefixIndex::upsert`]).
-    pub fn upsert(&self, key: u64, replica: u32, now_s: u32, block: bool, tail: Option<u16>) {
-        let mut shard = self.shard(key);
-        let entry = shard.upsert(key, replica, now_s, block);
-        if let Some(t) = tail {
-            entry.add_tail(t);
+    /// Looks each of `keys` up (without changing recency), taking each
+    /// shard's lock once.
+    pub fn get_all(&self, keys: &[u64]) -> Vec<Option<Entry>> {
+        let mut out = vec![None; keys.len()];
+        self.grouped(
+            keys.len(),
+            |i| keys[i],
+            |shard, i| {
+                out[i] = shard.get(keys[i]).copied();
+            },
+        );
+        out
+    }
+
+    /// Records each upsert, in order within each shard (so LRU order is kept),
+    /// taking each shard's lock once.
+    pub fn upsert_all(&self, ops: &[Upsert], replica: u32, now_s: u32) {
+        self.grouped(
+            ops.len(),
+            |i| ops[i].key,
+            |shard, i| {
+                let o = &ops[i];
+                let entry = shard.upsert(o.key, replica, now_s, o.block);
+                if let Some(t) = o.tail {
+                    entry.add_tail(t);
+                }
+            },
+        );
+    }
+
+    /// Calls `f` with each of `n` items (keyed by `key`) under its shard's
+    /// lock: shard by shard, each shard's items in their order.
+    fn grouped(
+        &self,
+        n: usize,
+        key: impl Fn(usize) -> u64,
+        mut f: impl FnMut(&mut PrefixIndex, usize),
+    ) {
+        if let [only] = &*self.shards {
+            let mut shard = lock(only);
+            (0..n).for_each(|i| f(&mut shard, i));
+            return;
+        }
+        // A counting sort of the items by shard.
+        let of: Vec<u8> = (0..n).map(|i| self.shard_of(key(i)) as u8).collect();
+        let mut start = [0; SHARDS + 1];
+        for s in &of {
+            start[usize::from(*s) + 1] += 1;
+        }
+        for s in 1..start.len() {
+            start[s] += start[s - 1];
+        }
+        let mut order = vec![0; n];
+        let mut next = start;
+        for (i, s) in of.iter().enumerate() {
+            let s = usize::from(*s);
+            order[next[s]] = i;
+            next[s] += 1;
+        }
+        for (s, m) in self.shards.iter().enumerate() {
+            let group = &order[start[s]..start[s + 1]];
+            if !group.is_empty() {
+                let mut shard = lock(m);
+                group.iter().for_each(|&i| f(&mut shard, i));
+            }
         }
     }
 
@@ -95,7 +165,15 @@ mod tests {
         let s = Shards::new(SHARDED_FROM);
         for k in 0..2 * SHARDED_FROM as u64 {
             let key = xxhash_rust::xxh3::xxh3_64(&k.to_le_bytes());
-            s.upsert(key, 1, 0, true, None);
+            s.upsert_all(
+                &[Upsert {
+                    key,
+                    block: true,
+                    tail: None,
+                }],
+                1,
+                0,
+            );
         }
         assert!(s.len() <= SHARDED_FROM);
         assert!(s.len() >= SHARDED_FROM - SHARDS);
@@ -105,11 +183,35 @@ mod tests {
     }
 
     #[test]
+    fn grouped_operations_keep_their_order_within_each_shard() {
+        let s = Shards::new(SHARDED_FROM);
+        let keys: Vec<u64> = (0..500)
+            .map(|k| xxhash_rust::xxh3::xxh3_64(&[k as u8, 7]))
+            .collect();
+        let mut seen = Vec::new();
+        s.grouped(keys.len(), |i| keys[i], |_, i| seen.push(i));
+        let mut sorted = seen.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..500).collect::<Vec<_>>());
+        for pair in seen.windows(2) {
+            let same = s.shard_of(keys[pair[0]]) == s.shard_of(keys[pair[1]]);
+            assert!(!same || pair[0] < pair[1]);
+        }
+        let got = s.get_all(&keys);
+        assert!(got.iter().all(Option::is_none));
+    }
+
+    #[test]
     fn a_small_index_is_one_lru() {
         let s = Shards::new(4);
-        for k in 1..=5u64 {
-            s.upsert(k, 1, 0, false, None);
-        }
+        let ops: Vec<_> = (1..=5u64)
+            .map(|key| Upsert {
+                key,
+                block: false,
+                tail: None,
+            })
+            .collect();
+        s.upsert_all(&ops, 1, 0);
         assert_eq!(s.len(), 4);
         assert!(s.get(1).is_none() && s.get(5).is_some());
     }
