@@ -11,8 +11,10 @@
 //! ids as decimal numbers). Unknown fields are ignored.
 //!
 //! The body is read in one pass by a byte scanner (`scan`) under these rules
-//! (`walk`); it accepts and rejects what `serde_json::from_str` did for the
-//! serde visitors it replaced, kept in `reference` as the test oracle.
+//! (`walk`); it reads what the serde visitors it replaced read (kept in
+//! `reference` as the test oracle) and refuses what they refused, except faults
+//! inside lists and objects it skips unread (see `scan`). A body it refuses is
+//! still forwarded, spread; the engine answers it.
 
 #[cfg(test)]
 mod reference;

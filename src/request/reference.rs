@@ -451,6 +451,55 @@ mod tests {
         }
     }
 
+    /// `v` with every list or object the scanner skips unread replaced by 0:
+    /// a fault inside one of those is not looked for (`skip_container`).
+    fn strip_skipped(v: &Value) -> Value {
+        fn scalar(v: &Value) -> Value {
+            match v {
+                Value::Array(_) | Value::Object(_) => Value::from(0),
+                v => v.clone(),
+            }
+        }
+        type Rule = (&'static str, fn(&Value) -> Value);
+        fn object(v: &Value, read: &[Rule]) -> Value {
+            let Value::Object(m) = v else {
+                return v.clone();
+            };
+            let kept = m.iter().map(|(k, v)| {
+                let rule = read.iter().find(|(name, _)| name == k);
+                (k.clone(), rule.map_or_else(|| scalar(v), |(_, f)| f(v)))
+            });
+            Value::Object(kept.collect())
+        }
+        fn list(v: &Value, each: fn(&Value) -> Value) -> Value {
+            match v {
+                Value::Array(a) => Value::Array(a.iter().map(each).collect()),
+                v => v.clone(),
+            }
+        }
+        fn content(v: &Value) -> Value {
+            match v {
+                Value::Array(_) => list(v, content),
+                v => object(
+                    v,
+                    &[("text", content), ("content", content), ("type", scalar)],
+                ),
+            }
+        }
+        fn message(v: &Value) -> Value {
+            object(v, &[("role", scalar), ("content", content)])
+        }
+        object(
+            v,
+            &[
+                ("messages", |v| list(v, message)),
+                ("system", content),
+                ("prompt", Value::clone),
+                ("prompt_cache_key", scalar),
+            ],
+        )
+    }
+
     proptest! {
         #[test]
         fn the_scanner_reads_random_json_as_the_serde_parser_did(
@@ -463,7 +512,7 @@ mod tests {
         fn the_scanner_refuses_what_the_serde_parser_refused(
             v in json(), at in any::<prop::sample::Index>(), byte in any::<u8>(), how in 0..3u8,
         ) {
-            let mut body = shaped(&v, 1).into_bytes();
+            let mut body = shaped(&strip_skipped(&v), 1).into_bytes();
             let i = at.index(body.len() + 1);
             match how {
                 0 => body.insert(i, byte),
@@ -471,6 +520,22 @@ mod tests {
                 _ => body.truncate(i),
             }
             same(&body, usize::MAX)?;
+        }
+
+        #[test]
+        fn a_fault_inside_a_skipped_container_is_not_looked_for(
+            v in json(), at in any::<prop::sample::Index>(), byte in any::<u8>(),
+        ) {
+            // Any byte but a bracket, quote or backslash, inserted anywhere in
+            // a list the router skips (except inside an escape), leaves the
+            // body read as if the list were not there.
+            let filler = if b"[]{}\"\\".contains(&byte) { b'x' } else { byte };
+            let inner = shaped(&v, 1);
+            let mut body = format!(r#"{{"x":[{inner}],"y":1}}"#).into_bytes();
+            let i = 6 + at.index(inner.len() + 1);
+            prop_assume!(body[i - 1] != b'\\');
+            body.insert(i, filler);
+            prop_assert_eq!(Prompt::parse(&body, usize::MAX).ok(), Prompt::parse(b"{}", 64).ok());
         }
 
         #[test]
@@ -574,6 +639,15 @@ mod tests {
             format!(r#"{{"x":"{}"}}"#, "\\\"".repeat(100)),
         ])
         .collect();
+        // Faults inside a list or object the router skips are not looked for,
+        // nor is its depth (serde_json refuses 128 levels of objects).
+        let lenient = [
+            r#"{"a":[1,]}"#,
+            r#"{"a":[,1]}"#,
+            r#"{"a":[1 2]}"#,
+            r#"{"x":{"a":{"a":{"a":{"a""#,
+        ];
+        let mut differ = Vec::new();
         for body in &cases {
             for bytes in [
                 body.as_bytes().to_vec(),
@@ -581,9 +655,14 @@ mod tests {
             ] {
                 let new = Prompt::parse(&bytes, usize::MAX).ok();
                 let old = super::parse(&bytes, usize::MAX).ok();
-                assert_eq!(new, old, "{body}");
+                if new != old {
+                    assert!(old.is_none(), "{body}: the scanner refused valid JSON");
+                    let shown = String::from_utf8_lossy(&bytes);
+                    differ.push(shown.chars().take(24).collect::<String>());
+                }
             }
         }
+        assert_eq!(differ, lenient);
         let invalid_utf8 = b"{\"system\":\"a\xc3\"}";
         assert!(Prompt::parse(invalid_utf8, 64).is_err());
         assert!(super::parse(invalid_utf8, 64).is_err());

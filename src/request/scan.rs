@@ -1,10 +1,11 @@
 //! A single-pass JSON byte scanner: the lexical half of `Prompt::parse`.
 //!
-//! It accepts exactly the JSON that `serde_json::from_str` accepts, with the
-//! same split between strings the parser reads (escapes validated as for a
-//! Rust `&str`: surrogates must pair) and values it skips (only the grammar is
-//! checked, as `serde::de::IgnoredAny` does, at any depth, without recursion).
-//! UTF-8 is checked per string, and only for strings with a non-ASCII byte:
+//! It reads every JSON document as `serde_json::from_str` does, and refuses
+//! what serde_json refuses, strings the parser reads validated as for a Rust
+//! `&str` (surrogates must pair), with one exception: a list or object the
+//! parser skips unread is only matched to its closing bracket, 64 bytes at a
+//! time, so a fault inside one (or its depth) is not looked for. UTF-8 is
+//! checked per string read, and only for strings with a non-ASCII byte:
 //! outside strings any non-ASCII byte is a syntax error anyway.
 //!
 //! Strings are scanned 64 bytes at a time for `"`, `\` and control bytes; the
@@ -265,6 +266,86 @@ fn letters_bytes(block: &[u8; 64]) -> u64 {
     hits.fold(0, |m, (i, &b)| m | u64::from(canonical_escape(b)) << i)
 }
 
+/// Bit `i` set where byte `i` of a 64-byte block is `"`, `\`, an opening
+/// bracket (`[`, `{`) or a closing one.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Brackets {
+    quote: u64,
+    backslash: u64,
+    open: u64,
+    close: u64,
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+#[inline(always)]
+fn brackets(block: &[u8; 64]) -> Brackets {
+    use safe_arch::{
+        bitor_m128i as or, cmp_eq_mask_i8_m128i as eq, load_unaligned_m128i,
+        move_mask_i8_m128i as bits, set_splat_i8_m128i as splat,
+    };
+    // `[` and `{`, `]` and `}`, differ only in bit 5.
+    let [quote, backslash, bit5, open, close] =
+        [b'"', b'\\', 0x20, b'{', b'}'].map(|c| splat(c as i8));
+    let mut m = Brackets::default();
+    let (chunks, _) = block.as_chunks::<16>();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let v = load_unaligned_m128i(chunk);
+        let at = |mask: i32| u64::from(mask as u16) << (16 * i);
+        let folded = or(v, bit5);
+        m.quote |= at(bits(eq(v, quote)));
+        m.backslash |= at(bits(eq(v, backslash)));
+        m.open |= at(bits(eq(folded, open)));
+        m.close |= at(bits(eq(folded, close)));
+    }
+    m
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
+fn brackets(block: &[u8; 64]) -> Brackets {
+    brackets_bytes(block)
+}
+
+#[cfg_attr(
+    all(target_arch = "x86_64", target_feature = "sse2", not(test)),
+    allow(dead_code)
+)]
+fn brackets_bytes(block: &[u8; 64]) -> Brackets {
+    let mut m = Brackets::default();
+    for (i, &b) in block.iter().enumerate() {
+        m.quote |= u64::from(b == b'"') << i;
+        m.backslash |= u64::from(b == b'\\') << i;
+        m.open |= u64::from(matches!(b, b'[' | b'{')) << i;
+        m.close |= u64::from(matches!(b, b']' | b'}')) << i;
+    }
+    m
+}
+
+/// Bit `i` is the parity of the bits at and below `i`: over the quotes of a
+/// block, the bytes from an opening quote up to its closing one.
+#[inline(always)]
+fn prefix_xor(mut x: u64) -> u64 {
+    for shift in [1, 2, 4, 8, 16, 32] {
+        x ^= x << shift;
+    }
+    x
+}
+
+/// The length of a string starting at `at` that ends (`"`) within 16 bytes
+/// with only plain ASCII before its end: no escape, no control byte.
+#[inline(always)]
+fn short_plain(bytes: &[u8], at: usize) -> Option<usize> {
+    let window = bytes.get(at..).unwrap_or_default().iter().take(16);
+    for (i, &b) in window.enumerate() {
+        if b == b'"' {
+            return Some(i);
+        }
+        if b == b'\\' || !(0x20..0x80).contains(&b) {
+            return None;
+        }
+    }
+    None
+}
+
 /// Bits of the bytes a `\` escapes (the second of each pair in a run of
 /// backslashes); `carry` says whether the block before ended in an unpaired
 /// one, and is updated for the next (simdjson's branchless scan).
@@ -305,17 +386,11 @@ fn hex4(bytes: &[u8], at: usize) -> Option<u32> {
 pub struct Scanner<'b> {
     bytes: &'b [u8],
     pos: usize,
-    /// Open containers of a skipped value (`true` for an object).
-    frames: Vec<bool>,
 }
 
 impl<'b> Scanner<'b> {
     pub fn new(bytes: &'b [u8]) -> Self {
-        Scanner {
-            bytes,
-            pos: 0,
-            frames: Vec::new(),
-        }
+        Scanner { bytes, pos: 0 }
     }
 
     pub fn error<T>(&self, what: &'static str) -> Result<T> {
@@ -429,18 +504,10 @@ impl<'b> Scanner<'b> {
     /// A key (its `"` consumed): the raw bytes when plain ASCII, else `None`
     /// with the unescaped key in `scratch`.
     fn key(&mut self, scratch: &mut Vec<u8>) -> Result<Option<&'b [u8]>> {
-        let bytes = self.bytes;
-        let start = self.pos;
-        let mut at = start;
-        while let Some(&b) = bytes.get(at) {
-            if b == b'"' {
-                self.pos = at + 1;
-                return Ok(bytes.get(start..at));
-            }
-            if b == b'\\' || !(0x20..0x80).contains(&b) {
-                break;
-            }
-            at += 1;
+        let (bytes, start) = (self.bytes, self.pos);
+        if let Some(len) = short_plain(bytes, start) {
+            self.pos = start + len + 1;
+            return Ok(bytes.get(start..start + len));
         }
         scratch.clear();
         self.string(&mut Unescaped {
@@ -456,21 +523,10 @@ impl<'b> Scanner<'b> {
         // Short plain strings (ids, roles, types) end before a block is worth
         // classifying.
         let (bytes, start) = (self.bytes, self.pos);
-        for (i, &b) in bytes
-            .get(start..)
-            .unwrap_or_default()
-            .iter()
-            .take(16)
-            .enumerate()
-        {
-            if b == b'"' {
-                sink.run(bytes, start, start + i);
-                self.pos = start + i + 1;
-                return Ok(());
-            }
-            if b == b'\\' || !(0x20..0x80).contains(&b) {
-                break;
-            }
+        if let Some(len) = short_plain(bytes, start) {
+            sink.run(bytes, start, start + len);
+            self.pos = start + len + 1;
+            return Ok(());
         }
         if S::KEEP_ESCAPES {
             if let Some(done) = self.canonical_string(sink) {
@@ -708,67 +764,56 @@ impl<'b> Scanner<'b> {
         Ok(())
     }
 
-    /// Skips one value, checking only its grammar (any depth, iteratively).
+    /// Skips one value: a scalar checked as serde_json checks it, a list or
+    /// object by [`Scanner::skip_container`].
     pub fn skip_value(&mut self) -> Result<()> {
-        let mut frames = std::mem::take(&mut self.frames);
-        frames.clear();
-        let result = self.skip_in(&mut frames);
-        self.frames = frames;
-        result
-    }
-
-    fn skip_in(&mut self, frames: &mut Vec<bool>) -> Result<()> {
-        loop {
-            match self.peek() {
-                Some(b'"') => {
-                    self.bump();
-                    self.string(&mut Skip)?;
-                }
-                Some(b'-' | b'0'..=b'9') => self.skip_number()?,
-                Some(b't' | b'f' | b'n') => self.literal()?,
-                Some(open @ (b'[' | b'{')) => {
-                    self.bump();
-                    let object = open == b'{';
-                    match self.peek() {
-                        Some(b']') if !object => self.bump(),
-                        Some(b'}') if object => self.bump(),
-                        _ => {
-                            frames.push(object);
-                            if object {
-                                self.skip_key()?;
-                            }
-                            continue;
-                        }
-                    }
-                }
-                _ => return self.error("expected a value"),
+        match self.peek() {
+            Some(b'"') => {
+                self.bump();
+                self.string(&mut Skip)
             }
-            // After a value: close what ends here, then on to the next value.
-            loop {
-                let Some(&object) = frames.last() else {
-                    return Ok(());
-                };
-                match self.peek() {
-                    Some(b',') => {
-                        self.bump();
-                        if object {
-                            self.skip_key()?;
-                        }
-                        break;
-                    }
-                    Some(b']') if !object => self.bump(),
-                    Some(b'}') if object => self.bump(),
-                    _ => return self.error("expected `,` or the end of a list or object"),
-                }
-                frames.pop();
-            }
+            Some(b'-' | b'0'..=b'9') => self.skip_number(),
+            Some(b't' | b'f' | b'n') => self.literal(),
+            Some(b'[' | b'{') => self.skip_container(),
+            _ => self.error("expected a value"),
         }
     }
 
-    fn skip_key(&mut self) -> Result<()> {
-        self.expect(b'"', "expected a key")?;
-        self.string(&mut Skip)?;
-        self.expect(b':', "expected `:`")
+    /// Skips a list or object whose first byte has been peeked, 64 bytes at a
+    /// time: its end is the bracket that brings the nesting back to zero
+    /// outside strings (quotes found as in [`Scanner::string`]). Only that is
+    /// checked, not the grammar inside: the router does not read this value,
+    /// and a body malformed only inside one is forwarded like any other (the
+    /// engine, which reads it, refuses it).
+    fn skip_container(&mut self) -> Result<()> {
+        let bytes = self.bytes;
+        let mut at = self.pos;
+        // Escape carry; all ones when a block starts inside a string.
+        let (mut carry, mut inside) = (0, 0u64);
+        let mut depth = 0usize;
+        while at < bytes.len() {
+            let m = block(bytes, at, brackets);
+            let quotes = m.quote & !escaped(m.backslash, &mut carry);
+            let strings = prefix_xor(quotes) ^ inside;
+            inside = 0u64.wrapping_sub(strings >> 63);
+            let mut marks = (m.open | m.close) & !strings;
+            while marks != 0 {
+                let i = marks.trailing_zeros();
+                if m.open >> i & 1 == 1 {
+                    depth += 1;
+                } else {
+                    depth -= 1;
+                    if depth == 0 {
+                        self.pos = at + i as usize + 1;
+                        return Ok(());
+                    }
+                }
+                marks &= marks - 1;
+            }
+            at += 64;
+        }
+        self.pos = bytes.len();
+        self.error("EOF in a list or object")
     }
 
     fn skip_number(&mut self) -> Result<()> {
@@ -832,8 +877,11 @@ mod tests {
             all[32..].copy_from_slice(&tail);
             all[7] = b'n';
             all[40] = b't';
+            all[9] = b'[';
+            all[50] = b'}';
             prop_assert_eq!(classify(&all), classify_bytes(&all));
             prop_assert_eq!(letters(&all), letters_bytes(&all));
+            prop_assert_eq!(brackets(&all), brackets_bytes(&all));
         }
 
         #[test]
