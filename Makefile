@@ -1,5 +1,5 @@
 # The two commands of the README, plus the benchmarks.
-.PHONY: run test bench bench-proxy results soak prepare
+.PHONY: run test bench bench-proxy bench-sse results soak prepare
 
 prepare:
 	scripts/prepare.sh
@@ -28,6 +28,13 @@ bench: prepare
 bench-proxy: prepare
 	cargo build --release --bins --examples
 	scripts/bench-proxy.py --doc docs/performance.md
+
+# How much later an SSE event reaches the client through the router (and plain
+# Pingora) than straight from the replica (~1 min). Rewrites the SSE section of
+# docs/performance.md.
+bench-sse: prepare
+	cargo build --release --bins --examples
+	scripts/bench-sse.py --doc docs/performance.md
 
 # The three policies side by side, on simulated cards (~3 min) and on two real
 # llama.cpp replicas (~8 min); rewrites docs/results.md and its plots.

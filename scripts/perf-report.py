@@ -103,11 +103,13 @@ costs about 401 entries (~{401 * per_entry / 1000:.0f} KB), and the default cap 
 1,048,576 entries about {1048576 * per_entry / 1e6:.0f} MB. Lookup cost does not grow
 with the number of tracked conversations (table above).
 """
-# The proxy section is scripts/bench-proxy.py's (make bench-proxy): kept as it is.
+# The proxy and SSE sections are scripts/bench-proxy.py's and bench-sse.py's
+# (make bench-proxy, make bench-sse): kept as they are.
 path = root / "docs" / "performance.md"
 old = path.read_text() if path.exists() else ""
-begin, end = "<!-- proxy bench -->", "<!-- /proxy bench -->"
-if begin in old and end in old:
-    doc += "\n" + begin + old.split(begin, 1)[1].split(end, 1)[0] + end + "\n"
+for name in ["proxy", "sse"]:
+    begin, end = f"<!-- {name} bench -->", f"<!-- /{name} bench -->"
+    if begin in old and end in old:
+        doc += "\n" + begin + old.split(begin, 1)[1].split(end, 1)[0] + end + "\n"
 path.write_text(doc)
 print("wrote docs/performance.md", file=sys.stderr)
