@@ -1,5 +1,5 @@
 # The two commands of the README, plus the benchmarks.
-.PHONY: run test bench bench-proxy bench-sse results soak prepare
+.PHONY: run test bench bench-proxy bench-sse bench-memory results soak prepare
 
 prepare:
 	scripts/prepare.sh
@@ -35,6 +35,12 @@ bench-proxy: prepare
 bench-sse: prepare
 	cargo build --release --bins --examples
 	scripts/bench-sse.py --doc docs/performance.md
+
+# Router RSS with 1,000 routed 400 KiB requests held at once (~1 min). Rewrites
+# the memory section of docs/performance.md.
+bench-memory: prepare
+	cargo build --release --bins
+	scripts/bench-memory.py --doc docs/performance.md
 
 # The three policies side by side, on simulated cards (~3 min) and on two real
 # llama.cpp replicas (~8 min); rewrites docs/results.md and its plots.

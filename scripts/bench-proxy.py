@@ -377,9 +377,9 @@ backend be
 """
 
 
-def router_conf(port, mport, ups):
+def router_conf(port, mport, ups, threads=1):
     lines = [f'listen: "127.0.0.1:{port}"', f'metrics_listen: "127.0.0.1:{mport}"',
-             "policy: shape", "threads: 1", "health_check: {interval_ms: 1000}", "replicas:"]
+             "policy: shape", f"threads: {threads}", "health_check: {interval_ms: 1000}", "replicas:"]
     lines += [f'  - {{name: u{i}, addr: "127.0.0.1:{p}"}}' for i, p in enumerate(ups)]
     return "\n".join(lines) + "\n"
 
@@ -439,7 +439,7 @@ def headers(case):
 def start_arms(a, procs, work, ups, bodies, missing):
     """{arm: {"port", "proc"}} for arms that came up; {arm: reason} for the rest."""
     up, skipped = {}, {}
-    cpu = str(a.proxy_cpu)
+    cpu = a.proxy_cpu
     for arm in a.arms:
         port, proc, why = free_port(), None, None
         if arm == "direct":
@@ -461,7 +461,7 @@ def start_arms(a, procs, work, ups, bodies, missing):
             if not os.path.exists(binary):
                 why = "target/release/examples/plain-pingora missing (cargo build --release --examples)"
             else:
-                cmd = [binary, "--listen", f"127.0.0.1:{port}", "--threads", "1"]
+                cmd = [binary, "--listen", f"127.0.0.1:{port}", "--threads", str(a.threads)]
                 for p in ups:
                     cmd += ["--upstream", f"127.0.0.1:{p}"]
                 proc = procs.start("pingora", cmd, cpu, {"RUST_LOG": "warn"})
@@ -478,7 +478,7 @@ def start_arms(a, procs, work, ups, bodies, missing):
             if not os.path.exists(binary):
                 why = "target/release/prefix-router missing (cargo build --release --bins)"
             else:
-                cfg = write(os.path.join(work, "router.yaml"), router_conf(port, free_port(), ups))
+                cfg = write(os.path.join(work, "router.yaml"), router_conf(port, free_port(), ups, a.threads))
                 proc = procs.start("router", [binary, "--config", cfg], cpu, {"RUST_LOG": "warn"})
         if not why:
             why = wait_ready(port, proc, bodies, 60)
@@ -661,27 +661,36 @@ def ratio_table(rows, cases, concs):
 
 
 def arm_table(meta, rows):
-    out = ["| arm | OS threads at start (one worker) | peak RSS over the whole benchmark |", "|---|---|---|"]
+    out = ["| arm | OS threads at start | peak RSS over the whole benchmark |", "|---|---|---|"]
     for arm, threads in meta["threads"].items():
         peak = max((r["peak_rss_kib"] for r in rows.values() if r["arm"] == arm), default=None)
         out.append(f"| {ARM_NAMES[arm]} | {threads} | {peak / 1024:.1f} MiB |" if peak else f"| {ARM_NAMES[arm]} | {threads} | — |")
     return "\n".join(out)
 
 
-def foreign_share(runs, cpu):
-    """Median share of the proxies' CPU that processes outside the benchmark used during runs."""
-    return median([r["cpu_busy_all"].get(cpu, 0) - (r["proxy_cpu_s"] or 0) / r["wall_s"] for r in runs]) or 0
+def foreign_share(runs, cpus, load_cpus):
+    """Median share of the proxies' CPUs that processes outside the benchmark used during runs."""
+    ids = {int(c) for c in cpus.split(",")}
+    shared = ids & {int(c) for c in load_cpus.split(",")}
+
+    def other(r):
+        load = r["load_cpu_s"] / r["wall_s"] if shared else 0
+        return sum(r["cpu_busy_all"].get(c, 0) for c in ids) - ((r["proxy_cpu_s"] or 0) / r["wall_s"] + load)
+    return median([other(r) for r in runs]) or 0
 
 
 def section(meta, rows, skipped, runs):
     a = meta
     arms = [x for x in a["arms"] if x not in skipped]
-    foreign = foreign_share(runs, a["proxy_cpu"])
+    foreign = foreign_share(runs, a["proxy_cpu"], a["load_cpus"])
     tables = "\n\n".join(f"### {CASE_TITLES[c]}\n\n{case_table(rows, c, a['concs'], arms)}" for c in a["cases"])
     not_run = "".join(f"- {ARM_NAMES[k]}: not run: {v}\n" for k, v in skipped.items()) + "\n" * bool(skipped)
     rss_when = "reset before each run" if all(r["rss_peak_is_per_run"] for r in runs) else \
         "over the whole benchmark (could not be reset)"
     versions = "; ".join(f"{k} {v}" for k, v in a["versions"].items())
+    n = a["threads_option"]
+    workers = "one worker (thread or process)" if n == 1 else \
+        f"one worker (thread or process), prefix-router and plain Pingora {n} worker threads,"
     return f"""{MARK_BEGIN}
 ## Proxy overhead against other proxies
 
@@ -699,7 +708,7 @@ a 253-byte chat completion, or for requests whose API key is `{STREAM_KEY}`
 a chunked `text/event-stream` of four `data:` events ending `data: [DONE]`, one
 write each; `/v1/models` lists model `bench`). The API key, not a header of its
 own, asks for the stream because SMG forwards only a few headers. Every proxy
-runs one worker (thread or process) pinned to CPU {a['proxy_cpu']}; wrk (one thread) and
+runs {workers} pinned to CPU {a['proxy_cpu']}; wrk (one thread) and
 the upstreams are pinned to CPU {a['load_cpus']}. nginx: `keepalive` to the upstreams,
 `proxy_request_buffering on`, `proxy_buffering off`, bodies held in memory;
 HAProxy: `nbthread 1`, `http-reuse always`, `option http-buffer-request` with
@@ -707,7 +716,7 @@ HAProxy: `nbthread 1`, `http-reuse always`, `option http-buffer-request` with
 minimal `ProxyHttp` over Pingora's `LoadBalancer<RoundRobin>` that streams the
 body through unread, built from this repository (`examples/plain-pingora.rs`);
 SMG: `smg launch --policy cache_aware`; prefix-router: `policy: shape`,
-`threads: 1`. Bodies are agent conversations of exactly 4 KiB / 400 KiB, model
+`threads: {a['threads_option']}`. Bodies are agent conversations of exactly 4 KiB / 400 KiB, model
 `bench`.
 
 Columns: req/s counts good answers only (200 with the expected body); p50/p99
@@ -770,7 +779,9 @@ def parse_args():
     ap.add_argument("--conc", default="1,16,64", help="connection counts")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"subset of {','.join(ARMS)}")
     ap.add_argument("--quick", action="store_true", help="smoke test: 1 round of 2 s")
-    ap.add_argument("--proxy-cpu", type=int, default=0, help="the one CPU every proxy is pinned to")
+    ap.add_argument("--proxy-cpu", default="0", help="CPUs every proxy is pinned to (taskset list)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="worker threads of prefix-router and plain Pingora (the others run one)")
     ap.add_argument("--load-cpus", default="1", help="CPUs for wrk and the upstreams (taskset list)")
     ap.add_argument("--warmup", type=int, default=1, help="seconds per arm and case before round 1")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench-out/proxy"))
@@ -853,6 +864,7 @@ def main():
     meta.update(command=cmd, date=datetime.date.today().isoformat(), duration=a.duration, rounds=a.rounds,
                 cases=a.cases, concs=a.concs, arms=a.arms, warmup=a.warmup,
                 proxy_cpu=a.proxy_cpu, load_cpus=a.load_cpus, out=os.path.relpath(a.out, ROOT),
+                threads_option=a.threads,
                 skipped=skipped, threads=threads)
     rows = summarise(runs, a.arms, a.cases, a.concs, load_ncpu)
     with open(os.path.join(a.out, "runs.json"), "w") as f:
@@ -861,8 +873,9 @@ def main():
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     text = section(meta, rows, skipped, runs)
     print(text)
-    if foreign_share(runs, a.proxy_cpu) > 0.1:
-        print(f"warning: processes outside the benchmark used {foreign_share(runs, a.proxy_cpu):.0%} of "
+    foreign = foreign_share(runs, a.proxy_cpu, a.load_cpus)
+    if foreign > 0.1:
+        print(f"warning: processes outside the benchmark used {foreign:.0%} of "
               f"CPU {a.proxy_cpu} during runs; the figures are noisy", file=sys.stderr)
     if a.doc:
         write_doc(a.doc, text)

@@ -79,8 +79,14 @@ impl Ticket {
 
     /// Gives the reserved bytes back (the request keeps its slot).
     pub fn release_bytes(&mut self) {
-        self.admission.bytes.fetch_sub(self.bytes, Relaxed);
-        self.bytes = 0;
+        self.release(self.bytes);
+    }
+
+    /// Gives `n` of the reserved bytes back.
+    pub fn release(&mut self, n: usize) {
+        let n = n.min(self.bytes);
+        self.admission.bytes.fetch_sub(n, Relaxed);
+        self.bytes -= n;
     }
 }
 
@@ -117,6 +123,8 @@ mod tests {
         assert!(!a.has_room(1));
         drop(t1);
         assert_eq!((a.bytes(), a.requests()), (40, 1));
+        t2.release(15);
+        assert_eq!(a.bytes(), 25);
         t2.release_bytes();
         assert_eq!((a.bytes(), a.requests()), (0, 1));
         assert!(a.has_room(100) && !a.has_room(101));

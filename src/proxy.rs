@@ -115,8 +115,11 @@ pub struct Ctx {
     ticket: Option<Ticket>,
     /// The body, read whole before placement (routed paths only).
     body: Option<Bytes>,
-    /// The policy's view of the prompt; `None` spreads.
+    /// The policy's view of the prompt; `None` spreads. Dropped once a replica
+    /// is chosen (it holds a canonical copy of the prompt), and read again
+    /// from `body` if the request has to be placed again (`reparse`).
     request: Option<Request>,
+    reparse: bool,
     decision: Option<Decision>,
     /// The replica of the current attempt.
     attempt: Option<InFlight>,
@@ -138,6 +141,25 @@ pub fn response_started(session: &Session) -> bool {
 }
 
 impl Router {
+    /// Parses the body in `ctx` into the policy's view of its prompt, its
+    /// canonical text reserved on the request's ticket; `false` (nothing kept)
+    /// when the budget cannot hold it. A body that is not a prompt is still
+    /// forwarded, spread: the engine answers it.
+    async fn read_prompt(&self, session: &Session, ctx: &mut Ctx) -> bool {
+        let Some(body) = ctx.body.clone() else {
+            return true;
+        };
+        let key = header(session, SESSION_HEADER).map(str::to_owned);
+        let s = &self.settings;
+        let request = body::parse(body, s.max_prompt_bytes, s.block_bytes, key).await;
+        let parsed_bytes = request.as_ref().map_or(0, |r| r.chain.heap_bytes());
+        if !ctx.ticket.as_mut().is_some_and(|t| t.reserve(parsed_bytes)) {
+            return false;
+        }
+        ctx.request = request;
+        true
+    }
+
     /// The replica's name for error bodies, unless placement is hidden.
     fn shown(&self, replica: &Replica) -> Option<String> {
         self.settings
@@ -253,6 +275,7 @@ impl ProxyHttp for Router {
             ticket: None,
             body: None,
             request: None,
+            reparse: false,
             decision: None,
             attempt: None,
             tried: Vec::new(),
@@ -332,23 +355,22 @@ impl ProxyHttp for Router {
                 return self.refuse(session, ctx, &err, drain).await;
             }
         };
-        // A body that is not JSON is still forwarded (spread): the engine answers it.
-        let key = header(session, SESSION_HEADER).map(str::to_owned);
-        let s = &self.settings;
-        let request = body::parse(body.clone(), s.max_prompt_bytes, s.block_bytes, key).await;
-        let parsed_bytes = request.as_ref().map_or(0, |r| r.chain.heap_bytes());
-        if !ctx.ticket.as_mut().is_some_and(|t| t.reserve(parsed_bytes)) {
+        ctx.body = Some(body);
+        if !self.read_prompt(session, ctx).await {
             return self
                 .refuse(session, ctx, &RouterError::OVER_BUDGET, false)
                 .await;
         }
-        ctx.request = request;
-        ctx.body = Some(body);
         Ok(false)
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+    async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
         ctx.attempt = None;
+        // Placed again (a retry): the prompt as the first placement saw it,
+        // or spread if the budget cannot hold it now.
+        if std::mem::take(&mut ctx.reparse) {
+            self.read_prompt(session, ctx).await;
+        }
         // A retry after the response-head deadline would start already late.
         if ctx
             .first_attempt
@@ -394,6 +416,12 @@ impl ProxyHttp for Router {
             }
             ctx.attempt = Some(replica.begin());
             ctx.decision = Some(decision);
+            if let Some(r) = ctx.request.take() {
+                if let Some(t) = ctx.ticket.as_mut() {
+                    t.release(r.chain.heap_bytes());
+                }
+                ctx.reparse = true;
+            }
             ctx.first_attempt.get_or_insert_with(Instant::now);
             return Ok(Box::new(peer));
         }
@@ -520,6 +548,7 @@ impl ProxyHttp for Router {
             // Nothing is re-sent once a response arrived: drop the copies.
             ctx.body = None;
             ctx.request = None;
+            ctx.reparse = false;
             if let Some(t) = ctx.ticket.as_mut() {
                 t.release_bytes();
             }
