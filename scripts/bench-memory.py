@@ -159,10 +159,14 @@ def main():
         f"| after all were answered | {r['after_kib'] / mib:.1f} |",
         f"| of which the prefix index (`prefix_router_prefix_index_bytes`) | "
         f"{(r['index_bytes'] or 0) / 2**20:.1f} |", "",
-        f"So about {per:.0f} KiB per request in flight, for a {r['body_bytes'] / 1024:.0f} KiB body: "
+        f"So about {per:.0f} KiB per request in flight, for a {r['body_bytes'] / 1024:.0f} KiB body, "
+        f"{(r['index_bytes'] or 0) / 1024 / r['requests']:.0f} KiB of it the index entries of the "
+        "conversation it placed (they stay after the request, within `prefix_index.max_entries`): "
         "the body is kept whole until the response head arrives (a request is re-sent to another "
         "replica only from it), and the prompt's canonical text and hash chain only until a replica "
-        "is chosen (a retry reads the body again).", "", MARK_END, ""])
+        "is chosen (a retry reads the body again). The remainder is not broken down here (connection "
+        "buffers and allocator slack are candidates). Memory freed after a burst mostly stays with the process (glibc keeps it for reuse), "
+        "as the last rows show.", "", MARK_END, ""])
     print(text)
     if a.doc:
         bp.MARK_BEGIN, bp.MARK_END = MARK_BEGIN, MARK_END
