@@ -788,6 +788,7 @@ def parse_args():
     ap.add_argument("--venv", default=os.path.join(ROOT, "bench-out/venv"), help="where SMG is installed")
     ap.add_argument("--doc", help="write the proxy section into this Markdown file")
     a = ap.parse_args()
+    a.out = os.path.abspath(a.out)  # nginx resolves paths against its prefix
     if a.quick:
         a.duration, a.rounds = 2, 1
     a.cases = list(CASES) if a.cases == "all" else a.cases.split(",")
