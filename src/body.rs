@@ -42,12 +42,15 @@ pub async fn read(
 ) -> Result<std::result::Result<Bytes, RouterError>> {
     // Grows by doubling as bytes arrive, never past the declared length: a
     // body that sends what it declared ends in an exactly sized buffer.
-    let cap = declared.unwrap_or(limit).min(limit);
+    let declared_cap = declared.unwrap_or(limit).min(limit);
     let mut buf = Vec::new();
     let mut reserved = 0;
     let mut grow = |buf: &mut Vec<u8>, n: usize, ticket: &mut Ticket| {
         if buf.capacity() - buf.len() < n {
-            let doubled = (2 * buf.capacity()).min(cap);
+            // Past its declaration (Pingora's framing prevents it) a body
+            // grows by doubling again, never a chunk at a time.
+            let within = buf.len() + n <= declared_cap;
+            let doubled = (2 * buf.capacity()).min(if within { declared_cap } else { limit });
             buf.reserve_exact(doubled.max(buf.len() + n) - buf.len());
         }
         let more = buf.capacity().saturating_sub(reserved);

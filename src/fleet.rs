@@ -128,19 +128,23 @@ impl HealthCheck for ReplicaHealth {
 /// membership and health to it: a replica just removed by reload is never
 /// returned.
 pub struct PolicySelection {
-    by_addr: HashMap<[u8; 18], Backend>,
+    by_addr: HashMap<AddrKey, Backend>,
 }
 
-/// An address as a fixed-size key (IPv4 as IPv6-mapped, then the port), built
-/// without allocating on the request path.
-pub fn addr_key(addr: &std::net::SocketAddr) -> [u8; 18] {
-    let ip = match addr.ip() {
-        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-        std::net::IpAddr::V6(v6) => v6,
+/// An address as a fixed-size key, built without allocating on the request
+/// path: family, IP (IPv4 as IPv6-mapped), port, IPv6 scope id.
+pub type AddrKey = [u8; 23];
+
+pub fn addr_key(addr: &std::net::SocketAddr) -> AddrKey {
+    let (family, ip, scope) = match addr {
+        std::net::SocketAddr::V4(a) => (4, a.ip().to_ipv6_mapped(), 0),
+        std::net::SocketAddr::V6(a) => (6, *a.ip(), a.scope_id()),
     };
-    let mut key = [0; 18];
-    key[..16].copy_from_slice(&ip.octets());
-    key[16..].copy_from_slice(&addr.port().to_be_bytes());
+    let mut key = [0; 23];
+    key[0] = family;
+    key[1..17].copy_from_slice(&ip.octets());
+    key[17..19].copy_from_slice(&addr.port().to_be_bytes());
+    key[19..].copy_from_slice(&scope.to_be_bytes());
     key
 }
 
@@ -158,7 +162,7 @@ impl BackendSelection for PolicySelection {
     }
 
     fn iter(self: &Arc<Self>, key: &[u8]) -> Once {
-        let found = <[u8; 18]>::try_from(key)
+        let found = AddrKey::try_from(key)
             .ok()
             .and_then(|k| self.by_addr.get(&k))
             .cloned();
@@ -182,5 +186,27 @@ impl BackendIter for Once {
         } else {
             self.backend.as_ref()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn different_addresses_have_different_keys() {
+        let addrs = [
+            "10.0.0.1:8000",
+            "10.0.0.1:8001",
+            "10.0.0.2:8000",
+            "[::ffff:10.0.0.1]:8000",
+            "[fe80::1%1]:8000",
+            "[fe80::1%2]:8000",
+        ];
+        let keys: std::collections::HashSet<AddrKey> = addrs
+            .iter()
+            .map(|a| addr_key(&a.parse().expect("an address")))
+            .collect();
+        assert_eq!(keys.len(), addrs.len());
     }
 }

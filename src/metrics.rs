@@ -75,8 +75,13 @@ impl ReplicaCounters {
         }
     }
 
-    /// Counts one routed request.
+    /// Counts one routed request (`requests` is indexed by position in
+    /// `Reason::ALL`, which ends with `NoReplica`).
     pub fn routed(&self, reason: Reason, shape: Shape) {
+        const _: () = assert!(matches!(
+            Reason::ALL[Reason::ALL.len() - 1],
+            Reason::NoReplica
+        ));
         let at = Reason::ALL.iter().position(|&r| r == reason);
         if let Some(by_shape) = at.and_then(|i| self.requests.get(i)) {
             by_shape[usize::from(shape == Shape::Single)].inc();

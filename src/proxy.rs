@@ -366,11 +366,6 @@ impl ProxyHttp for Router {
 
     async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
         ctx.attempt = None;
-        // Placed again (a retry): the prompt as the first placement saw it,
-        // or spread if the budget cannot hold it now.
-        if std::mem::take(&mut ctx.reparse) {
-            self.read_prompt(session, ctx).await;
-        }
         // A retry after the response-head deadline would start already late.
         if ctx
             .first_attempt
@@ -378,6 +373,11 @@ impl ProxyHttp for Router {
         {
             ctx.error = Some(RouterError::UpstreamTimeout { replica: None });
             return Error::e_explain(ErrorType::HTTPStatus(504), "response head deadline passed");
+        }
+        // Placed again (a retry): the prompt as the first placement saw it,
+        // or spread if the budget cannot hold it now.
+        if std::mem::take(&mut ctx.reparse) {
+            self.read_prompt(session, ctx).await;
         }
         let list = self.replicas.snapshot();
         for _ in 0..=list.len() {
