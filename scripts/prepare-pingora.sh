@@ -3,7 +3,8 @@
 # each published 0.9.1 crate (checksum-verified) plus patches/<crate>.diff.
 # - pingora-proxy: a body read whole in request_filter reaches the replica
 #   (docs/body-forwarding.md); a total deadline for a replica's response head.
-# - pingora-core: a total deadline for a client's request head (slowloris).
+# - pingora-core: a total deadline for a client's request head (slowloris);
+#   a request body read straight into the caller's buffer (one copy, not two).
 # Idempotent and fast when already prepared.
 #   scripts/prepare-pingora.sh
 set -euo pipefail

@@ -28,6 +28,9 @@ pub const LINGER: Duration = Duration::from_secs(10);
 /// client that declares a large body and sends nothing holds nothing.
 const INITIAL_CAPACITY: usize = 256 << 10;
 
+/// The most Pingora reads of a request body at a time.
+const READ_PIECE: usize = 64 << 10;
+
 /// Bounds the blocking parses running at once to the machine's cores.
 static PARSERS: LazyLock<Semaphore> =
     LazyLock::new(|| Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get())));
@@ -61,14 +64,20 @@ pub async fn read(
     if !grow(&mut buf, initial, ticket) {
         return Ok(Err(RouterError::OVER_BUDGET));
     }
-    while let Some(chunk) = session.read_request_body().await? {
-        if buf.len() + chunk.len() > limit {
-            return Ok(Err(RouterError::BodyTooLarge { limit }));
-        }
-        if !grow(&mut buf, chunk.len(), ticket) {
+    loop {
+        // Room for the next piece before it is read (Pingora copies it straight
+        // into this buffer); a larger piece grows the buffer itself, and is
+        // reserved at the top of the next turn.
+        let next = READ_PIECE.min(declared_cap.saturating_sub(buf.len()));
+        if !grow(&mut buf, next, ticket) {
             return Ok(Err(RouterError::OVER_BUDGET));
         }
-        buf.extend_from_slice(&chunk);
+        if session.read_request_body_into(&mut buf).await?.is_none() {
+            break;
+        }
+        if buf.len() > limit {
+            return Ok(Err(RouterError::BodyTooLarge { limit }));
+        }
     }
     // A chunked body's buffer grew by doubling: keep only what it holds.
     if buf.capacity() > buf.len() + buf.len() / 4 + 4096 {
