@@ -40,14 +40,7 @@ class Replica:
     async def serve(self, reader, writer):
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                if length:
-                    await reader.readexactly(length)
+                head = await bp.read_request(reader)
                 if head.startswith(b"POST"):
                     self.held += 1
                     if self.held >= self.want:

@@ -377,6 +377,20 @@ backend be
 """
 
 
+async def read_request(reader):
+    """Reads one HTTP/1.1 request with a Content-Length body from an asyncio
+    stream (the paced replicas of bench-sse.py and bench-memory.py); its head."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    if length:
+        await reader.readexactly(length)
+    return head
+
+
 def router_conf(port, mport, ups, threads=1):
     lines = [f'listen: "127.0.0.1:{port}"', f'metrics_listen: "127.0.0.1:{mport}"',
              "policy: shape", f"threads: {threads}", "health_check: {interval_ms: 1000}", "replicas:"]

@@ -55,14 +55,7 @@ def event(n):
 async def serve(reader, writer, gap, events):
     try:
         while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            if length:
-                await reader.readexactly(length)
+            head = await bp.read_request(reader)
             if head.startswith(b"GET"):
                 body = b'{"object":"list","data":[{"id":"bench","object":"model"}]}'
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
@@ -106,8 +99,10 @@ class Stream:
     def once(self, request):
         """µs from the request to the first event, and from each of the first
         two events leaving the upstream to their arrival here."""
-        self.sock.sendall(request)
+        # Stamped before the send: the replica may answer (on the same CPU)
+        # before sendall returns.
         sent = now_ns()
+        self.sock.sendall(request)
         buf, arrived = b"", []
         while not buf.endswith(b"0\r\n\r\n"):
             data = self.sock.recv(65536)

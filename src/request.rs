@@ -16,6 +16,7 @@
 //! inside lists and objects it skips unread (see `scan`). A body it refuses is
 //! still forwarded, spread; the engine answers it.
 
+mod blocks;
 #[cfg(test)]
 mod reference;
 mod scan;
