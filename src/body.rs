@@ -50,10 +50,7 @@ pub async fn read(
     let mut reserved = 0;
     let mut grow = |buf: &mut Vec<u8>, n: usize, ticket: &mut Ticket| {
         if buf.capacity() - buf.len() < n {
-            // Past its declaration (Pingora's framing prevents it) a body
-            // grows by doubling again, never a chunk at a time.
-            let within = buf.len() + n <= declared_cap;
-            let doubled = (2 * buf.capacity()).min(if within { declared_cap } else { limit });
+            let doubled = (2 * buf.capacity()).min(declared_cap);
             buf.reserve_exact(doubled.max(buf.len() + n) - buf.len());
         }
         let more = buf.capacity().saturating_sub(reserved);
@@ -66,8 +63,9 @@ pub async fn read(
     }
     loop {
         // Room for the next piece before it is read (Pingora copies it straight
-        // into this buffer); a larger piece grows the buffer itself, and is
-        // reserved at the top of the next turn.
+        // into this buffer), none past the declared length; a larger piece
+        // grows the buffer itself (by doubling), and is reserved at the top of
+        // the next turn.
         let next = READ_PIECE.min(declared_cap.saturating_sub(buf.len()));
         if !grow(&mut buf, next, ticket) {
             return Ok(Err(RouterError::OVER_BUDGET));
