@@ -20,7 +20,8 @@ use pingora_core::connectors::http::Connector as HttpConnector;
 use pingora_core::connectors::ConnectorOptions;
 
 use crate::config::ReplicaTls;
-use crate::metrics::METRICS;
+use crate::metrics::{Repair, METRICS};
+use crate::policy::Policy;
 use crate::replicas::Replicas;
 
 /// The load balancer type the router runs.
@@ -30,6 +31,7 @@ pub type Fleet = LoadBalancer<PolicySelection>;
 /// and a health check of every replica every `interval`.
 pub fn fleet(
     replicas: Arc<Replicas>,
+    policy: Arc<Policy>,
     health_path: &str,
     interval: Duration,
     tls: &ReplicaTls,
@@ -58,7 +60,11 @@ pub fn fleet(
     );
     http.peer_template.options.connection_timeout = Some(Duration::from_secs(1));
     http.peer_template.options.read_timeout = Some(Duration::from_secs(2));
-    lb.set_health_check(Box::new(ReplicaHealth { http, replicas }));
+    lb.set_health_check(Box::new(ReplicaHealth {
+        http,
+        replicas,
+        policy,
+    }));
     lb.health_check_frequency = Some(interval);
     lb.update_frequency = Some(Duration::from_millis(200));
     lb.parallel_health_check = true;
@@ -88,9 +94,12 @@ impl ServiceDiscovery for Discovery {
 /// Pingora's HTTP check, whose every result also updates the replica's own
 /// liveness: a new replica is live only after a pass (Pingora starts new
 /// backends healthy), and a pass ends an ejection made on the request path.
+/// A pass after a failed check also empties the replica's part of the prefix
+/// index: an engine that went away and came back has an empty cache.
 struct ReplicaHealth {
     http: HttpHealthCheck,
     replicas: Arc<Replicas>,
+    policy: Arc<Policy>,
 }
 
 #[async_trait]
@@ -98,6 +107,12 @@ impl HealthCheck for ReplicaHealth {
     async fn check(&self, target: &Backend) -> Result<()> {
         let result = self.http.check(target).await;
         if let Some(r) = target.addr.as_inet().and_then(|a| self.replicas.by_addr(a)) {
+            if result.is_ok() && !r.checked() {
+                let forgotten = self.policy.forget_replica(r.id);
+                if forgotten > 0 {
+                    METRICS.repaired(&r.name, Repair::Restart, forgotten);
+                }
+            }
             if r.on_check(result.is_ok(), std::time::Instant::now()) {
                 log::info!(
                     "replica {} is {} (health check{})",

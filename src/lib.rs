@@ -7,7 +7,8 @@
 //! - [`config`]: the YAML file; [`reload`]: hot reload of its replica list.
 //! - [`replicas`]: the live set; [`fleet`]: Pingora discovery, health checks, selection.
 //! - [`proxy`]: the Pingora `ProxyHttp`; [`errors`]: OpenAI-style error bodies;
-//!   [`metrics`]: every Prometheus metric; [`capacity`]: working set vs KV capacity.
+//!   [`metrics`]: every Prometheus metric; [`capacity`]: working set vs KV capacity;
+//!   [`usage`]: the cache figures engines report in their responses.
 #![forbid(unsafe_code)]
 
 pub mod admission;
@@ -24,3 +25,4 @@ pub mod proxy;
 pub mod reload;
 pub mod replicas;
 pub mod request;
+pub mod usage;

@@ -88,6 +88,7 @@ fn main() -> anyhow::Result<()> {
         "replicas",
         fleet(
             Arc::clone(&replicas),
+            Arc::clone(&policy),
             &cfg.health_check.path,
             prefix_router::config::ms(cfg.health_check.interval_ms),
             &cfg.replica_tls,

@@ -9,6 +9,7 @@ use prometheus::{
 };
 
 use crate::policy::{Reason, Shape};
+use crate::usage::Outcome;
 
 /// The router's metric handles.
 pub struct Metrics {
@@ -44,6 +45,36 @@ pub struct Metrics {
     /// Requests and body bytes held under `limits`.
     pub admitted_requests: IntGauge,
     pub buffered_body_bytes: IntGauge,
+    /// Over responses that reported their usage, by replica and decision:
+    /// cached tokens the router predicted, cached tokens the engine reported,
+    /// and prompt tokens the engine reported.
+    pub predicted_cached: IntCounterVec,
+    pub delivered_cached: IntCounterVec,
+    pub reported_prompt: IntCounterVec,
+    /// Placements that predicted reuse, by replica and `hit` / `miss`.
+    pub pin_outcomes: IntCounterVec,
+    /// Prefix index repairs, by replica and cause.
+    pub index_repairs: IntCounterVec,
+}
+
+/// Why the index forgot part of what a replica held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Repair {
+    /// The engine reported a pin's predicted prefix (almost) all gone.
+    Miss,
+    /// The replica passed a health check after failing one.
+    Restart,
+}
+
+impl Repair {
+    pub const ALL: [Repair; 2] = [Repair::Miss, Repair::Restart];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Repair::Miss => "miss",
+            Repair::Restart => "restart",
+        }
+    }
 }
 
 /// A replica's per-request counters, resolved once when it joins the set
@@ -53,15 +84,20 @@ pub struct ReplicaCounters {
     /// `requests_total` by reason (in `Reason::ALL` order, `no_replica`
     /// excluded: it has no replica) and shape.
     requests: Vec<[IntCounter; 2]>,
+    /// Predicted cached, delivered cached and reported prompt tokens, by
+    /// reason (same order).
+    usage: Vec<[IntCounter; 3]>,
+    /// `pin_outcomes_total`: hit, miss.
+    outcomes: [IntCounter; 2],
     failovers: IntCounter,
 }
 
 impl ReplicaCounters {
     pub fn new(name: &str) -> Self {
         let m = &*METRICS;
-        let requests = Reason::ALL
-            .iter()
-            .filter(|&&r| r != Reason::NoReplica)
+        let reasons = Reason::ALL.iter().filter(|&&r| r != Reason::NoReplica);
+        let requests = reasons
+            .clone()
             .map(|r| {
                 [Shape::Continuation, Shape::Single].map(|s| {
                     m.requests
@@ -69,23 +105,50 @@ impl ReplicaCounters {
                 })
             })
             .collect();
+        let usage = reasons
+            .map(|r| {
+                [&m.predicted_cached, &m.delivered_cached, &m.reported_prompt]
+                    .map(|c| c.with_label_values(&[name, r.as_str()]))
+            })
+            .collect();
         Self {
             requests,
+            usage,
+            outcomes: ["hit", "miss"].map(|o| m.pin_outcomes.with_label_values(&[name, o])),
             failovers: m.failovers.with_label_values(&[name]),
         }
     }
 
-    /// Counts one routed request (`requests` is indexed by position in
-    /// `Reason::ALL`, which ends with `NoReplica`).
-    pub fn routed(&self, reason: Reason, shape: Shape) {
+    /// Position of a reason in the per-reason lists (`Reason::ALL` order,
+    /// which ends with `NoReplica`, the one not kept).
+    fn at(reason: Reason) -> Option<usize> {
         const _: () = assert!(matches!(
             Reason::ALL[Reason::ALL.len() - 1],
             Reason::NoReplica
         ));
-        let at = Reason::ALL.iter().position(|&r| r == reason);
-        if let Some(by_shape) = at.and_then(|i| self.requests.get(i)) {
+        Reason::ALL.iter().position(|&r| r == reason)
+    }
+
+    /// Counts one routed request.
+    pub fn routed(&self, reason: Reason, shape: Shape) {
+        if let Some(by_shape) = Self::at(reason).and_then(|i| self.requests.get(i)) {
             by_shape[usize::from(shape == Shape::Single)].inc();
         }
+    }
+
+    /// Counts the usage a response reported: `predicted` cached tokens the
+    /// placement expected, `cached` and `prompt` as the engine reported them.
+    pub fn usage(&self, reason: Reason, predicted: u64, cached: u64, prompt: Option<u64>) {
+        if let Some([p, c, t]) = Self::at(reason).and_then(|i| self.usage.get(i)) {
+            p.inc_by(predicted);
+            c.inc_by(cached);
+            t.inc_by(prompt.unwrap_or(0));
+        }
+    }
+
+    /// Counts whether a placement's predicted reuse happened.
+    pub fn outcome(&self, outcome: Outcome) {
+        self.outcomes[usize::from(outcome != Outcome::Hit)].inc();
     }
 
     /// Counts one request moved to another replica after a connect failure.
@@ -199,6 +262,36 @@ pub static METRICS: Lazy<Metrics> = Lazy::new(|| {
         "Request body bytes buffered now (limits.max_buffered_bytes)"
     )
     .expect("register"),
+    predicted_cached: register_int_counter_vec!(
+        "prefix_router_predicted_cached_tokens_total",
+        "Prompt tokens the router expected the replica to have cached (matched bytes / 4), over responses that reported usage",
+        &["replica", "decision"]
+    )
+    .expect("register"),
+    delivered_cached: register_int_counter_vec!(
+        "prefix_router_delivered_cached_tokens_total",
+        "Prompt tokens the replica reported reused from its cache, over responses that reported usage",
+        &["replica", "decision"]
+    )
+    .expect("register"),
+    reported_prompt: register_int_counter_vec!(
+        "prefix_router_reported_prompt_tokens_total",
+        "Prompt tokens the replica reported, over responses that reported cached tokens",
+        &["replica", "decision"]
+    )
+    .expect("register"),
+    index_repairs: register_int_counter_vec!(
+        "prefix_router_index_repairs_total",
+        "Times the prefix index forgot what a replica held, by cause (miss: the engine reported a predicted prefix gone; restart: the replica came back from a failed health check)",
+        &["replica", "cause"]
+    )
+    .expect("register"),
+    pin_outcomes: register_int_counter_vec!(
+        "prefix_router_pin_outcomes_total",
+        "Placements that predicted cached tokens, by whether the replica reported at least half of them cached",
+        &["replica", "outcome"]
+    )
+    .expect("register"),
 }
 });
 
@@ -230,7 +323,25 @@ impl Metrics {
         for kind in crate::replicas::Ejection::ALL {
             self.ejections.with_label_values(&[name, kind.as_str()]);
         }
+        for cause in Repair::ALL {
+            self.index_repairs
+                .with_label_values(&[name, cause.as_str()]);
+        }
         self.working_set.with_label_values(&[name]);
+    }
+
+    /// Counts and logs one repair of the prefix index.
+    pub fn repaired(&self, replica: &str, cause: Repair, forgotten: usize) {
+        self.index_repairs
+            .with_label_values(&[replica, cause.as_str()])
+            .inc();
+        let why = match cause {
+            Repair::Miss => "it reported a pinned prefix gone from its cache",
+            Repair::Restart => {
+                "it is back after a failed health check (a restarted engine starts empty)"
+            }
+        };
+        log::info!("replica {replica}: forgot {forgotten} prefix index entries: {why}");
     }
 
     /// Counts one ejection.

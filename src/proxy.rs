@@ -21,6 +21,8 @@
 //!   error or timeout after the request was sent is answered 502/504, never
 //!   re-sent: a second delivery is a second prefill and maybe a second tool call.
 //! - `response_filter`: outlier bookkeeping (5xx), placement headers, metrics.
+//! - `response_body_filter`: reads the engine's cache figures as the body
+//!   passes (`usage`), counted against the placement's prediction at the end.
 //!
 //! A `100 Continue` is not "a response": every check of whether the client has
 //! seen a response looks past 1xx ([`response_started`]).
@@ -38,13 +40,15 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use crate::admission::{Admission, Ticket};
 use crate::auth::KeyFile;
 use crate::body;
+use crate::capacity::BYTES_PER_TOKEN;
 use crate::config::{ms, Config};
 use crate::errors::RouterError;
 use crate::fleet::{addr_key, Fleet};
-use crate::metrics::METRICS;
+use crate::metrics::{Repair, METRICS};
 use crate::paths::routed_path;
 use crate::policy::{Decision, Policy, ReplicaId, Request};
 use crate::replicas::{Failure, InFlight, OutlierRules, Replica, Replicas};
+use crate::usage::{Outcome, UsageScan};
 
 /// Response header naming the replica that served the request.
 pub const REPLICA_HEADER: &str = "x-prefix-router-replica";
@@ -130,6 +134,9 @@ pub struct Ctx {
     first_attempt: Option<Instant>,
     /// An error the router answers itself.
     error: Option<RouterError>,
+    /// The cache figures of a routed request's successful response, read as
+    /// its body passes.
+    usage: Option<UsageScan>,
 }
 
 /// Whether the client has seen the start of a final response (a `100
@@ -158,6 +165,28 @@ impl Router {
         }
         ctx.request = request;
         true
+    }
+
+    /// Counts what the engine reported reusing against what the placement
+    /// predicted (responses that report no cached figure are left out, so
+    /// the two counters stay comparable).
+    fn reported(&self, replica: &Replica, d: &Decision, u: &UsageScan) {
+        let Some(cached) = u.cached else {
+            return;
+        };
+        let predicted = d.matched_bytes as u64 / BYTES_PER_TOKEN;
+        replica
+            .counters
+            .usage(d.reason, predicted, cached, u.prompt);
+        if let Some(outcome) = Outcome::of(predicted, cached) {
+            replica.counters.outcome(outcome);
+            if outcome == Outcome::Lost {
+                let forgotten = self.policy.forget_stale(d);
+                if forgotten > 0 {
+                    METRICS.repaired(&replica.name, Repair::Miss, forgotten);
+                }
+            }
+        }
     }
 
     /// The replica's name for error bodies, unless placement is hidden.
@@ -281,6 +310,7 @@ impl ProxyHttp for Router {
             tried: Vec::new(),
             first_attempt: None,
             error: None,
+            usage: None,
         }
     }
 
@@ -560,8 +590,29 @@ impl ProxyHttp for Router {
             METRICS
                 .upstream_header_seconds
                 .observe(ctx.started.elapsed().as_secs_f64());
+            if upstream_response.status.is_success() {
+                ctx.usage = Some(UsageScan::default());
+            }
         }
         Ok(())
+    }
+
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<Option<Duration>> {
+        if let Some(u) = ctx.usage.as_mut() {
+            if let Some(b) = body {
+                u.feed(b);
+            }
+            if end_of_stream {
+                u.finish();
+            }
+        }
+        Ok(None)
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
@@ -613,6 +664,9 @@ impl ProxyHttp for Router {
             .filter(|r| !r.status.is_informational())
             .map_or(0, |r| r.status.as_u16());
         let attempt = ctx.attempt.take();
+        if let (Some(a), Some(d), Some(u)) = (&attempt, &ctx.decision, &ctx.usage) {
+            self.reported(a.replica(), d, u);
+        }
         let replica = attempt.as_ref().map(|a| a.replica().name.as_str());
         let d = ctx.decision.as_ref();
         log::info!(

@@ -81,6 +81,7 @@ fn a_conversation_stays_on_the_llama_cpp_replica_that_caches_it() {
     );
     assert_ne!(single.replica(), home);
     let mut last = first;
+    let mut reported = 0;
     for turn in 1..3 {
         let reply = last.json()["choices"][0]["message"]["content"]
             .as_str()
@@ -100,6 +101,17 @@ fn a_conversation_stays_on_the_llama_cpp_replica_that_caches_it() {
             "turn {turn}: the engine recomputed the prefix ({} cached)",
             cached(&r)
         );
+        reported += cached(&r);
         last = r;
     }
+    // The router read the same figures from the engine's answers, and its
+    // predictions (bytes / 4) came true.
+    let series = |name: &str, labels: &str| {
+        router.metric(&format!(
+            "prefix_router_{name}{{{labels},replica=\"{home}\"}}"
+        ))
+    };
+    let delivered = series("delivered_cached_tokens_total", "decision=\"pin\"");
+    assert_eq!(delivered, reported as f64);
+    assert_eq!(series("pin_outcomes_total", "outcome=\"hit\""), 2.0);
 }

@@ -30,14 +30,17 @@ pub(crate) const TAILS: usize = 4;
 pub(crate) struct Entry {
     /// The replica that served this prefix most recently.
     pub replica: u32,
+    /// Clock (seconds) of the last upsert.
+    pub touched: u32,
     /// Lengths past this block at which recorded prompts ended, newest first.
     tails: [u16; TAILS],
 }
 
 impl Entry {
-    fn new(replica: u32) -> Self {
+    fn new(replica: u32, touched: u32) -> Self {
         Self {
             replica,
+            touched,
             tails: [NO_TAIL; TAILS],
         }
     }
@@ -65,8 +68,6 @@ struct Slot {
     entry: Entry,
     prev: u32,
     next: u32,
-    /// Clock (seconds) of the last upsert.
-    touched: u32,
     /// A block of prompt text (not a prompt end or an explicit key).
     block: bool,
     /// Which recency list holds it: [`PROBATION`] or [`PROTECTED`].
@@ -162,7 +163,7 @@ impl PrefixIndex {
                 self.unlink(s);
                 let slot = &mut self.slots[s as usize];
                 slot.entry.replica = replica;
-                slot.touched = now_s;
+                slot.entry.touched = now_s;
                 slot.block = block;
                 (s, PROTECTED)
             }
@@ -172,10 +173,9 @@ impl PrefixIndex {
                 }
                 let slot = Slot {
                     key,
-                    entry: Entry::new(replica),
+                    entry: Entry::new(replica, now_s),
                     prev: NIL,
                     next: NIL,
-                    touched: now_s,
                     block,
                     segment: PROBATION,
                 };
@@ -213,7 +213,7 @@ impl PrefixIndex {
             std::iter::from_fn(move || {
                 while at != NIL {
                     let slot = &self.slots[at as usize];
-                    if slot.touched < since_s {
+                    if slot.entry.touched < since_s {
                         return None;
                     }
                     at = slot.next;
@@ -226,17 +226,22 @@ impl PrefixIndex {
         })
     }
 
-    /// Drops every entry served by `replica` (it left the replica set).
-    pub fn forget_replica(&mut self, replica: u32) {
+    /// Drops every entry served by `replica` last recorded before `before_s`
+    /// (`u32::MAX`: all of them); returns how many.
+    pub fn forget_replica(&mut self, replica: u32, before_s: u32) -> usize {
         let doomed: Vec<u32> = self
             .map
             .values()
             .copied()
-            .filter(|s| self.slots[*s as usize].entry.replica == replica)
+            .filter(|s| {
+                let e = &self.slots[*s as usize].entry;
+                e.replica == replica && e.touched < before_s
+            })
             .collect();
-        for s in doomed {
-            self.remove(s);
+        for s in &doomed {
+            self.remove(*s);
         }
+        doomed.len()
     }
 
     /// Drops probation's least recent entry, or protected's when probation is empty.
@@ -358,7 +363,7 @@ mod tests {
         idx.upsert(1, 0, 0, true);
         idx.upsert(2, 1, 0, true);
         idx.upsert(3, 0, 0, true);
-        idx.forget_replica(0);
+        assert_eq!(idx.forget_replica(0, u32::MAX), 2);
         assert_eq!(idx.len(), 1);
         assert!(idx.get(2).is_some());
         // Freed slots are reused and the recency list stays consistent.
@@ -366,6 +371,18 @@ mod tests {
             idx.upsert(k, 1, 0, true);
         }
         assert_eq!(idx.len(), 8);
+    }
+
+    #[test]
+    fn forgetting_before_a_time_keeps_what_was_recorded_since() {
+        let mut idx = PrefixIndex::new(8);
+        idx.upsert(1, 0, 10, true);
+        idx.upsert(2, 0, 20, true);
+        idx.upsert(3, 1, 5, true);
+        idx.upsert(1, 0, 30, true);
+        assert_eq!(idx.forget_replica(0, 30), 1);
+        assert_eq!(idx.get(2), None);
+        assert!(idx.get(1).is_some() && idx.get(3).is_some());
     }
 
     #[test]
@@ -381,7 +398,7 @@ mod tests {
 
     #[test]
     fn tails_keep_the_newest_distinct_lengths() {
-        let mut e = Entry::new(0);
+        let mut e = Entry::new(0, 0);
         for t in [5, 6, 5, 7, 8, 9] {
             e.add_tail(t);
         }

@@ -24,6 +24,12 @@
 //! STATE           the prefix index (capped LRU, sharded by key, a lock per shard)
 //!                 and the counter; every placement is recorded, so a failover's
 //!                 re-placement moves the pin with it.
+//! REPAIR          the caller reports what engines say: a pin whose predicted prefix
+//!                 the engine reports (almost) all gone forgets what that replica held
+//!                 from before the prefix was last recorded (under the engine's LRU the
+//!                 older is gone too; the miss itself re-recorded the prompt); a replica
+//!                 back from a failed health check forgets everything (a restarted
+//!                 engine starts empty). Later turns are then placed on merit.
 //! ```
 //!
 //! No I/O, no clock, no threads of its own: replica liveness and load are
@@ -169,6 +175,8 @@ pub struct Decision {
     pub reason: Reason,
     /// Bytes of canonical prompt already seen on the chosen replica.
     pub matched_bytes: usize,
+    /// Clock (seconds) at which that prefix was last recorded (0 without one).
+    pub matched_at: u32,
 }
 
 /// A prefix the index knows: where it ends and who served it.
@@ -178,6 +186,8 @@ struct Match {
     replica: ReplicaId,
     /// An exact earlier prompt end (not only a shared block).
     end: bool,
+    /// Clock of its last record.
+    touched: u32,
 }
 
 /// The routing state: prefix index, counter, and the clock the caller sets.
@@ -254,6 +264,7 @@ impl Policy {
             shape: Shape::Single,
             reason: reason_or_none(&live, Reason::Spread),
             matched_bytes: 0,
+            matched_at: 0,
         }
     }
 
@@ -279,6 +290,7 @@ impl Policy {
             shape,
             reason: Reason::NoReplica,
             matched_bytes: 0,
+            matched_at: 0,
         };
         if live.is_empty() {
             return d;
@@ -289,7 +301,10 @@ impl Policy {
         if let Some(r) = keyed.filter(|r| live.iter().any(|s| s.id == *r)) {
             d.replica = Some(r);
             d.reason = Reason::Key;
-            d.matched_bytes = longest_on(&matches, r);
+            if let Some(m) = matches.iter().find(|m| m.replica == r) {
+                d.matched_bytes = m.pos;
+                d.matched_at = m.touched;
+            }
         } else if shape == Shape::Continuation || self.cfg.mode == Mode::Affinity {
             self.by_prefix(req.chain.head_hash(), &matches, &live, &mut d);
             if keyed.is_some() {
@@ -305,9 +320,18 @@ impl Policy {
         d
     }
 
-    /// Drops everything the index holds for a replica that left the set.
-    pub fn forget_replica(&self, id: ReplicaId) {
-        self.index.forget_replica(id.0);
+    /// Drops everything the index holds for a replica (it left the set, or
+    /// came back with an empty cache); returns the entries dropped.
+    pub fn forget_replica(&self, id: ReplicaId) -> usize {
+        self.index.forget_replica(id.0, u32::MAX)
+    }
+
+    /// The engine reported the prefix this placement predicted (almost) all
+    /// gone: drops what its replica held from before `matched_at` (see
+    /// REPAIR); returns the entries dropped.
+    pub fn forget_stale(&self, d: &Decision) -> usize {
+        d.replica
+            .map_or(0, |r| self.index.forget_replica(r.0, d.matched_at))
     }
 
     fn shape_of(&self, req: &Request, extends: bool) -> Shape {
@@ -365,6 +389,7 @@ impl Policy {
         }
         d.replica = Some(chosen.replica);
         d.matched_bytes = chosen.pos;
+        d.matched_at = chosen.touched;
     }
 
     /// Every known prefix of this prompt, longest first.
@@ -384,6 +409,7 @@ impl Policy {
                 pos: depth * b,
                 replica: ReplicaId(e.replica),
                 end: false,
+                touched: e.touched,
             });
         }
         // An earlier prompt that this one extends ended past the deepest
@@ -411,6 +437,7 @@ impl Policy {
                     pos,
                     replica: ReplicaId(e.replica),
                     end: true,
+                    touched: e.touched,
                 });
             }
         }
@@ -461,10 +488,6 @@ fn reason_or_none(live: &[ReplicaState], reason: Reason) -> Reason {
     } else {
         reason
     }
-}
-
-fn longest_on(matches: &[Match], r: ReplicaId) -> usize {
-    matches.iter().find(|m| m.replica == r).map_or(0, |m| m.pos)
 }
 
 /// Highest-random-weight choice: stable per key, and only the keys of a

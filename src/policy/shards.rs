@@ -143,10 +143,11 @@ impl Shards {
         }
     }
 
-    pub fn forget_replica(&self, replica: u32) {
-        for mut shard in self.all() {
-            shard.forget_replica(replica);
-        }
+    /// See [`PrefixIndex::forget_replica`].
+    pub fn forget_replica(&self, replica: u32, before_s: u32) -> usize {
+        self.all()
+            .map(|mut shard| shard.forget_replica(replica, before_s))
+            .sum()
     }
 }
 

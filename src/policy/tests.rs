@@ -166,6 +166,30 @@ fn forgetting_a_replica_drops_its_pins() {
 }
 
 #[test]
+fn a_lost_pin_forgets_what_its_replica_held_before_it_and_keeps_the_rest() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let one = replicas(&[true]);
+    let text = |name: &str, turn: usize| format!("{name}: {}", "turn. ".repeat(4 * (turn + 1)));
+    p.set_clock(5);
+    p.place(&req(&text("older", 0), false), &one);
+    p.set_clock(10);
+    p.place(&req(&text("lost", 0), false), &one);
+    p.set_clock(15);
+    p.place(&req(&text("newer", 0), false), &one);
+    p.set_clock(20);
+    let d = p.place(&req(&text("lost", 1), true), &one);
+    assert_eq!((d.reason, d.matched_at), (Reason::Pin, 10));
+    // The engine reported it all gone: "older" went before it, "newer" came
+    // after it (an LRU keeps it), and the turn just placed is held now.
+    assert!(p.forget_stale(&d) > 0);
+    let two = replicas(&[true, true]);
+    let placed = |name, turn| p.place(&req(&text(name, turn), true), &two).reason;
+    assert_eq!(placed("lost", 2), Reason::Pin);
+    assert_eq!(placed("newer", 1), Reason::Pin);
+    assert_eq!(placed("older", 1), Reason::Spread);
+}
+
+#[test]
 fn working_set_counts_distinct_recent_blocks_per_replica() {
     let p = Policy::new(cfg(Mode::Shape));
     let rs = replicas(&[true, true]);

@@ -1,0 +1,265 @@
+//! What the engine says it reused: the cache figures of a response, read as
+//! it streams past (no buffering, no delay), and the verdict on a pin.
+//!
+//! ```text
+//! FIELDS  cached  usage.prompt_tokens_details.cached_tokens (vLLM, SGLang, llama.cpp,
+//!                 the simulator; input_tokens_details.cached_tokens in the Responses API)
+//!                 timings.cache_n (llama.cpp), usage.cache_read_input_tokens (Anthropic)
+//!         prompt  usage.prompt_tokens, usage.input_tokens
+//!         The last figure of each wins: an SSE stream's last usage chunk is its total.
+//! MATCH   a JSON key is `"` name `"`, then `:` and digits, with any whitespace between;
+//!         in valid JSON that byte run cannot sit inside a string (its quotes would be
+//!         escaped), so a byte scan that jumps from quote to quote finds exactly the keys.
+//! VERDICT a placement that predicted reuse (matched bytes / BYTES_PER_TOKEN tokens) is a
+//!         hit when the engine reports at least half of it cached, else a miss; a miss
+//!         with under a tenth of it cached means the replica no longer holds what the
+//!         index believes (evicted, or a restarted engine).
+//! ```
+
+use memchr::memchr;
+
+/// Longest key looked for (`cache_read_input_tokens`).
+const MAX_KEY: usize = 23;
+
+/// Which figure a key carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Figure {
+    Cached,
+    Prompt,
+}
+
+fn figure(key: &[u8]) -> Option<Figure> {
+    match key {
+        b"cached_tokens" | b"cache_n" | b"cache_read_input_tokens" => Some(Figure::Cached),
+        b"prompt_tokens" | b"input_tokens" => Some(Figure::Prompt),
+        _ => None,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Looking for a quote.
+    Idle,
+    /// Inside a quoted run that may be a key; `len` bytes of it kept.
+    Key { len: u8 },
+    /// After a known key's closing quote, before its colon.
+    Colon(Figure),
+    /// After the colon, before the first digit.
+    Value(Figure),
+    /// Reading digits.
+    Digits(Figure, u64),
+}
+
+/// The cache figures of one response, fed its body piece by piece.
+#[derive(Debug, Clone)]
+pub struct UsageScan {
+    state: State,
+    key: [u8; MAX_KEY],
+    /// Prompt tokens the engine reused from its cache.
+    pub cached: Option<u64>,
+    /// Prompt tokens of the request, as the engine counted them.
+    pub prompt: Option<u64>,
+}
+
+impl Default for UsageScan {
+    fn default() -> Self {
+        Self {
+            state: State::Idle,
+            key: [0; MAX_KEY],
+            cached: None,
+            prompt: None,
+        }
+    }
+}
+
+impl UsageScan {
+    /// Reads the next piece of the body; a key or number may span pieces.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.state == State::Idle {
+                match memchr(b'"', &bytes[i..]) {
+                    Some(at) => {
+                        i += at + 1;
+                        self.state = State::Key { len: 0 };
+                    }
+                    None => return,
+                }
+                continue;
+            }
+            self.step(bytes[i]);
+            i += 1;
+        }
+    }
+
+    /// The figures once the body ended (a number at the very end counts).
+    pub fn finish(&mut self) {
+        self.step(b' ');
+        self.state = State::Idle;
+    }
+
+    fn step(&mut self, b: u8) {
+        self.state = match self.state {
+            State::Idle => State::Idle,
+            State::Key { len } => match b {
+                b'"' => match figure(&self.key[..usize::from(len)]) {
+                    Some(f) => State::Colon(f),
+                    // Not a key of ours: this quote may open the next one.
+                    None => State::Key { len: 0 },
+                },
+                b'a'..=b'z' | b'_' if usize::from(len) < MAX_KEY => {
+                    self.key[usize::from(len)] = b;
+                    State::Key { len: len + 1 }
+                }
+                _ => State::Idle,
+            },
+            State::Colon(f) => match b {
+                b':' => State::Value(f),
+                b' ' | b'\t' | b'\r' | b'\n' => State::Colon(f),
+                b'"' => State::Key { len: 0 },
+                _ => State::Idle,
+            },
+            State::Value(f) => match b {
+                b'0'..=b'9' => State::Digits(f, u64::from(b - b'0')),
+                b' ' | b'\t' | b'\r' | b'\n' => State::Value(f),
+                b'"' => State::Key { len: 0 },
+                _ => State::Idle,
+            },
+            State::Digits(f, n) => match b {
+                b'0'..=b'9' => {
+                    State::Digits(f, n.saturating_mul(10).saturating_add(u64::from(b - b'0')))
+                }
+                _ => {
+                    match f {
+                        Figure::Cached => self.cached = Some(n),
+                        Figure::Prompt => self.prompt = Some(n),
+                    }
+                    if b == b'"' {
+                        State::Key { len: 0 }
+                    } else {
+                        State::Idle
+                    }
+                }
+            },
+        };
+    }
+}
+
+/// Whether a placement's predicted reuse happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Hit,
+    Miss,
+    /// A miss with (almost) nothing reused: the index's belief is dead.
+    Lost,
+}
+
+impl Outcome {
+    /// The verdict for `predicted` tokens expected cached and `delivered`
+    /// reported; `None` when nothing was predicted.
+    pub fn of(predicted: u64, delivered: u64) -> Option<Outcome> {
+        if predicted == 0 {
+            None
+        } else if delivered.saturating_mul(2) >= predicted {
+            Some(Outcome::Hit)
+        } else if delivered.saturating_mul(10) < predicted {
+            Some(Outcome::Lost)
+        } else {
+            Some(Outcome::Miss)
+        }
+    }
+
+    /// The metric label: a lost pin is a miss.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Hit => "hit",
+            Outcome::Miss | Outcome::Lost => "miss",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scan(pieces: &[&[u8]]) -> (Option<u64>, Option<u64>) {
+        let mut s = UsageScan::default();
+        for p in pieces {
+            s.feed(p);
+        }
+        s.finish();
+        (s.cached, s.prompt)
+    }
+
+    const VLLM: &[u8] = br#"{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":81564,"total_tokens":81596,"completion_tokens":32,"prompt_tokens_details":{"cached_tokens":80016}}}"#;
+
+    #[test]
+    fn finds_the_openai_usage_of_a_whole_body() {
+        assert_eq!(scan(&[VLLM]), (Some(80016), Some(81564)));
+    }
+
+    #[test]
+    fn finds_it_however_the_body_is_cut() {
+        for cut in 0..VLLM.len() {
+            let (a, b) = VLLM.split_at(cut);
+            assert_eq!(scan(&[a, b]), (Some(80016), Some(81564)), "cut at {cut}");
+        }
+        let bytes: Vec<&[u8]> = VLLM.chunks(1).collect();
+        assert_eq!(scan(&bytes), (Some(80016), Some(81564)));
+    }
+
+    #[test]
+    fn reads_llama_cpp_timings_and_spaced_json() {
+        let body = br#"{"timings": {"cache_n" : 1368, "prompt_n": 3},
+            "usage": {"prompt_tokens": 1371}}"#;
+        assert_eq!(scan(&[body]), (Some(1368), Some(1371)));
+    }
+
+    #[test]
+    fn an_sse_stream_counts_its_last_usage_chunk() {
+        let stream = b"data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}],\"usage\":null}\n\n\
+            data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"prompt_tokens_details\":{\"cached_tokens\":8}}}\n\n\
+            data: [DONE]\n\n";
+        assert_eq!(scan(&[stream]), (Some(8), Some(10)));
+    }
+
+    #[test]
+    fn text_that_quotes_a_key_is_not_a_key() {
+        // The model wrote `"cached_tokens": 5` in its answer: escaped quotes.
+        let body = br#"{"content":"say \"cached_tokens\": 5 and \"prompt_tokens\":7","usage":{"prompt_tokens":3}}"#;
+        assert_eq!(scan(&[body]), (None, Some(3)));
+        // A string value right before the key does not swallow its quote.
+        let body = br#"{"a":"b","cached_tokens":4,"x":"prompt_tokens","y":1}"#;
+        assert_eq!(scan(&[body]), (Some(4), None));
+    }
+
+    #[test]
+    fn no_usage_or_a_null_one_reports_nothing() {
+        assert_eq!(scan(&[br#"{"usage":null}"#]), (None, None));
+        assert_eq!(
+            scan(&[br#"{"cached_tokens":null,"prompt_tokens":"7"}"#]),
+            (None, None)
+        );
+        assert_eq!(
+            scan(&[b"not json at all \"", b"cached_tokens"]),
+            (None, None)
+        );
+    }
+
+    #[test]
+    fn huge_numbers_saturate() {
+        let body = br#"{"cached_tokens":99999999999999999999999999}"#;
+        assert_eq!(scan(&[body]).0, Some(u64::MAX));
+    }
+
+    #[test]
+    fn verdicts() {
+        assert_eq!(Outcome::of(0, 5), None);
+        assert_eq!(Outcome::of(1000, 980), Some(Outcome::Hit));
+        assert_eq!(Outcome::of(1000, 500), Some(Outcome::Hit));
+        assert_eq!(Outcome::of(1000, 499), Some(Outcome::Miss));
+        assert_eq!(Outcome::of(1000, 100), Some(Outcome::Miss));
+        assert_eq!(Outcome::of(1000, 99), Some(Outcome::Lost));
+        assert_eq!(Outcome::of(1000, 0), Some(Outcome::Lost));
+    }
+}

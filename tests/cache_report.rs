@@ -1,0 +1,213 @@
+//! What the engines report reusing, read from their responses as they stream
+//! past, counted against what the router predicted: real router, real
+//! simulators (which report `usage.prompt_tokens_details.cached_tokens`).
+
+mod common;
+
+use common::http::EventStream;
+use common::{Router, Sim};
+use serde_json::json;
+
+/// A conversation with a long system prompt (about 1,500 tokens), after `turns` turns.
+fn agent(turns: usize) -> serde_json::Value {
+    let context = "The repository layout and the failing test output. ".repeat(120);
+    let mut m = vec![json!({"role": "system", "content": context})];
+    for t in 0..turns {
+        m.push(json!({"role": "user", "content": format!("step {t}")}));
+        m.push(json!({"role": "assistant", "content": format!("result {t}")}));
+    }
+    m.push(json!({"role": "user", "content": format!("step {turns}")}));
+    json!({"model": "m", "max_tokens": 2, "messages": m})
+}
+
+fn series(router: &Router, name: &str, labels: &str) -> f64 {
+    router.metric(&format!("prefix_router_{name}{{{labels}}}"))
+}
+
+#[test]
+fn a_pin_is_checked_against_the_cache_the_engine_reports() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "");
+    for turns in 1..=3 {
+        let r = router.post("/v1/chat/completions", &agent(turns));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let pin = "decision=\"pin\",replica=\"a\"";
+    let predicted = series(&router, "predicted_cached_tokens_total", pin);
+    let delivered = series(&router, "delivered_cached_tokens_total", pin);
+    let prompt = series(&router, "reported_prompt_tokens_total", pin);
+    // Two pinned turns, each reusing the ~1,500-token context.
+    assert!(predicted > 3_000.0, "predicted {predicted}");
+    // The router counts bytes / 4, the simulator whole 16-token blocks of
+    // the same text: within a block per turn of each other.
+    assert!(
+        (predicted - delivered).abs() <= 2.0 * 16.0 + 8.0,
+        "predicted {predicted}, delivered {delivered}"
+    );
+    assert!(prompt > delivered, "prompt {prompt}, delivered {delivered}");
+    let outcome = |o: &str| {
+        series(
+            &router,
+            "pin_outcomes_total",
+            &format!("outcome=\"{o}\",replica=\"a\""),
+        )
+    };
+    assert_eq!((outcome("hit"), outcome("miss")), (2.0, 0.0));
+    // The first turn predicted nothing and reported nothing cached.
+    let spread = "decision=\"spread\",replica=\"a\"";
+    assert_eq!(
+        series(&router, "predicted_cached_tokens_total", spread),
+        0.0
+    );
+    assert_eq!(
+        series(&router, "delivered_cached_tokens_total", spread),
+        0.0
+    );
+    assert!(series(&router, "reported_prompt_tokens_total", spread) > 1_000.0);
+}
+
+#[test]
+fn a_stream_is_counted_from_its_usage_chunk_and_only_when_it_has_one() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "");
+    let first = router.post("/v1/chat/completions", &agent(1));
+    assert_eq!(first.status, 200);
+    let pin = "decision=\"pin\",replica=\"a\"";
+    let read_all = |body: &serde_json::Value| {
+        let mut s = EventStream::open(router.addr, "/v1/chat/completions", body);
+        let mut last = String::new();
+        while let Some(e) = s.next_event() {
+            last = e;
+        }
+        last
+    };
+    // Without `stream_options.include_usage` the engine reports nothing,
+    // and the router adds nothing to the request.
+    let mut quiet = agent(2);
+    quiet["stream"] = json!(true);
+    assert_eq!(read_all(&quiet), "data: [DONE]");
+    assert_eq!(series(&router, "delivered_cached_tokens_total", pin), 0.0);
+    assert_eq!(series(&router, "predicted_cached_tokens_total", pin), 0.0);
+    let mut asked = agent(3);
+    asked["stream"] = json!(true);
+    asked["stream_options"] = json!({"include_usage": true});
+    assert_eq!(read_all(&asked), "data: [DONE]");
+    assert!(series(&router, "delivered_cached_tokens_total", pin) > 1_000.0);
+    assert_eq!(
+        series(
+            &router,
+            "pin_outcomes_total",
+            "outcome=\"hit\",replica=\"a\""
+        ),
+        1.0
+    );
+}
+
+#[test]
+fn a_restarted_engine_reports_the_pin_missed() {
+    let mut a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "");
+    for turns in 1..=2 {
+        assert_eq!(
+            router.post("/v1/chat/completions", &agent(turns)).status,
+            200
+        );
+    }
+    // The engine restarts on the same port between health checks: its cache
+    // is empty, the router's index still points at it.
+    let listen = a.addr.to_string();
+    a.kill();
+    let _a = Sim::start_on(&listen, "a", &[]);
+    let r = router.post("/v1/chat/completions", &agent(3));
+    assert_eq!((r.status, r.decision()), (200, "pin"), "{}", r.text());
+    let outcome = |o: &str| {
+        series(
+            &router,
+            "pin_outcomes_total",
+            &format!("outcome=\"{o}\",replica=\"a\""),
+        )
+    };
+    assert_eq!((outcome("hit"), outcome("miss")), (1.0, 1.0));
+}
+
+/// `agent(turns)` with its own system prompt.
+fn named(name: &str, turns: usize) -> serde_json::Value {
+    let mut body = agent(turns);
+    let context = body["messages"][0]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    body["messages"][0]["content"] = json!(format!("{name}. {context}"));
+    body
+}
+
+/// Opens conversations named `base 0`, `base 1`, ... until one's first turn
+/// lands on `replica` (the counter alternates); returns its name.
+fn opened_on(router: &Router, base: &str, replica: &str) -> String {
+    (0..8)
+        .map(|i| format!("{base} {i}"))
+        .find(|name| {
+            let r = router.post("/v1/chat/completions", &named(name, 1));
+            assert_eq!(r.status, 200, "{}", r.text());
+            r.replica() == replica
+        })
+        .expect("the counter reaches every replica")
+}
+
+#[test]
+fn a_pin_the_engine_lost_unpins_what_its_replica_held_before_it() {
+    // Health checks far apart: the restart below goes unseen by them.
+    let mut a = Sim::start("a", &[]);
+    let b = Sim::start("b", &[]);
+    let router = Router::start(&[&a, &b], "health_check:\n  interval_ms: 600000\n");
+    // Two conversations on `a`: "older", then, a second of the index's clock
+    // later, "lost", whose second turn hits.
+    let older = opened_on(&router, "older", "a");
+    std::thread::sleep(std::time::Duration::from_millis(1_600));
+    let lost = opened_on(&router, "lost", "a");
+    let hit = router.post("/v1/chat/completions", &named(&lost, 2));
+    assert_eq!((hit.replica(), hit.decision()), ("a", "pin"));
+    // `a` restarts with an empty cache; the next turn of "lost" is pinned
+    // there and the engine reports nothing reused.
+    let listen = a.addr.to_string();
+    a.kill();
+    let _a = Sim::start_on(&listen, "a", &[]);
+    let missed = router.post("/v1/chat/completions", &named(&lost, 3));
+    assert_eq!((missed.replica(), missed.decision()), ("a", "pin"));
+    let repairs = |cause: &str| {
+        series(
+            &router,
+            "index_repairs_total",
+            &format!("cause=\"{cause}\",replica=\"a\""),
+        )
+    };
+    assert_eq!((repairs("miss"), repairs("restart")), (1.0, 0.0));
+    // "older" sat on `a` from before: forgotten, its next turn is placed on
+    // merit (the counter), not sent to a cache that is gone.
+    let next = router.post("/v1/chat/completions", &named(&older, 2));
+    assert_eq!(next.decision(), "spread", "{}", next.replica());
+    // "lost" was prefilled again by the turn that missed: it stays.
+    let again = router.post("/v1/chat/completions", &named(&lost, 4));
+    assert_eq!((again.replica(), again.decision()), ("a", "pin"));
+}
+
+#[test]
+fn a_replica_back_from_a_failed_health_check_starts_with_no_pins() {
+    let mut a = Sim::start("a", &[]);
+    let b = Sim::start("b", &[]);
+    let router = Router::start(&[&a, &b], "");
+    let name = opened_on(&router, "conversation", "a");
+    let listen = a.addr.to_string();
+    a.kill();
+    router.wait_replica_up("a", false);
+    let _a = Sim::start_on(&listen, "a", &[]);
+    router.wait_replica_up("a", true);
+    let repairs = series(
+        &router,
+        "index_repairs_total",
+        "cause=\"restart\",replica=\"a\"",
+    );
+    assert_eq!(repairs, 1.0);
+    let next = router.post("/v1/chat/completions", &named(&name, 2));
+    assert_eq!(next.decision(), "spread");
+}
