@@ -5,7 +5,7 @@
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use prefix_router::policy::{
-    ContinuationRule, Mode, Policy, PolicyConfig, ReplicaId, ReplicaState,
+    ContinuationRule, KvRoom, Mode, Policy, PolicyConfig, ReplicaId, ReplicaState,
 };
 use prefix_router::request::Prompt;
 use serde_json::json;
@@ -18,6 +18,7 @@ fn policy(max_entries: usize) -> Policy {
         continuation: ContinuationRule::ModelTurn,
         block_bytes: BLOCK,
         max_entries,
+        kv_room: KvRoom::Off,
         load_guard: None,
     })
 }
@@ -28,6 +29,7 @@ fn fleet(n: u32) -> Vec<ReplicaState> {
             id: ReplicaId(i),
             live: true,
             in_flight: i % 3,
+            room: None,
         })
         .collect()
 }
@@ -112,6 +114,7 @@ fn lookup_vs_tracked(c: &mut Criterion) {
                 model_turn: true,
                 messages: 1,
                 key: None,
+                cache_bypass: false,
             };
             p.place(&req, &rs);
         }

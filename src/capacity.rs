@@ -2,7 +2,8 @@
 //! each replica (distinct prompt blocks of recent requests, in tokens) beside
 //! the replica's declared `kv_tokens`, exported as gauges; a warning naming the
 //! levers when it does not fit. No placement changes: routing cannot rescue
-//! arithmetic (the seed's capacity section).
+//! arithmetic (the seed's capacity section). It also hands each replica its
+//! pinned working set, which the policy's `kv_room` weighs cold placements by.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,7 +14,7 @@ use pingora_core::services::background::BackgroundService;
 
 use crate::admission::Admission;
 use crate::metrics::METRICS;
-use crate::policy::{Policy, ReplicaId};
+use crate::policy::{Policy, ReplicaId, WorkingSet};
 use crate::replicas::Replicas;
 
 /// Bytes of canonical prompt text per token: the estimate used everywhere
@@ -76,10 +77,12 @@ impl CapacityWatch {
                 .in_flight
                 .with_label_values(&[&r.name])
                 .set(i64::from(r.in_flight()));
-            let tokens = ws
+            let set = ws
                 .iter()
                 .find(|(id, _)| *id == r.id)
-                .map_or(0, |(_, bytes)| bytes / BYTES_PER_TOKEN);
+                .map_or(WorkingSet::default(), |(_, set)| *set);
+            r.set_pinned_bytes(set.pinned);
+            let tokens = set.all / BYTES_PER_TOKEN;
             METRICS
                 .working_set
                 .with_label_values(&[&r.name])

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::policy::{ContinuationRule, Mode, PolicyConfig};
+use crate::policy::{ContinuationRule, KvRoom, Mode, PolicyConfig};
 
 /// The configuration the router runs on when no `--config` is given: two
 /// simulated replicas on localhost (see the README).
@@ -56,6 +56,9 @@ pub struct Config {
     pub health_check: HealthCheck,
     pub timeouts: Timeouts,
     pub prefix_index: PrefixIndex,
+    /// Cold placements prefer replicas with KV room for them (`off`, `spread`,
+    /// `pack`; see the policy module). Needs `kv_tokens` on the replicas.
+    pub kv_room: KvRoomName,
     /// A continuation whose replica has more requests in flight than the least
     /// loaded live replica plus this moves to its next-best cached replica.
     /// Off (`null`) until measurements say otherwise.
@@ -161,6 +164,15 @@ pub enum PolicyName {
     Affinity,
 }
 
+/// `kv_room:` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvRoomName {
+    Off,
+    Spread,
+    Pack,
+}
+
 /// `continuation:` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -205,6 +217,12 @@ pub struct PrefixIndex {
     pub block_bytes: usize,
     /// Cap on tracked prefix entries (segmented LRU beyond it: scan-resistant).
     pub max_entries: usize,
+    /// A pin whose engine reports (almost) nothing of it cached makes the
+    /// index forget what that replica held from before, when the prefix was
+    /// placed at least this many seconds before the request (a younger one
+    /// may still be in its first prefill), at most once per this many seconds
+    /// per replica. `null`: never.
+    pub repair_on_miss_s: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -230,6 +248,7 @@ impl Default for Config {
             health_check: HealthCheck::default(),
             timeouts: Timeouts::default(),
             prefix_index: PrefixIndex::default(),
+            kv_room: KvRoomName::Off,
             load_guard_in_flight: None,
             reload_interval_ms: 1_000,
             working_set_window_s: 300,
@@ -302,6 +321,7 @@ impl Default for PrefixIndex {
         Self {
             block_bytes: 1024,
             max_entries: 1 << 20,
+            repair_on_miss_s: Some(10),
         }
     }
 }
@@ -479,6 +499,11 @@ impl Config {
             },
             block_bytes: self.prefix_index.block_bytes,
             max_entries: self.prefix_index.max_entries,
+            kv_room: match self.kv_room {
+                KvRoomName::Off => KvRoom::Off,
+                KvRoomName::Spread => KvRoom::Spread,
+                KvRoomName::Pack => KvRoom::Pack,
+            },
             load_guard: self.load_guard_in_flight,
         }
     }

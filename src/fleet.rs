@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use pingora_core::Result;
+use pingora_core::{ErrorType, Result};
 use pingora_load_balancing::discovery::ServiceDiscovery;
 use pingora_load_balancing::health_check::{HealthCheck, HttpHealthCheck};
 use pingora_load_balancing::selection::{BackendIter, BackendSelection};
@@ -94,8 +94,9 @@ impl ServiceDiscovery for Discovery {
 /// Pingora's HTTP check, whose every result also updates the replica's own
 /// liveness: a new replica is live only after a pass (Pingora starts new
 /// backends healthy), and a pass ends an ejection made on the request path.
-/// A pass after a failed check also empties the replica's part of the prefix
-/// index: an engine that went away and came back has an empty cache.
+/// A pass after a failed check (refused, reset, an error status: not a
+/// timeout, which a busy engine gives) also empties the replica's part of the
+/// prefix index: an engine that went away and came back has an empty cache.
 struct ReplicaHealth {
     http: HttpHealthCheck,
     replicas: Arc<Replicas>,
@@ -107,7 +108,13 @@ impl HealthCheck for ReplicaHealth {
     async fn check(&self, target: &Backend) -> Result<()> {
         let result = self.http.check(target).await;
         if let Some(r) = target.addr.as_inet().and_then(|a| self.replicas.by_addr(a)) {
-            if result.is_ok() && !r.checked() {
+            let timed_out = result.as_ref().err().is_some_and(|e| {
+                matches!(
+                    e.etype(),
+                    ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout
+                )
+            });
+            if r.came_back(result.is_ok(), timed_out) {
                 let forgotten = self.policy.forget_replica(r.id);
                 if forgotten > 0 {
                     METRICS.repaired(&r.name, Repair::Restart, forgotten);

@@ -138,11 +138,11 @@ impl ReplicaCounters {
 
     /// Counts the usage a response reported: `predicted` cached tokens the
     /// placement expected, `cached` and `prompt` as the engine reported them.
-    pub fn usage(&self, reason: Reason, predicted: u64, cached: u64, prompt: Option<u64>) {
+    pub fn usage(&self, reason: Reason, predicted: u64, cached: u64, prompt: u64) {
         if let Some([p, c, t]) = Self::at(reason).and_then(|i| self.usage.get(i)) {
             p.inc_by(predicted);
             c.inc_by(cached);
-            t.inc_by(prompt.unwrap_or(0));
+            t.inc_by(prompt);
         }
     }
 
@@ -276,7 +276,7 @@ pub static METRICS: Lazy<Metrics> = Lazy::new(|| {
     .expect("register"),
     reported_prompt: register_int_counter_vec!(
         "prefix_router_reported_prompt_tokens_total",
-        "Prompt tokens the replica reported, over responses that reported cached tokens",
+        "Prompt tokens the replica reported, over responses that reported usage",
         &["replica", "decision"]
     )
     .expect("register"),

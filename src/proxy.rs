@@ -73,6 +73,8 @@ pub struct Settings {
     pub client_header_timeout: Duration,
     pub client_write_timeout: Duration,
     pub placement_headers: bool,
+    /// `prefix_index.repair_on_miss_s`.
+    pub repair_on_miss_s: Option<u32>,
     pub outlier: OutlierRules,
     pub tls: crate::config::ReplicaTls,
 }
@@ -93,6 +95,7 @@ impl Settings {
             client_header_timeout: ms(c.client_timeouts.header_ms),
             client_write_timeout: ms(c.client_timeouts.write_ms),
             placement_headers: c.placement_headers,
+            repair_on_miss_s: c.prefix_index.repair_on_miss_s,
             outlier: c.outlier_rules(),
             tls: c.replica_tls.clone(),
         }
@@ -137,6 +140,9 @@ pub struct Ctx {
     /// The cache figures of a routed request's successful response, read as
     /// its body passes.
     usage: Option<UsageScan>,
+    /// The engine was not told to skip its cache: what it reports reusing
+    /// is evidence of what the replica holds.
+    evidence: bool,
 }
 
 /// Whether the client has seen the start of a final response (a `100
@@ -168,23 +174,27 @@ impl Router {
     }
 
     /// Counts what the engine reported reusing against what the placement
-    /// predicted (responses that report no cached figure are left out, so
-    /// the two counters stay comparable).
+    /// predicted (responses that report no usage are left out, so the
+    /// counters stay comparable), and repairs the index after a lost pin.
     fn reported(&self, replica: &Replica, d: &Decision, u: &UsageScan) {
-        let Some(cached) = u.cached else {
+        let Some((cached, prompt)) = u.figures() else {
             return;
         };
         let predicted = d.matched_bytes as u64 / BYTES_PER_TOKEN;
-        replica
-            .counters
-            .usage(d.reason, predicted, cached, u.prompt);
-        if let Some(outcome) = Outcome::of(predicted, cached) {
-            replica.counters.outcome(outcome);
-            if outcome == Outcome::Lost {
-                let forgotten = self.policy.forget_stale(d);
-                if forgotten > 0 {
-                    METRICS.repaired(&replica.name, Repair::Miss, forgotten);
-                }
+        replica.counters.usage(d.reason, predicted, cached, prompt);
+        let Some(outcome) = Outcome::of(predicted, cached) else {
+            return;
+        };
+        replica.counters.outcome(outcome);
+        let Some(every) = self.settings.repair_on_miss_s else {
+            return;
+        };
+        let old_enough = d.matched_age_s() >= every;
+        if outcome == Outcome::Lost && old_enough && replica.may_repair(self.policy.clock(), every)
+        {
+            let forgotten = self.policy.forget_stale(d, every);
+            if forgotten > 0 {
+                METRICS.repaired(&replica.name, Repair::Miss, forgotten);
             }
         }
     }
@@ -311,6 +321,7 @@ impl ProxyHttp for Router {
             first_attempt: None,
             error: None,
             usage: None,
+            evidence: false,
         }
     }
 
@@ -444,7 +455,13 @@ impl ProxyHttp for Router {
             if panic {
                 METRICS.panic_routed.inc();
             }
-            ctx.attempt = Some(replica.begin());
+            // A cold placement's prompt will take KV room on its replica.
+            let cold = match (&ctx.request, decision.matched_bytes) {
+                (Some(r), 0) => r.chain.len() as u64,
+                _ => 0,
+            };
+            ctx.evidence = ctx.request.as_ref().is_some_and(|r| !r.cache_bypass);
+            ctx.attempt = Some(replica.begin(cold));
             ctx.decision = Some(decision);
             if let Some(r) = ctx.request.take() {
                 if let Some(t) = ctx.ticket.as_mut() {
@@ -664,7 +681,9 @@ impl ProxyHttp for Router {
             .filter(|r| !r.status.is_informational())
             .map_or(0, |r| r.status.as_u16());
         let attempt = ctx.attempt.take();
-        if let (Some(a), Some(d), Some(u)) = (&attempt, &ctx.decision, &ctx.usage) {
+        if let (Some(a), Some(d), Some(u), true) =
+            (&attempt, &ctx.decision, &ctx.usage, ctx.evidence)
+        {
             self.reported(a.replica(), d, u);
         }
         let replica = attempt.as_ref().map(|a| a.replica().name.as_str());

@@ -20,9 +20,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use crate::capacity::BYTES_PER_TOKEN;
 use crate::config;
 use crate::metrics::ReplicaCounters;
-use crate::policy::{ReplicaId, ReplicaState};
+use crate::policy::{ReplicaId, ReplicaState, Room};
 
 /// One replica.
 #[derive(Debug)]
@@ -33,8 +34,17 @@ pub struct Replica {
     /// KV capacity in tokens; 0 when not declared. Reloadable.
     kv_tokens: AtomicU64,
     in_flight: AtomicU32,
+    /// Pinned working set, bytes (the capacity watch refreshes it).
+    pinned_bytes: AtomicU64,
+    /// Canonical bytes of the cold (spread) prompts in flight.
+    cold_bytes: AtomicU64,
     /// The last active health check passed (false until the first one does).
     checked: AtomicBool,
+    /// A health check failed other than by timing out since the last pass:
+    /// the engine went away (a busy one times out instead).
+    went_away: AtomicBool,
+    /// Clock (seconds) of the last index repair after a lost pin; MAX: none.
+    last_repair: AtomicU32,
     /// Ejected by the request path; see the module header.
     ejected: AtomicBool,
     /// Failures in a row (timeouts, 5xx) since the last success.
@@ -119,6 +129,32 @@ impl Replica {
         self.in_flight.load(Relaxed)
     }
 
+    /// Whether a health check result shows the engine back after it went
+    /// away (a failure other than a timeout, then this pass): it restarted,
+    /// and its cache is empty.
+    pub fn came_back(&self, passed: bool, timed_out: bool) -> bool {
+        if passed {
+            self.went_away.swap(false, Relaxed)
+        } else {
+            if !timed_out {
+                self.went_away.store(true, Relaxed);
+            }
+            false
+        }
+    }
+
+    /// Whether an index repair after a lost pin may run at `now_s`: at most
+    /// one per `every_s` seconds per replica.
+    pub fn may_repair(&self, now_s: u32, every_s: u32) -> bool {
+        let last = self.last_repair.load(Relaxed);
+        if last != u32::MAX && now_s.saturating_sub(last) < every_s {
+            return false;
+        }
+        self.last_repair
+            .compare_exchange(last, now_s, Relaxed, Relaxed)
+            .is_ok()
+    }
+
     /// Records an active health check result at `now`; a pass also ends an
     /// ejection whose time is up. Returns whether liveness changed.
     pub fn on_check(&self, passed: bool, now: Instant) -> bool {
@@ -133,34 +169,57 @@ impl Replica {
         before != self.live()
     }
 
-    /// Counts a request in flight until the guard drops.
-    pub fn begin(self: &Arc<Self>) -> InFlight {
+    /// Counts a request in flight until the guard drops; `cold` bytes of
+    /// prompt placed without a cached prefix (0 for others).
+    pub fn begin(self: &Arc<Self>, cold: u64) -> InFlight {
         self.in_flight.fetch_add(1, Relaxed);
-        InFlight(Arc::clone(self))
+        self.cold_bytes.fetch_add(cold, Relaxed);
+        InFlight {
+            replica: Arc::clone(self),
+            cold,
+        }
+    }
+
+    /// Sets the pinned working set (bytes) the KV room is computed from.
+    pub fn set_pinned_bytes(&self, bytes: u64) {
+        self.pinned_bytes.store(bytes, Relaxed);
     }
 
     fn state(&self) -> ReplicaState {
+        let room = self.kv_tokens().map(|kv| {
+            let cold = self.cold_bytes.load(Relaxed);
+            let taken = self.pinned_bytes.load(Relaxed).saturating_add(cold);
+            Room {
+                free: (kv.saturating_mul(BYTES_PER_TOKEN) as i64).saturating_sub(taken as i64),
+                cold,
+            }
+        });
         ReplicaState {
             id: self.id,
             live: self.live(),
             in_flight: self.in_flight(),
+            room,
         }
     }
 }
 
-/// A request in flight on a replica; decrements the count when dropped.
+/// A request in flight on a replica; undoes its counts when dropped.
 #[derive(Debug)]
-pub struct InFlight(Arc<Replica>);
+pub struct InFlight {
+    replica: Arc<Replica>,
+    cold: u64,
+}
 
 impl InFlight {
     pub fn replica(&self) -> &Arc<Replica> {
-        &self.0
+        &self.replica
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Relaxed);
+        self.replica.in_flight.fetch_sub(1, Relaxed);
+        self.replica.cold_bytes.fetch_sub(self.cold, Relaxed);
     }
 }
 
@@ -286,7 +345,11 @@ impl Replicas {
                         addr,
                         kv_tokens: AtomicU64::new(c.kv_tokens.unwrap_or(0)),
                         in_flight: AtomicU32::new(0),
+                        pinned_bytes: AtomicU64::new(0),
+                        cold_bytes: AtomicU64::new(0),
                         checked: AtomicBool::new(false),
+                        went_away: AtomicBool::new(false),
+                        last_repair: AtomicU32::new(u32::MAX),
                         ejected: AtomicBool::new(false),
                         consecutive: AtomicU32::new(0),
                         ejection: Mutex::new((0, None)),
@@ -320,6 +383,32 @@ mod tests {
                 kv_tokens: None,
             })
             .collect()
+    }
+
+    #[test]
+    fn only_a_pass_after_the_engine_went_away_says_it_came_back() {
+        let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1")]));
+        let a = Arc::clone(&set.snapshot()[0]);
+        // The first pass at start, and passes after it: nothing to forget.
+        assert!(!a.came_back(true, false));
+        assert!(!a.came_back(true, false));
+        // A busy engine times out and passes again: its cache is intact.
+        assert!(!a.came_back(false, true));
+        assert!(!a.came_back(true, false));
+        // Refused (or an error status), then a pass: it restarted, once.
+        assert!(!a.came_back(false, false));
+        assert!(!a.came_back(false, true));
+        assert!(a.came_back(true, false));
+        assert!(!a.came_back(true, false));
+    }
+
+    #[test]
+    fn index_repairs_after_lost_pins_are_spaced_per_replica() {
+        let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1")]));
+        let a = Arc::clone(&set.snapshot()[0]);
+        assert!(a.may_repair(3, 10));
+        assert!(!a.may_repair(12, 10));
+        assert!(a.may_repair(13, 10));
     }
 
     #[test]
@@ -432,7 +521,7 @@ mod tests {
         let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")]));
         let a = Arc::clone(&set.snapshot()[0]);
         a.on_check(true, Instant::now());
-        let _guard = a.begin();
+        let _guard = a.begin(0);
         let change = set.apply(&cfg(&[("a", "127.0.0.1:1"), ("c", "127.0.0.1:3")]));
         assert_eq!(
             change
@@ -461,8 +550,8 @@ mod tests {
     fn in_flight_counts_until_the_guard_drops() {
         let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1")]));
         let a = Arc::clone(&set.snapshot()[0]);
-        let g1 = a.begin();
-        let g2 = a.begin();
+        let g1 = a.begin(0);
+        let g2 = a.begin(0);
         assert_eq!(a.in_flight(), 2);
         drop(g1);
         drop(g2);

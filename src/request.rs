@@ -8,7 +8,10 @@
 //! a client escaped it, and most strings are copied as written, not unescaped. Anthropic's
 //! top-level `system` is a first `system` message wherever its key stands; a
 //! completions `prompt` is its text (strings of a list joined by `0x1E`, token
-//! ids as decimal numbers). Unknown fields are ignored.
+//! ids as decimal numbers). Unknown fields are ignored, except the engine
+//! options that skip its prefix cache (`cache_salt`, `cache_prompt: false`,
+//! `prompt_logprobs`), which are noted: such a response says nothing of what
+//! the replica holds.
 //!
 //! The body is read in one pass by a byte scanner (`scan`) under these rules
 //! (`walk`); it reads what the serde visitors it replaced read (kept in
@@ -47,6 +50,9 @@ pub struct Prompt {
     pub messages: usize,
     /// `prompt_cache_key` from the body.
     pub key: Option<String>,
+    /// The body asks the engine not to reuse its prefix cache (`cache_salt`,
+    /// `cache_prompt: false`, `prompt_logprobs`).
+    pub cache_bypass: bool,
 }
 
 impl Prompt {
@@ -70,6 +76,7 @@ impl Prompt {
             model_turn: self.model_turn,
             messages: self.messages,
             key,
+            cache_bypass: self.cache_bypass,
         }
     }
 }
@@ -113,6 +120,11 @@ struct Fields {
     messages: Option<Section>,
     prompt: Option<Section>,
     key: Option<String>,
+    /// vLLM's `cache_salt`, llama.cpp's `cache_prompt: false`, vLLM's
+    /// `prompt_logprobs`: each makes the engine skip its prefix cache.
+    salt: bool,
+    no_cache: bool,
+    logprobs: bool,
 }
 
 impl Fields {
@@ -123,6 +135,7 @@ impl Fields {
         let mut parts = sections.into_iter().flatten();
         let mut prompt = Prompt {
             key: self.key,
+            cache_bypass: self.salt || self.no_cache || self.logprobs,
             ..Prompt::default()
         };
         let Some(first) = parts.next() else {

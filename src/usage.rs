@@ -10,16 +10,23 @@
 //! MATCH   a JSON key is `"` name `"`, then `:` and digits, with any whitespace between;
 //!         in valid JSON that byte run cannot sit inside a string (its quotes would be
 //!         escaped), so a byte scan that jumps from quote to quote finds exactly the keys.
-//! VERDICT a placement that predicted reuse (matched bytes / BYTES_PER_TOKEN tokens) is a
-//!         hit when the engine reports at least half of it cached, else a miss; a miss
-//!         with under a tenth of it cached means the replica no longer holds what the
-//!         index believes (evicted, or a restarted engine).
+//! COUNTED a response that reported both figures, cached at most prompt, both under 2^32
+//!         (anything else is not a usage report); a request that told its engine to
+//!         skip the cache (`cache_salt`, ...) reports nothing about the replica.
+//! VERDICT a placement that predicted reuse of at least MIN_VERDICT_TOKENS (matched bytes /
+//!         BYTES_PER_TOKEN) is a hit when the engine reports at least half of it cached,
+//!         else a miss; a miss with under a tenth of it cached is `Lost`: the replica no
+//!         longer holds what the index believes (evicted, or a restarted engine).
+//!         Shorter predictions get none: an engine's cache block can miss them whole.
 //! ```
 
 use memchr::memchr;
 
 /// Longest key looked for (`cache_read_input_tokens`).
 const MAX_KEY: usize = 23;
+
+/// Predictions shorter than this (tokens) get no verdict.
+pub const MIN_VERDICT_TOKENS: u64 = 256;
 
 /// Which figure a key carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +105,12 @@ impl UsageScan {
         self.state = State::Idle;
     }
 
+    /// `(cached, prompt)` tokens when the response reported both, sensibly.
+    pub fn figures(&self) -> Option<(u64, u64)> {
+        let (cached, prompt) = (self.cached?, self.prompt?);
+        (cached <= prompt && prompt <= u64::from(u32::MAX)).then_some((cached, prompt))
+    }
+
     fn step(&mut self, b: u8) {
         self.state = match self.state {
             State::Idle => State::Idle,
@@ -156,9 +169,9 @@ pub enum Outcome {
 
 impl Outcome {
     /// The verdict for `predicted` tokens expected cached and `delivered`
-    /// reported; `None` when nothing was predicted.
+    /// reported; `None` under [`MIN_VERDICT_TOKENS`] predicted.
     pub fn of(predicted: u64, delivered: u64) -> Option<Outcome> {
-        if predicted == 0 {
+        if predicted < MIN_VERDICT_TOKENS {
             None
         } else if delivered.saturating_mul(2) >= predicted {
             Some(Outcome::Hit)
@@ -253,8 +266,26 @@ mod tests {
     }
 
     #[test]
+    fn only_sensible_reports_of_both_figures_count() {
+        let figures = |body: &[u8]| {
+            let mut s = UsageScan::default();
+            s.feed(body);
+            s.finish();
+            s.figures()
+        };
+        assert_eq!(figures(VLLM), Some((80016, 81564)));
+        assert_eq!(figures(br#"{"timings":{"cache_n":5}}"#), None);
+        assert_eq!(figures(br#"{"cached_tokens":9,"prompt_tokens":5}"#), None);
+        assert_eq!(
+            figures(br#"{"cached_tokens":1,"prompt_tokens":99999999999}"#),
+            None
+        );
+    }
+
+    #[test]
     fn verdicts() {
         assert_eq!(Outcome::of(0, 5), None);
+        assert_eq!(Outcome::of(MIN_VERDICT_TOKENS - 1, 0), None);
         assert_eq!(Outcome::of(1000, 980), Some(Outcome::Hit));
         assert_eq!(Outcome::of(1000, 500), Some(Outcome::Hit));
         assert_eq!(Outcome::of(1000, 499), Some(Outcome::Miss));

@@ -4,8 +4,10 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::http::EventStream;
-use common::{Router, Sim};
+use common::{get, Router, Sim};
 use serde_json::json;
 
 /// A conversation with a long system prompt (about 1,500 tokens), after `turns` turns.
@@ -20,8 +22,25 @@ fn agent(turns: usize) -> serde_json::Value {
     json!({"model": "m", "max_tokens": 2, "messages": m})
 }
 
+/// A series of the router's metrics, which must exist (a misspelt name
+/// would otherwise read as 0).
 fn series(router: &Router, name: &str, labels: &str) -> f64 {
-    router.metric(&format!("prefix_router_{name}{{{labels}}}"))
+    let series = format!("prefix_router_{name}{{{labels}}}");
+    let text = get(router.metrics_addr, "/metrics").text();
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(&series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no series {series}"))
+}
+
+/// The index's clock counts whole seconds: wait past the next tick.
+fn next_clock_second() {
+    std::thread::sleep(Duration::from_millis(1_600));
 }
 
 #[test]
@@ -156,17 +175,20 @@ fn opened_on(router: &Router, base: &str, replica: &str) -> String {
 
 #[test]
 fn a_pin_the_engine_lost_unpins_what_its_replica_held_before_it() {
-    // Health checks far apart: the restart below goes unseen by them.
+    // Health checks far apart: the restart below goes unseen by them. A lost
+    // pin repairs when its prefix is at least a second old.
     let mut a = Sim::start("a", &[]);
     let b = Sim::start("b", &[]);
-    let router = Router::start(&[&a, &b], "health_check:\n  interval_ms: 600000\n");
-    // Two conversations on `a`: "older", then, a second of the index's clock
-    // later, "lost", whose second turn hits.
+    let extra = "health_check: {interval_ms: 600000}\nprefix_index: {repair_on_miss_s: 1}\n";
+    let router = Router::start(&[&a, &b], extra);
+    // Two conversations on `a`: "older", then, later, "lost", whose second
+    // turn hits.
     let older = opened_on(&router, "older", "a");
-    std::thread::sleep(std::time::Duration::from_millis(1_600));
+    next_clock_second();
     let lost = opened_on(&router, "lost", "a");
     let hit = router.post("/v1/chat/completions", &named(&lost, 2));
     assert_eq!((hit.replica(), hit.decision()), ("a", "pin"));
+    next_clock_second();
     // `a` restarts with an empty cache; the next turn of "lost" is pinned
     // there and the engine reports nothing reused.
     let listen = a.addr.to_string();
@@ -210,4 +232,44 @@ fn a_replica_back_from_a_failed_health_check_starts_with_no_pins() {
     assert_eq!(repairs, 1.0);
     let next = router.post("/v1/chat/completions", &named(&name, 2));
     assert_eq!(next.decision(), "spread");
+}
+
+#[test]
+fn a_request_that_tells_the_engine_to_skip_its_cache_is_no_evidence() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "");
+    assert_eq!(router.post("/v1/chat/completions", &agent(1)).status, 200);
+    for (key, value) in [
+        ("cache_salt", json!("tenant-7")),
+        ("cache_prompt", json!(false)),
+        ("prompt_logprobs", json!(1)),
+    ] {
+        let mut body = agent(2);
+        body[key] = value;
+        let r = router.post("/v1/chat/completions", &body);
+        assert_eq!((r.status, r.decision()), (200, "pin"), "{key}");
+    }
+    // None counted: the engine may well report nothing cached for them.
+    let pin = "decision=\"pin\",replica=\"a\"";
+    assert_eq!(series(&router, "predicted_cached_tokens_total", pin), 0.0);
+    assert_eq!(
+        series(
+            &router,
+            "pin_outcomes_total",
+            "outcome=\"hit\",replica=\"a\""
+        ),
+        0.0
+    );
+    // `cache_prompt: true` asks for the cache: counted.
+    let mut body = agent(3);
+    body["cache_prompt"] = json!(true);
+    assert_eq!(router.post("/v1/chat/completions", &body).status, 200);
+    assert_eq!(
+        series(
+            &router,
+            "pin_outcomes_total",
+            "outcome=\"hit\",replica=\"a\""
+        ),
+        1.0
+    );
 }

@@ -2,7 +2,7 @@
 //! request bodies (no HTTP): `request::Prompt` -> `policy::Policy::place`.
 
 use prefix_router::policy::{
-    ContinuationRule, Mode, Policy, PolicyConfig, ReplicaId, ReplicaState, Shape,
+    ContinuationRule, KvRoom, Mode, Policy, PolicyConfig, ReplicaId, ReplicaState, Shape,
 };
 use prefix_router::request::Prompt;
 use proptest::prelude::*;
@@ -16,6 +16,7 @@ fn policy(mode: Mode) -> Policy {
         continuation: ContinuationRule::ModelTurn,
         block_bytes: BLOCK,
         max_entries: 100_000,
+        kv_room: KvRoom::Off,
         load_guard: None,
     })
 }
@@ -27,6 +28,7 @@ fn fleet(live: &[bool]) -> Vec<ReplicaState> {
             id: ReplicaId(i as u32),
             live: *l,
             in_flight: 0,
+            room: None,
         })
         .collect()
 }
@@ -222,6 +224,7 @@ proptest! {
             continuation: ContinuationRule::ModelTurn,
             block_bytes: 8,
             max_entries: cap,
+            kv_room: KvRoom::Off,
             load_guard: Some(1),
         });
         for (conv, len, live, model_turn) in ops {
@@ -251,6 +254,7 @@ fn a_flood_of_singles_larger_than_the_index_leaves_a_live_conversation_pinned() 
         continuation: ContinuationRule::ModelTurn,
         block_bytes: BLOCK,
         max_entries: 2_000,
+        kv_room: KvRoom::Off,
         load_guard: None,
     });
     let rs = fleet(&[true, true]);

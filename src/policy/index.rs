@@ -70,6 +70,8 @@ struct Slot {
     next: u32,
     /// A block of prompt text (not a prompt end or an explicit key).
     block: bool,
+    /// Last recorded by a continuation: part of a context expected back.
+    pinned: bool,
     /// Which recency list holds it: [`PROBATION`] or [`PROTECTED`].
     segment: u8,
 }
@@ -155,8 +157,15 @@ impl PrefixIndex {
     /// Records `key` as served by `replica` at `now_s`: a new key enters
     /// probation, a known one moves to the front of the protected segment.
     /// Evicts when the cap is exceeded. `block` marks entries that stand for a
-    /// block of prompt text. Returns the entry.
-    pub fn upsert(&mut self, key: u64, replica: u32, now_s: u32, block: bool) -> &mut Entry {
+    /// block of prompt text, `pinned` a record by a continuation. Returns the entry.
+    pub fn upsert(
+        &mut self,
+        key: u64,
+        replica: u32,
+        now_s: u32,
+        block: bool,
+        pinned: bool,
+    ) -> &mut Entry {
         let (slot, segment) = match self.map.get(&key) {
             Some(s) => {
                 let s = *s;
@@ -165,6 +174,7 @@ impl PrefixIndex {
                 slot.entry.replica = replica;
                 slot.entry.touched = now_s;
                 slot.block = block;
+                slot.pinned = pinned;
                 (s, PROTECTED)
             }
             None => {
@@ -177,6 +187,7 @@ impl PrefixIndex {
                     prev: NIL,
                     next: NIL,
                     block,
+                    pinned,
                     segment: PROBATION,
                 };
                 let s = match self.free.pop() {
@@ -202,12 +213,13 @@ impl PrefixIndex {
         &mut self.slots[slot as usize].entry
     }
 
-    /// The replica of each block entry touched at or after `since_s`; walks
+    /// The replica of each block entry touched at or after `since_s`, and
+    /// whether a continuation recorded it last; walks
     /// each segment from its newest entry and stops at its first older one
     /// (a recency list is in clock order, except that a protected entry
     /// demoted to probation keeps its older stamp: it then ends that walk early,
     /// which undercounts, never overcounts).
-    pub fn recent_blocks(&self, since_s: u32) -> impl Iterator<Item = u32> + '_ {
+    pub fn recent_blocks(&self, since_s: u32) -> impl Iterator<Item = (u32, bool)> + '_ {
         self.lists.iter().flat_map(move |list| {
             let mut at = list.head;
             std::iter::from_fn(move || {
@@ -218,7 +230,7 @@ impl PrefixIndex {
                     }
                     at = slot.next;
                     if slot.block {
-                        return Some(slot.entry.replica);
+                        return Some((slot.entry.replica, slot.pinned));
                     }
                 }
                 None
@@ -307,10 +319,10 @@ mod tests {
     #[test]
     fn least_recently_used_entry_is_evicted_first() {
         let mut idx = PrefixIndex::new(2);
-        idx.upsert(1, 0, 0, true);
-        idx.upsert(2, 0, 0, true);
-        idx.upsert(1, 0, 0, true); // touch 1: 2 is now the oldest
-        idx.upsert(3, 0, 0, true);
+        idx.upsert(1, 0, 0, true, false);
+        idx.upsert(2, 0, 0, true, false);
+        idx.upsert(1, 0, 0, true, false); // touch 1: 2 is now the oldest
+        idx.upsert(3, 0, 0, true, false);
         assert_eq!(idx.len(), 2);
         assert!(idx.get(1).is_some());
         assert!(idx.get(2).is_none());
@@ -321,11 +333,11 @@ mod tests {
     fn a_flood_of_new_keys_larger_than_the_cap_leaves_recorded_twice_keys() {
         let mut idx = PrefixIndex::new(100);
         for k in 0..10 {
-            idx.upsert(k, 0, 0, true);
-            idx.upsert(k, 0, 1, true); // a second turn: protected
+            idx.upsert(k, 0, 0, true, false);
+            idx.upsert(k, 0, 1, true, false); // a second turn: protected
         }
         for k in 1_000..100_000 {
-            idx.upsert(k, 1, 2, true);
+            idx.upsert(k, 1, 2, true, false);
         }
         assert_eq!(idx.len(), 100);
         assert!(
@@ -339,8 +351,8 @@ mod tests {
     fn the_protected_segment_is_capped_and_demotes_to_probation() {
         let mut idx = PrefixIndex::new(10);
         for k in 0..20 {
-            idx.upsert(k, 0, 0, true);
-            idx.upsert(k, 0, 0, true);
+            idx.upsert(k, 0, 0, true, false);
+            idx.upsert(k, 0, 0, true, false);
         }
         assert!(idx.lists[1].len <= 8);
         assert_eq!(idx.len(), 10);
@@ -351,8 +363,8 @@ mod tests {
     #[test]
     fn upsert_moves_the_prefix_to_the_new_replica() {
         let mut idx = PrefixIndex::new(8);
-        idx.upsert(7, 0, 0, true);
-        idx.upsert(7, 1, 0, true);
+        idx.upsert(7, 0, 0, true, false);
+        idx.upsert(7, 1, 0, true, false);
         assert_eq!(idx.get(7).map(|e| e.replica), Some(1));
         assert_eq!(idx.len(), 1);
     }
@@ -360,15 +372,15 @@ mod tests {
     #[test]
     fn forgetting_a_replica_drops_only_its_entries() {
         let mut idx = PrefixIndex::new(8);
-        idx.upsert(1, 0, 0, true);
-        idx.upsert(2, 1, 0, true);
-        idx.upsert(3, 0, 0, true);
+        idx.upsert(1, 0, 0, true, false);
+        idx.upsert(2, 1, 0, true, false);
+        idx.upsert(3, 0, 0, true, false);
         assert_eq!(idx.forget_replica(0, u32::MAX), 2);
         assert_eq!(idx.len(), 1);
         assert!(idx.get(2).is_some());
         // Freed slots are reused and the recency list stays consistent.
         for k in 10..20 {
-            idx.upsert(k, 1, 0, true);
+            idx.upsert(k, 1, 0, true, false);
         }
         assert_eq!(idx.len(), 8);
     }
@@ -376,10 +388,10 @@ mod tests {
     #[test]
     fn forgetting_before_a_time_keeps_what_was_recorded_since() {
         let mut idx = PrefixIndex::new(8);
-        idx.upsert(1, 0, 10, true);
-        idx.upsert(2, 0, 20, true);
-        idx.upsert(3, 1, 5, true);
-        idx.upsert(1, 0, 30, true);
+        idx.upsert(1, 0, 10, true, false);
+        idx.upsert(2, 0, 20, true, false);
+        idx.upsert(3, 1, 5, true, false);
+        idx.upsert(1, 0, 30, true, false);
         assert_eq!(idx.forget_replica(0, 30), 1);
         assert_eq!(idx.get(2), None);
         assert!(idx.get(1).is_some() && idx.get(3).is_some());
@@ -388,11 +400,14 @@ mod tests {
     #[test]
     fn recent_blocks_stop_at_the_window_and_skip_other_entries() {
         let mut idx = PrefixIndex::new(8);
-        idx.upsert(1, 0, 10, true);
-        idx.upsert(2, 1, 20, true);
-        idx.upsert(3, 1, 30, false);
-        idx.upsert(4, 0, 30, true);
-        assert_eq!(idx.recent_blocks(20).collect::<Vec<_>>(), vec![0, 1]);
+        idx.upsert(1, 0, 10, true, false);
+        idx.upsert(2, 1, 20, true, false);
+        idx.upsert(3, 1, 30, false, false);
+        idx.upsert(4, 0, 30, true, true);
+        assert_eq!(
+            idx.recent_blocks(20).collect::<Vec<_>>(),
+            vec![(0, true), (1, false)]
+        );
         assert_eq!(idx.recent_blocks(0).count(), 3);
     }
 

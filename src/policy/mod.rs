@@ -13,6 +13,13 @@
 //!                 -> else the live replica holding the longest prefix    reason `pin`
 //!                    (`fallback` when a longer match sat on a down replica)
 //!                 -> else counter                                        reason `spread`
+//!   kv room       (off by default) a cold placement (spread) goes by the counter over the
+//!                 live replicas with room for its prompt: declared KV capacity less the
+//!                 pinned working set (blocks a continuation recorded within the window)
+//!                 and the cold prompts in flight there. All or none with room: the plain
+//!                 counter (`spread`), or, when none has room but some lost it only to
+//!                 cold prompts in flight, the one already displaced most (`pack`), so
+//!                 one card's contexts give way instead of every card's.
 //!   load guard    (off by default) a prefix placement whose replica has more than
 //!                 `load_guard` requests in flight above the least-loaded live replica
 //!                 moves to the next-best live cached replica         reason `guard`
@@ -20,16 +27,19 @@
 //!   roundrobin    counter for everything
 //!   affinity      everything by prefix: longest live match, else a rendezvous
 //!                 hash of the first block over live replicas             reason `hash`
-//! PARAMETERS      PolicyConfig: mode, continuation, block_bytes, max_entries, load_guard
+//! PARAMETERS      PolicyConfig: mode, continuation, block_bytes, max_entries, kv_room,
+//!                 load_guard
 //! STATE           the prefix index (capped LRU, sharded by key, a lock per shard)
 //!                 and the counter; every placement is recorded, so a failover's
 //!                 re-placement moves the pin with it.
 //! REPAIR          the caller reports what engines say: a pin whose predicted prefix
 //!                 the engine reports (almost) all gone forgets what that replica held
 //!                 from before the prefix was last recorded (under the engine's LRU the
-//!                 older is gone too; the miss itself re-recorded the prompt); a replica
-//!                 back from a failed health check forgets everything (a restarted
-//!                 engine starts empty). Later turns are then placed on merit.
+//!                 older is gone too; the miss itself re-recorded the prompt), unless the
+//!                 prefix was recorded only moments before (it may still be in its first
+//!                 prefill); a replica back from a failed health check forgets
+//!                 everything (a restarted engine starts empty). Later turns are then
+//!                 placed on merit.
 //! ```
 //!
 //! No I/O, no clock, no threads of its own: replica liveness and load are
@@ -68,6 +78,17 @@ pub enum ContinuationRule {
     MultiMessage,
 }
 
+/// How cold placements use KV headroom (see `kv room` above).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvRoom {
+    /// The plain counter.
+    Off,
+    /// Counter over replicas with room; all or none: plain counter.
+    Spread,
+    /// As `Spread`, but overflow goes to the replica already displaced most.
+    Pack,
+}
+
 /// Policy parameters; defaults live in the config module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PolicyConfig {
@@ -77,6 +98,7 @@ pub struct PolicyConfig {
     pub block_bytes: usize,
     /// Cap on prefix index entries (blocks plus prompt ends plus explicit keys).
     pub max_entries: usize,
+    pub kv_room: KvRoom,
     /// In-flight excess over the least-loaded live replica that moves a pinned
     /// request to its next-best cached replica; `None` disables the guard.
     pub load_guard: Option<u32>,
@@ -92,6 +114,28 @@ pub struct ReplicaState {
     pub id: ReplicaId,
     pub live: bool,
     pub in_flight: u32,
+    /// KV headroom in bytes of canonical prompt, when its capacity is declared.
+    pub room: Option<Room>,
+}
+
+/// What a replica's KV cache can still take without displacing the contexts
+/// pinned to it, in bytes of canonical prompt text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    /// Capacity less the pinned working set and the cold prompts in flight
+    /// (negative: those prompts displace pinned contexts now).
+    pub free: i64,
+    /// Bytes of the cold prompts in flight there.
+    pub cold: u64,
+}
+
+/// The pinned and the whole working set of one replica, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkingSet {
+    /// Distinct blocks placed within the window.
+    pub all: u64,
+    /// Of which a continuation recorded last (contexts expected back).
+    pub pinned: u64,
 }
 
 /// What the policy needs of a request: its prefix chain and shape signals.
@@ -104,6 +148,9 @@ pub struct Request {
     pub messages: usize,
     /// Explicit conversation key (`prompt_cache_key`, then `x-session-id`).
     pub key: Option<String>,
+    /// The request tells the engine not to reuse its prefix cache: its
+    /// placement is as usual, but its reported reuse is no evidence.
+    pub cache_bypass: bool,
 }
 
 /// The request's shape.
@@ -177,6 +224,15 @@ pub struct Decision {
     pub matched_bytes: usize,
     /// Clock (seconds) at which that prefix was last recorded (0 without one).
     pub matched_at: u32,
+    /// Clock (seconds) of this placement.
+    pub placed_at: u32,
+}
+
+impl Decision {
+    /// Seconds between the matched prefix's last record and this placement.
+    pub fn matched_age_s(&self) -> u32 {
+        self.placed_at.saturating_sub(self.matched_at)
+    }
 }
 
 /// A prefix the index knows: where it ends and who served it.
@@ -223,18 +279,23 @@ impl Policy {
         self.clock_s.fetch_max(now_s, Relaxed);
     }
 
+    /// The clock, as last set.
+    pub fn clock(&self) -> u32 {
+        self.clock_s.load(Relaxed)
+    }
+
     /// Bytes of distinct prompt blocks placed on each replica within the last
     /// `window_s` seconds: the prefix cache each replica is asked to hold.
-    pub fn working_set(&self, window_s: u32) -> Vec<(ReplicaId, u64)> {
+    pub fn working_set(&self, window_s: u32) -> Vec<(ReplicaId, WorkingSet)> {
         let since = self.clock_s.load(Relaxed).saturating_sub(window_s);
-        let mut blocks: HashMap<u32, u64> = HashMap::new();
-        self.index
-            .recent_blocks(since, |r| *blocks.entry(r).or_default() += 1);
+        let mut sets: HashMap<u32, WorkingSet> = HashMap::new();
         let bytes = self.cfg.block_bytes as u64;
-        blocks
-            .into_iter()
-            .map(|(r, n)| (ReplicaId(r), n * bytes))
-            .collect()
+        self.index.recent_blocks(since, |(r, pinned)| {
+            let ws = sets.entry(r).or_default();
+            ws.all += bytes;
+            ws.pinned += if pinned { bytes } else { 0 };
+        });
+        sets.into_iter().map(|(r, ws)| (ReplicaId(r), ws)).collect()
     }
 
     pub fn config(&self) -> &PolicyConfig {
@@ -265,6 +326,7 @@ impl Policy {
             reason: reason_or_none(&live, Reason::Spread),
             matched_bytes: 0,
             matched_at: 0,
+            placed_at: self.clock(),
         }
     }
 
@@ -291,6 +353,7 @@ impl Policy {
             reason: Reason::NoReplica,
             matched_bytes: 0,
             matched_at: 0,
+            placed_at: self.clock(),
         };
         if live.is_empty() {
             return d;
@@ -306,16 +369,16 @@ impl Policy {
                 d.matched_at = m.touched;
             }
         } else if shape == Shape::Continuation || self.cfg.mode == Mode::Affinity {
-            self.by_prefix(req.chain.head_hash(), &matches, &live, &mut d);
+            self.by_prefix(&req.chain, &matches, &live, &mut d);
             if keyed.is_some() {
                 d.reason = Reason::Fallback;
             }
         } else {
-            d.replica = self.count(&live);
+            d.replica = self.cold(&live, req.chain.len());
             d.reason = Reason::Spread;
         }
         if let Some(r) = d.replica {
-            self.record(&req.chain, key, r);
+            self.record(&req.chain, key, r, shape == Shape::Continuation);
         }
         d
     }
@@ -328,10 +391,16 @@ impl Policy {
 
     /// The engine reported the prefix this placement predicted (almost) all
     /// gone: drops what its replica held from before `matched_at` (see
-    /// REPAIR); returns the entries dropped.
-    pub fn forget_stale(&self, d: &Decision) -> usize {
-        d.replica
-            .map_or(0, |r| self.index.forget_replica(r.0, d.matched_at))
+    /// REPAIR), if the prefix was recorded at least `min_age_s` before the
+    /// placement (a younger one may still be in its first prefill); returns
+    /// the entries dropped.
+    pub fn forget_stale(&self, d: &Decision, min_age_s: u32) -> usize {
+        match d.replica {
+            Some(r) if d.matched_age_s() >= min_age_s => {
+                self.index.forget_replica(r.0, d.matched_at)
+            }
+            _ => 0,
+        }
     }
 
     fn shape_of(&self, req: &Request, extends: bool) -> Shape {
@@ -348,7 +417,14 @@ impl Policy {
 
     /// Prefix placement: the longest live match (guarded), else the counter
     /// (`shape`) or a rendezvous hash (`affinity`).
-    fn by_prefix(&self, head: u64, matches: &[Match], live: &[ReplicaState], d: &mut Decision) {
+    fn by_prefix(
+        &self,
+        chain: &PrefixChain,
+        matches: &[Match],
+        live: &[ReplicaState],
+        d: &mut Decision,
+    ) {
+        let (head, bytes) = (chain.head_hash(), chain.len());
         let first_live = matches
             .iter()
             .position(|m| live.iter().any(|s| s.id == m.replica));
@@ -357,7 +433,7 @@ impl Policy {
                 d.replica = rendezvous(head, live);
                 d.reason = Reason::Hash;
             } else {
-                d.replica = self.count(live);
+                d.replica = self.cold(live, bytes);
                 d.reason = Reason::Spread;
             }
             if !matches.is_empty() {
@@ -447,7 +523,7 @@ impl Policy {
 
     /// Records that `replica` now holds this prompt's prefix. The end key goes in
     /// first and block 1 last, so LRU eviction trims a conversation from its tail.
-    fn record(&self, chain: &PrefixChain, key: Option<u64>, replica: ReplicaId) {
+    fn record(&self, chain: &PrefixChain, key: Option<u64>, replica: ReplicaId, pinned: bool) {
         let upsert = |key, block, tail| Upsert { key, block, tail };
         let mut ops = Vec::with_capacity(chain.blocks.len() + 2);
         if let Some(k) = key {
@@ -464,7 +540,36 @@ impl Policy {
             ops.extend(earlier.map(|h| upsert(*h, true, None)));
         }
         self.index
-            .upsert_all(&ops, replica.0, self.clock_s.load(Relaxed));
+            .upsert_all(&ops, replica.0, self.clock_s.load(Relaxed), pinned);
+    }
+
+    /// A cold placement of a prompt of `bytes` (see `kv room`).
+    fn cold(&self, live: &[ReplicaState], bytes: usize) -> Option<ReplicaId> {
+        if self.cfg.kv_room == KvRoom::Off {
+            return self.count(live);
+        }
+        let bytes = bytes as i64;
+        let fits: Vec<ReplicaState> = live
+            .iter()
+            .filter(|s| s.room.is_some_and(|r| r.free >= bytes))
+            .copied()
+            .collect();
+        if !fits.is_empty() {
+            return self.count(&fits);
+        }
+        if self.cfg.kv_room == KvRoom::Pack {
+            // Room taken by cold prompts in flight, not by the pinned set alone
+            // (that is the capacity wall, where packing rescues nothing).
+            let displaced = live
+                .iter()
+                .filter_map(|s| s.room.map(|r| (s.id, r)))
+                .filter(|(_, r)| r.free.saturating_add(r.cold as i64) >= bytes)
+                .min_by_key(|(id, r)| (r.free, *id));
+            if let Some((id, _)) = displaced {
+                return Some(id);
+            }
+        }
+        self.count(live)
     }
 
     fn count(&self, live: &[ReplicaState]) -> Option<ReplicaId> {

@@ -76,13 +76,13 @@ impl Shards {
 
     /// Records each upsert, in order within each shard (so LRU order is kept),
     /// taking each shard's lock once.
-    pub fn upsert_all(&self, ops: &[Upsert], replica: u32, now_s: u32) {
+    pub fn upsert_all(&self, ops: &[Upsert], replica: u32, now_s: u32, pinned: bool) {
         self.grouped(
             ops.len(),
             |i| ops[i].key,
             |shard, i| {
                 let o = &ops[i];
-                let entry = shard.upsert(o.key, replica, now_s, o.block);
+                let entry = shard.upsert(o.key, replica, now_s, o.block, pinned);
                 if let Some(t) = o.tail {
                     entry.add_tail(t);
                 }
@@ -136,8 +136,9 @@ impl Shards {
         self.all().map(|s| s.heap_bytes()).sum()
     }
 
-    /// `f` of the replica of each block entry touched at or after `since_s`.
-    pub fn recent_blocks(&self, since_s: u32, mut f: impl FnMut(u32)) {
+    /// `f` of each block entry touched at or after `since_s`: see
+    /// [`PrefixIndex::recent_blocks`].
+    pub fn recent_blocks(&self, since_s: u32, mut f: impl FnMut((u32, bool))) {
         for shard in self.all() {
             shard.recent_blocks(since_s).for_each(&mut f);
         }
@@ -174,6 +175,7 @@ mod tests {
                 }],
                 1,
                 0,
+                false,
             );
         }
         assert!(s.len() <= SHARDED_FROM);
@@ -212,7 +214,7 @@ mod tests {
                 tail: None,
             })
             .collect();
-        s.upsert_all(&ops, 1, 0);
+        s.upsert_all(&ops, 1, 0, false);
         assert_eq!(s.len(), 4);
         assert!(s.get(1).is_none() && s.get(5).is_some());
     }

@@ -10,6 +10,7 @@ fn cfg(mode: Mode) -> PolicyConfig {
         continuation: ContinuationRule::ModelTurn,
         block_bytes: B,
         max_entries: 10_000,
+        kv_room: KvRoom::Off,
         load_guard: None,
     }
 }
@@ -21,6 +22,7 @@ fn replicas(live: &[bool]) -> Vec<ReplicaState> {
             id: ReplicaId(i as u32),
             live: *l,
             in_flight: 0,
+            room: None,
         })
         .collect()
 }
@@ -32,6 +34,7 @@ fn req(text: &str, model_turn: bool) -> Request {
         model_turn,
         messages: 1,
         key: None,
+        cache_bypass: false,
     }
 }
 
@@ -179,9 +182,11 @@ fn a_lost_pin_forgets_what_its_replica_held_before_it_and_keeps_the_rest() {
     p.set_clock(20);
     let d = p.place(&req(&text("lost", 1), true), &one);
     assert_eq!((d.reason, d.matched_at), (Reason::Pin, 10));
+    // Not if the prefix was younger than asked: it may be in its first prefill.
+    assert_eq!(p.forget_stale(&d, 11), 0);
     // The engine reported it all gone: "older" went before it, "newer" came
     // after it (an LRU keeps it), and the turn just placed is held now.
-    assert!(p.forget_stale(&d) > 0);
+    assert!(p.forget_stale(&d, 10) > 0);
     let two = replicas(&[true, true]);
     let placed = |name, turn| p.place(&req(&text(name, turn), true), &two).reason;
     assert_eq!(placed("lost", 2), Reason::Pin);
@@ -205,7 +210,7 @@ fn working_set_counts_distinct_recent_blocks_per_replica() {
         .unwrap();
     assert_ne!(first, other);
     let ws = p.working_set(1000);
-    let bytes = |r: ReplicaId| ws.iter().find(|(id, _)| *id == r).map_or(0, |(_, b)| *b);
+    let bytes = |r: ReplicaId| ws.iter().find(|(id, _)| *id == r).map_or(0, |(_, b)| b.all);
     assert_eq!(bytes(first), (B * 15) as u64);
     assert_eq!(bytes(other), (B * 3) as u64);
     // Only the last 50 seconds: the first conversation has aged out.
@@ -236,4 +241,99 @@ fn threads_sharing_a_sharded_policy_keep_every_conversation_pinned() {
         }
     });
     assert!(p.tracked_entries() > 4 * 50 * 6);
+}
+
+fn with_room(free: &[(i64, u64)]) -> Vec<ReplicaState> {
+    let mut rs = replicas(&vec![true; free.len()]);
+    for (s, (free, cold)) in rs.iter_mut().zip(free) {
+        s.room = Some(Room {
+            free: *free,
+            cold: *cold,
+        });
+    }
+    rs
+}
+
+/// Where `n` distinct 500-byte one-shot prompts go.
+fn singles_on(p: &Policy, rs: &[ReplicaState], n: usize) -> Vec<u32> {
+    let first = p.tracked_entries();
+    (0..n)
+        .map(|i| {
+            let text = format!("single {first} {i}: {}", "x".repeat(480));
+            p.place(&req(&text, false), rs).replica.map_or(99, |r| r.0)
+        })
+        .collect()
+}
+
+#[test]
+fn kv_room_spreads_cold_prompts_over_the_replicas_with_room_for_them() {
+    for kv_room in [KvRoom::Spread, KvRoom::Pack] {
+        let p = Policy::new(PolicyConfig {
+            kv_room,
+            ..cfg(Mode::Shape)
+        });
+        // Only replica 1 has room for a 500-byte prompt.
+        assert_eq!(
+            singles_on(&p, &with_room(&[(100, 0), (10_000, 0)]), 4),
+            [1; 4]
+        );
+        // Both have: the counter alternates.
+        let both = singles_on(&p, &with_room(&[(5_000, 0), (10_000, 0)]), 4);
+        assert_eq!(both.iter().filter(|r| **r == 0).count(), 2, "{both:?}");
+        // A replica with no declared capacity has no known room.
+        let mut rs = with_room(&[(10_000, 0), (0, 0)]);
+        rs[1].room = None;
+        assert_eq!(singles_on(&p, &rs, 3), [0; 3]);
+    }
+    // Off: the counter, room or not.
+    let p = Policy::new(cfg(Mode::Shape));
+    let off = singles_on(&p, &with_room(&[(100, 0), (10_000, 0)]), 4);
+    assert_eq!(off.iter().filter(|r| **r == 0).count(), 2, "{off:?}");
+}
+
+#[test]
+fn with_no_room_anywhere_spread_alternates_and_pack_displaces_one_replica() {
+    // Replica 0's room went to cold prompts in flight (its pinned contexts are
+    // displaced now); replica 1 still holds its own, with too little room.
+    let rs = with_room(&[(-200, 1_000), (300, 400)]);
+    let spread = Policy::new(PolicyConfig {
+        kv_room: KvRoom::Spread,
+        ..cfg(Mode::Shape)
+    });
+    let s = singles_on(&spread, &rs, 4);
+    assert_eq!(s.iter().filter(|r| **r == 0).count(), 2, "{s:?}");
+    let pack = Policy::new(PolicyConfig {
+        kv_room: KvRoom::Pack,
+        ..cfg(Mode::Shape)
+    });
+    assert_eq!(singles_on(&pack, &rs, 4), [0; 4]);
+    // The capacity wall (pinned sets alone leave no room): packing rescues
+    // nothing, the counter spreads.
+    let wall = with_room(&[(-200, 0), (300, 0)]);
+    let w = singles_on(&pack, &wall, 4);
+    assert_eq!(w.iter().filter(|r| **r == 0).count(), 2, "{w:?}");
+}
+
+#[test]
+fn continuations_mark_their_blocks_pinned_and_singles_do_not() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let rs = replicas(&[true]);
+    let context = "c".repeat(B * 8);
+    p.place(&req(&context, false), &rs);
+    let ws = |p: &Policy| p.working_set(1000)[0].1;
+    assert_eq!(
+        ws(&p),
+        WorkingSet {
+            all: (B * 8) as u64,
+            pinned: 0
+        }
+    );
+    p.place(&req(&format!("{context}{}", "d".repeat(B * 2)), true), &rs);
+    assert_eq!(
+        ws(&p),
+        WorkingSet {
+            all: (B * 10) as u64,
+            pinned: (B * 10) as u64
+        }
+    );
 }

@@ -127,6 +127,13 @@ impl<'de> Visitor<'de> for Top<'_> {
                         .next_value::<Option<String>>()?
                         .filter(|k| !k.is_empty());
                 }
+                Field::CacheSalt => f.salt = map.next_value::<Option<IgnoredAny>>()?.is_some(),
+                Field::PromptLogprobs => {
+                    f.logprobs = map.next_value::<Option<IgnoredAny>>()?.is_some();
+                }
+                Field::CachePrompt => {
+                    f.no_cache = map.next_value::<serde_json::Value>()? == false;
+                }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -142,6 +149,9 @@ enum Field {
     System,
     Prompt,
     CacheKey,
+    CacheSalt,
+    CachePrompt,
+    PromptLogprobs,
     Role,
     Content,
     Text,
@@ -161,6 +171,9 @@ impl<'de> serde::Deserialize<'de> for Field {
                     "system" => Field::System,
                     "prompt" => Field::Prompt,
                     "prompt_cache_key" => Field::CacheKey,
+                    "cache_salt" => Field::CacheSalt,
+                    "cache_prompt" => Field::CachePrompt,
+                    "prompt_logprobs" => Field::PromptLogprobs,
                     "role" => Field::Role,
                     "content" => Field::Content,
                     "text" => Field::Text,

@@ -18,6 +18,10 @@ enum Field {
     System,
     Prompt,
     CacheKey,
+    /// Engine options that skip its prefix cache (see `CacheBypass`).
+    CacheSalt,
+    CachePrompt,
+    PromptLogprobs,
     Role,
     Content,
     Text,
@@ -31,6 +35,9 @@ fn field(key: &[u8]) -> Field {
         b"system" => Field::System,
         b"prompt" => Field::Prompt,
         b"prompt_cache_key" => Field::CacheKey,
+        b"cache_salt" => Field::CacheSalt,
+        b"cache_prompt" => Field::CachePrompt,
+        b"prompt_logprobs" => Field::PromptLogprobs,
         b"role" => Field::Role,
         b"content" => Field::Content,
         b"text" => Field::Text,
@@ -108,6 +115,17 @@ impl Walk<'_> {
                     f.prompt = Some(std::mem::take(&mut self.section));
                 }
                 Field::CacheKey => f.key = self.cache_key()?,
+                Field::CacheSalt | Field::PromptLogprobs | Field::CachePrompt => {
+                    // Any value but null salts or asks for prompt logprobs;
+                    // `cache_prompt` turns the cache off with `false` only.
+                    let first = self.s.peek();
+                    match key {
+                        Field::CacheSalt => f.salt = first != Some(b'n'),
+                        Field::PromptLogprobs => f.logprobs = first != Some(b'n'),
+                        _ => f.no_cache = first == Some(b'f'),
+                    }
+                    self.s.skip_value()?;
+                }
                 _ => self.s.skip_value()?,
             }
         }

@@ -20,6 +20,8 @@ pub struct Fleet {
 
 /// How to start an arm.
 pub struct Arm<'a> {
+    /// `POLICY` or `POLICY+KEY=VALUE+...`: the router's `policy` and more
+    /// top-level config keys (e.g. `shape+kv_room=pack`).
     pub policy: &'a str,
     /// Existing replicas; when empty, `sims` simulators are started.
     pub external: &'a [SocketAddr],
@@ -98,10 +100,18 @@ impl Fleet {
         }
         let (router, metrics) = (free_addr()?, free_addr()?);
         let window_s = arm.window_s;
+        let mut parts = arm.policy.split('+');
+        let policy = parts.next().unwrap_or_default();
         let mut yaml = format!(
-            "listen: \"{router}\"\nmetrics_listen: \"{metrics}\"\npolicy: {}\nworking_set_window_s: {window_s}\nreplicas:\n",
-            arm.policy
+            "listen: \"{router}\"\nmetrics_listen: \"{metrics}\"\npolicy: {policy}\nworking_set_window_s: {window_s}\n"
         );
+        for setting in parts {
+            let (key, value) = setting
+                .split_once('=')
+                .with_context(|| format!("{setting:?}: expected KEY=VALUE"))?;
+            yaml.push_str(&format!("{key}: {value}\n"));
+        }
+        yaml.push_str("replicas:\n");
         for (i, r) in replicas.iter().enumerate() {
             yaml.push_str(&format!(
                 "  - {{name: gpu{i}, addr: \"{r}\", kv_tokens: {}}}\n",

@@ -74,6 +74,8 @@ enum Cmd {
     /// Start the router once per policy in front of fresh simulators (or the
     /// given replicas) and run the same scenarios against each.
     Compare {
+        /// Arms: a policy, or a policy with more router settings joined by
+        /// `+` (`shape+kv_room=pack`).
         #[arg(
             long,
             value_delimiter = ',',
@@ -219,8 +221,9 @@ async fn compare(
     let mut headline = Vec::new();
     let started = std::time::Instant::now();
     for policy in policies {
-        if !["shape", "roundrobin", "affinity"].contains(&policy.as_str()) {
-            bail!("unknown policy {policy}");
+        let base = policy.split('+').next().unwrap_or_default();
+        if !["shape", "roundrobin", "affinity"].contains(&base) {
+            bail!("unknown policy {base} in arm {policy}");
         }
         let fleet = fleet::Fleet::start(&fleet::Arm {
             policy,
