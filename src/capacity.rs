@@ -82,6 +82,10 @@ impl CapacityWatch {
                 .find(|(id, _)| *id == r.id)
                 .map_or(WorkingSet::default(), |(_, set)| *set);
             r.set_pinned_bytes(set.pinned);
+            METRICS
+                .pinned_working_set
+                .with_label_values(&[&r.name])
+                .set((set.pinned / BYTES_PER_TOKEN) as i64);
             let tokens = set.all / BYTES_PER_TOKEN;
             METRICS
                 .working_set

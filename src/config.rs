@@ -57,12 +57,17 @@ pub struct Config {
     pub timeouts: Timeouts,
     pub prefix_index: PrefixIndex,
     /// Cold placements prefer replicas with KV room for them (`off`, `spread`,
-    /// `pack`; see the policy module). Needs `kv_tokens` on the replicas.
+    /// `pack`; see the policy module). Acts only when every replica declares
+    /// `kv_tokens`.
     pub kv_room: KvRoomName,
     /// A continuation whose replica has more requests in flight than the least
     /// loaded live replica plus this moves to its next-best cached replica.
     /// Off (`null`) until measurements say otherwise.
     pub load_guard_in_flight: Option<u32>,
+    /// When every live replica has at least this many requests in flight, a
+    /// new routed request is answered 429 with `Retry-After` at once instead
+    /// of queueing at an engine. Off (`null`) until measured.
+    pub shed_in_flight: Option<u32>,
     /// How often the config file is checked for changes.
     pub reload_interval_ms: u64,
     /// Window of the per-replica working-set estimate (capacity gauges and warning).
@@ -248,8 +253,9 @@ impl Default for Config {
             health_check: HealthCheck::default(),
             timeouts: Timeouts::default(),
             prefix_index: PrefixIndex::default(),
-            kv_room: KvRoomName::Off,
+            kv_room: KvRoomName::Pack,
             load_guard_in_flight: None,
+            shed_in_flight: None,
             reload_interval_ms: 1_000,
             working_set_window_s: 300,
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
@@ -365,6 +371,18 @@ impl Config {
         if self.max_body_bytes == 0 {
             return Err(invalid("max_body_bytes", "must be positive"));
         }
+        if self.shed_in_flight == Some(0) {
+            return Err(invalid(
+                "shed_in_flight",
+                "must be positive, or null for off",
+            ));
+        }
+        if self.prefix_index.repair_on_miss_s == Some(0) {
+            return Err(invalid(
+                "prefix_index.repair_on_miss_s",
+                "must be positive, or null for never",
+            ));
+        }
         if !self.health_check.path.starts_with('/') {
             return Err(invalid("health_check.path", "must start with /"));
         }
@@ -461,6 +479,7 @@ impl Config {
                     format!("`{}` is used twice", r.name),
                 ));
             }
+
             let addr: SocketAddr = r.addr.parse().map_err(|e| {
                 invalid(field("addr"), format!("`{}` is not IP:port ({e})", r.addr))
             })?;
@@ -483,6 +502,24 @@ impl Config {
             max_ejection: ms(o.max_ejection_ms),
             max_ejection_percent: o.max_ejection_percent,
         }
+    }
+
+    /// Why `kv_room` cannot act with this replica list, if it cannot: it
+    /// needs every replica's `kv_tokens`.
+    pub fn kv_room_inactive(&self) -> Option<String> {
+        let missing: Vec<&str> = self
+            .replicas
+            .iter()
+            .filter(|r| r.kv_tokens.is_none_or(|t| t == 0))
+            .map(|r| r.name.as_str())
+            .collect();
+        (self.kv_room != KvRoomName::Off && !missing.is_empty()).then(|| {
+            format!(
+                "kv_room is inactive: replicas {} declare no kv_tokens, so cold prompts are \
+                 spread by the plain counter",
+                missing.join(", ")
+            )
+        })
     }
 
     /// The policy's parameters.
@@ -554,6 +591,10 @@ mod tests {
             ("prefix_index: {block_bytes: 0}\n", "prefix_index.block_bytes"),
             ("limits: {max_buffered_bytes: 10}\n", "limits.max_buffered_bytes"),
             ("metrics_listen: x\n", "metrics_listen"),
+            ("shed_in_flight: 0\n", "shed_in_flight"),
+            ("prefix_index: {repair_on_miss_s: 0}\n", "prefix_index.repair_on_miss_s"),
+            ("kv_room: sometimes\n", "kv_room"),
+
         ];
         for (yaml, field) in cases {
             let e = Config::parse(yaml, None).unwrap_err().to_string();

@@ -19,6 +19,10 @@ pub enum RouterError {
     UpstreamTimeout { replica: Option<String> },
     #[error("the router is at its limit of {what}; retry shortly")]
     Overloaded { what: &'static str },
+    #[error(
+        "every replica has {in_flight} or more requests in flight (shed_in_flight); retry shortly"
+    )]
+    Saturated { in_flight: u32 },
     #[error("invalid API key: send `Authorization: Bearer <key>` with a key this router accepts")]
     Unauthorized,
     #[error("internal error: {0}")]
@@ -35,13 +39,14 @@ fn named(replica: &Option<String>) -> String {
 
 impl RouterError {
     /// Every `code`, for pre-registering metric labels.
-    pub const CODES: [&'static str; 8] = [
+    pub const CODES: [&'static str; 9] = [
         "no_replica",
         "body_too_large",
         "body_timeout",
         "upstream_error",
         "upstream_timeout",
         "overloaded",
+        "replicas_saturated",
         "invalid_api_key",
         "internal_error",
     ];
@@ -55,6 +60,7 @@ impl RouterError {
             RouterError::Upstream { .. } => 502,
             RouterError::UpstreamTimeout { .. } => 504,
             RouterError::Overloaded { .. } => 503,
+            RouterError::Saturated { .. } => 429,
             RouterError::Unauthorized => 401,
             RouterError::Internal(_) => 500,
         }
@@ -69,6 +75,7 @@ impl RouterError {
             RouterError::Upstream { .. } => "upstream_error",
             RouterError::UpstreamTimeout { .. } => "upstream_timeout",
             RouterError::Overloaded { .. } => "overloaded",
+            RouterError::Saturated { .. } => "replicas_saturated",
             RouterError::Unauthorized => "invalid_api_key",
             RouterError::Internal(_) => "internal_error",
         }
@@ -83,7 +90,7 @@ impl RouterError {
     pub fn retry_after_s(&self) -> Option<u32> {
         matches!(
             self,
-            RouterError::Overloaded { .. } | RouterError::NoReplica
+            RouterError::Overloaded { .. } | RouterError::Saturated { .. } | RouterError::NoReplica
         )
         .then_some(1)
     }
@@ -94,13 +101,16 @@ impl RouterError {
     pub fn should_retry(&self) -> Option<bool> {
         match self {
             RouterError::Upstream { .. } | RouterError::UpstreamTimeout { .. } => Some(false),
-            RouterError::Overloaded { .. } | RouterError::NoReplica => Some(true),
+            RouterError::Overloaded { .. }
+            | RouterError::Saturated { .. }
+            | RouterError::NoReplica => Some(true),
             _ => None,
         }
     }
 
     fn kind(&self) -> &'static str {
         match self.status() {
+            429 => "rate_limit_error",
             400..=499 => "invalid_request_error",
             _ => "server_error",
         }
@@ -145,6 +155,7 @@ mod tests {
                 replica: Some("a".into()),
             },
             RouterError::Overloaded { what: "requests" },
+            RouterError::Saturated { in_flight: 4 },
             RouterError::Unauthorized,
             RouterError::Internal("x".into()),
         ] {

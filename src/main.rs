@@ -54,6 +54,9 @@ fn main() -> anyhow::Result<()> {
             .join(",")
     );
 
+    if let Some(why) = cfg.kv_room_inactive() {
+        log::info!("{why}");
+    }
     if cfg.timeouts.idle_ms >= 5_000 {
         log::warn!(
             "timeouts.idle_ms is {} ms: at or above the engines' keep-alive (uvicorn: 5 s), a pooled \

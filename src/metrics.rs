@@ -25,6 +25,8 @@ pub struct Metrics {
     pub kv_tokens: IntGaugeVec,
     /// Estimated prefix working set placed on each replica, tokens.
     pub working_set: IntGaugeVec,
+    /// Of which continuations placed (the contexts `kv_room` protects).
+    pub pinned_working_set: IntGaugeVec,
     /// Errors the router itself answered, by kind.
     pub errors: IntCounterVec,
     /// Config reloads by result (`ok`, `error`).
@@ -202,6 +204,12 @@ pub static METRICS: Lazy<Metrics> = Lazy::new(|| {
         &["replica"]
     )
     .expect("register"),
+    pinned_working_set: register_int_gauge_vec!(
+        "prefix_router_replica_pinned_working_set_tokens",
+        "Of the working set, the tokens continuations placed (contexts expected back; kv_room keeps cold prompts off them)",
+        &["replica"]
+    )
+    .expect("register"),
     errors: register_int_counter_vec!(
         "prefix_router_errors_total",
         "Errors answered by the router, by kind",
@@ -328,6 +336,7 @@ impl Metrics {
                 .with_label_values(&[name, cause.as_str()]);
         }
         self.working_set.with_label_values(&[name]);
+        self.pinned_working_set.with_label_values(&[name]);
     }
 
     /// Counts and logs one repair of the prefix index.
@@ -359,6 +368,7 @@ impl Metrics {
             &self.in_flight,
             &self.kv_tokens,
             &self.working_set,
+            &self.pinned_working_set,
         ] {
             let _ = g.remove_label_values(&[replica]);
         }

@@ -46,7 +46,7 @@ use crate::errors::RouterError;
 use crate::fleet::{addr_key, Fleet};
 use crate::metrics::{Repair, METRICS};
 use crate::paths::routed_path;
-use crate::policy::{Decision, Policy, ReplicaId, Request};
+use crate::policy::{Decision, Policy, ReplicaId, Request, Shape};
 use crate::replicas::{Failure, InFlight, OutlierRules, Replica, Replicas};
 use crate::usage::{Outcome, UsageScan};
 
@@ -75,6 +75,8 @@ pub struct Settings {
     pub placement_headers: bool,
     /// `prefix_index.repair_on_miss_s`.
     pub repair_on_miss_s: Option<u32>,
+    /// `shed_in_flight`.
+    pub shed_in_flight: Option<u32>,
     pub outlier: OutlierRules,
     pub tls: crate::config::ReplicaTls,
 }
@@ -96,6 +98,7 @@ impl Settings {
             client_write_timeout: ms(c.client_timeouts.write_ms),
             placement_headers: c.placement_headers,
             repair_on_miss_s: c.prefix_index.repair_on_miss_s,
+            shed_in_flight: c.shed_in_flight,
             outlier: c.outlier_rules(),
             tls: c.replica_tls.clone(),
         }
@@ -372,6 +375,13 @@ impl ProxyHttp for Router {
             return Ok(false); // streamed to the replica unread
         };
         ctx.routed = Some(path);
+        // Shed at once when every replica is saturated, before reading anything.
+        if let Some(in_flight) = self.settings.shed_in_flight {
+            if self.replicas.saturated(in_flight) {
+                let err = RouterError::Saturated { in_flight };
+                return self.refuse(session, ctx, &err, true).await;
+            }
+        }
         // Refuse before `100 Continue` a body that cannot fit the budget now.
         if !self.admission.has_room(declared.unwrap_or(0)) {
             return self
@@ -455,9 +465,10 @@ impl ProxyHttp for Router {
             if panic {
                 METRICS.panic_routed.inc();
             }
-            // A cold placement's prompt will take KV room on its replica.
-            let cold = match (&ctx.request, decision.matched_bytes) {
-                (Some(r), 0) => r.chain.len() as u64,
+            // A single's prompt takes KV room on its replica while it runs (a
+            // continuation's counts in the pinned working set instead).
+            let cold = match (&ctx.request, decision.shape) {
+                (Some(r), Shape::Single) => r.chain.len() as u64,
                 _ => 0,
             };
             ctx.evidence = ctx.request.as_ref().is_some_and(|r| !r.cache_bypass);

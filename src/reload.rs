@@ -126,6 +126,9 @@ impl Reloader {
     }
 
     fn apply(&self, cfg: Config) -> Change {
+        if let Some(why) = cfg.kv_room_inactive() {
+            log::info!("{why}");
+        }
         let change = self.replicas.apply(&cfg.replicas);
         for r in &change.removed {
             self.policy.forget_replica(r.id);

@@ -188,10 +188,13 @@ impl Replica {
     fn state(&self) -> ReplicaState {
         let room = self.kv_tokens().map(|kv| {
             let cold = self.cold_bytes.load(Relaxed);
-            let taken = self.pinned_bytes.load(Relaxed).saturating_add(cold);
+            let pinned = self.pinned_bytes.load(Relaxed);
+            let taken = pinned.saturating_add(cold);
+            let bytes = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
             Room {
-                free: (kv.saturating_mul(BYTES_PER_TOKEN) as i64).saturating_sub(taken as i64),
+                free: bytes(kv.saturating_mul(BYTES_PER_TOKEN)).saturating_sub(bytes(taken)),
                 cold,
+                pinned,
             }
         });
         ReplicaState {
@@ -318,6 +321,14 @@ impl Replicas {
         Some(kind)
     }
 
+    /// Every live replica has at least `in_flight` requests in flight (and
+    /// one is live: with none, the request is answered `no_replica`).
+    pub fn saturated(&self, in_flight: u32) -> bool {
+        let list = self.snapshot();
+        let mut live = list.iter().filter(|r| r.live()).peekable();
+        live.peek().is_some() && live.all(|r| r.in_flight() >= in_flight)
+    }
+
     pub fn by_addr(&self, addr: &SocketAddr) -> Option<Arc<Replica>> {
         self.snapshot().iter().find(|r| r.addr == *addr).cloned()
     }
@@ -383,6 +394,33 @@ mod tests {
                 kv_tokens: None,
             })
             .collect()
+    }
+
+    #[test]
+    fn kv_room_is_capacity_less_the_pinned_set_and_the_singles_in_flight() {
+        let mut c = cfg(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")]);
+        c[0].kv_tokens = Some(1_000);
+        let set = Replicas::new(&c);
+        let (a, b) = (
+            Arc::clone(&set.snapshot()[0]),
+            Arc::clone(&set.snapshot()[1]),
+        );
+        assert_eq!(b.state().room, None, "no kv_tokens, no known room");
+        a.set_pinned_bytes(1_500);
+        let single = a.begin(500);
+        let other = a.begin(0);
+        assert_eq!(
+            a.state().room,
+            Some(Room {
+                free: 4_000 - 1_500 - 500,
+                cold: 500,
+                pinned: 1_500
+            })
+        );
+        drop(single);
+        drop(other);
+        assert_eq!(a.state().room.map(|r| (r.free, r.cold)), Some((2_500, 0)));
+        assert_eq!(a.in_flight(), 0);
     }
 
     #[test]

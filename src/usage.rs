@@ -5,7 +5,8 @@
 //! FIELDS  cached  usage.prompt_tokens_details.cached_tokens (vLLM, SGLang, llama.cpp,
 //!                 the simulator; input_tokens_details.cached_tokens in the Responses API)
 //!                 timings.cache_n (llama.cpp), usage.cache_read_input_tokens (Anthropic)
-//!         prompt  usage.prompt_tokens, usage.input_tokens
+//!         prompt  usage.prompt_tokens, usage.input_tokens; Anthropic's input_tokens leave
+//!                 out cache reads and writes, which are added back
 //!         The last figure of each wins: an SSE stream's last usage chunk is its total.
 //! MATCH   a JSON key is `"` name `"`, then `:` and digits, with any whitespace between;
 //!         in valid JSON that byte run cannot sit inside a string (its quotes would be
@@ -22,8 +23,8 @@
 
 use memchr::memchr;
 
-/// Longest key looked for (`cache_read_input_tokens`).
-const MAX_KEY: usize = 23;
+/// Longest key looked for (`cache_creation_input_tokens`).
+const MAX_KEY: usize = 27;
 
 /// Predictions shorter than this (tokens) get no verdict.
 pub const MIN_VERDICT_TOKENS: u64 = 256;
@@ -33,12 +34,17 @@ pub const MIN_VERDICT_TOKENS: u64 = 256;
 enum Figure {
     Cached,
     Prompt,
+    /// Anthropic's cache reads and writes (outside its `input_tokens`).
+    CacheRead,
+    CacheWrite,
 }
 
 fn figure(key: &[u8]) -> Option<Figure> {
     match key {
-        b"cached_tokens" | b"cache_n" | b"cache_read_input_tokens" => Some(Figure::Cached),
+        b"cached_tokens" | b"cache_n" => Some(Figure::Cached),
         b"prompt_tokens" | b"input_tokens" => Some(Figure::Prompt),
+        b"cache_read_input_tokens" => Some(Figure::CacheRead),
+        b"cache_creation_input_tokens" => Some(Figure::CacheWrite),
         _ => None,
     }
 }
@@ -66,6 +72,8 @@ pub struct UsageScan {
     pub cached: Option<u64>,
     /// Prompt tokens of the request, as the engine counted them.
     pub prompt: Option<u64>,
+    read: Option<u64>,
+    written: Option<u64>,
 }
 
 impl Default for UsageScan {
@@ -75,6 +83,8 @@ impl Default for UsageScan {
             key: [0; MAX_KEY],
             cached: None,
             prompt: None,
+            read: None,
+            written: None,
         }
     }
 }
@@ -107,7 +117,16 @@ impl UsageScan {
 
     /// `(cached, prompt)` tokens when the response reported both, sensibly.
     pub fn figures(&self) -> Option<(u64, u64)> {
-        let (cached, prompt) = (self.cached?, self.prompt?);
+        let (cached, prompt) = match self.read {
+            Some(read) => {
+                let written = self.written.unwrap_or(0);
+                (
+                    read,
+                    self.prompt?.saturating_add(read).saturating_add(written),
+                )
+            }
+            None => (self.cached?, self.prompt?),
+        };
         (cached <= prompt && prompt <= u64::from(u32::MAX)).then_some((cached, prompt))
     }
 
@@ -143,10 +162,12 @@ impl UsageScan {
                     State::Digits(f, n.saturating_mul(10).saturating_add(u64::from(b - b'0')))
                 }
                 _ => {
-                    match f {
-                        Figure::Cached => self.cached = Some(n),
-                        Figure::Prompt => self.prompt = Some(n),
-                    }
+                    *match f {
+                        Figure::Cached => &mut self.cached,
+                        Figure::Prompt => &mut self.prompt,
+                        Figure::CacheRead => &mut self.read,
+                        Figure::CacheWrite => &mut self.written,
+                    } = Some(n);
                     if b == b'"' {
                         State::Key { len: 0 }
                     } else {
@@ -274,6 +295,9 @@ mod tests {
             s.figures()
         };
         assert_eq!(figures(VLLM), Some((80016, 81564)));
+        // Anthropic: input_tokens leave out cache reads and writes.
+        let anthropic = br#"{"usage":{"input_tokens":20,"cache_read_input_tokens":1000,"cache_creation_input_tokens":30,"output_tokens":5}}"#;
+        assert_eq!(figures(anthropic), Some((1000, 1050)));
         assert_eq!(figures(br#"{"timings":{"cache_n":5}}"#), None);
         assert_eq!(figures(br#"{"cached_tokens":9,"prompt_tokens":5}"#), None);
         assert_eq!(

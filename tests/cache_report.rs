@@ -147,6 +147,10 @@ fn a_restarted_engine_reports_the_pin_missed() {
         )
     };
     assert_eq!((outcome("hit"), outcome("miss")), (1.0, 1.0));
+    // The prefix was placed well under `repair_on_miss_s` (10 s) before: it
+    // may have been in its first prefill, so the index is not repaired.
+    let repairs = "cause=\"miss\",replica=\"a\"";
+    assert_eq!(series(&router, "index_repairs_total", repairs), 0.0);
 }
 
 /// `agent(turns)` with its own system prompt.

@@ -407,6 +407,48 @@ fn requests_past_the_limits_get_503_with_retry_after_and_the_rest_proceed() {
 }
 
 #[test]
+fn with_every_replica_saturated_a_request_is_shed_at_once_with_429() {
+    let (a, b) = (
+        Sim::start("a", &["--decode-tps", "20"]),
+        Sim::start("b", &["--decode-tps", "20"]),
+    );
+    let router = Router::start(&[&a, &b], "shed_in_flight: 1\n");
+    // One stream held on each replica (the counter alternates).
+    let mut held: Vec<EventStream> = (0..2)
+        .map(|i| {
+            let body = streaming(&format!("hold {i}"), 40);
+            let mut s = EventStream::open(router.addr, "/v1/chat/completions", &body);
+            assert!(s.next_event().is_some());
+            s
+        })
+        .collect();
+    let replicas: Vec<_> = held
+        .iter()
+        .filter_map(|s| s.header("x-prefix-router-replica"))
+        .collect();
+    assert_eq!(replicas.len(), 2);
+    assert_ne!(replicas[0], replicas[1]);
+    let r = router.post("/v1/chat/completions", &single("one too many"));
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "replicas_saturated");
+    assert_eq!(r.json()["error"]["type"], "rate_limit_error");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(
+        router.metric("prefix_router_errors_total{kind=\"replicas_saturated\"}"),
+        1.0
+    );
+    // Nothing reached an engine but the two held streams.
+    assert_eq!(a.received() + b.received(), 2);
+    // One replica frees up: requests flow again.
+    while held[0].next_event().is_some() {}
+    held.remove(0);
+    wait_for("a replica to free", Duration::from_secs(10), || {
+        let r = router.post("/v1/chat/completions", &single("after"));
+        (r.status == 200).then_some(())
+    });
+}
+
+#[test]
 fn a_body_past_the_shared_byte_budget_gets_503_before_any_upload() {
     let a = Sim::start("a", &[]);
     let router = Router::start(

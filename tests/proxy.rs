@@ -302,3 +302,45 @@ fn metrics_count_requests_by_replica_and_decision() {
             .then_some(())
     });
 }
+
+#[test]
+fn singles_keep_off_a_replica_whose_kv_is_taken_by_a_pinned_context() {
+    // Cards of 2,000 tokens (8,000 bytes of prompt text).
+    let a = Sim::start("a", &["--kv-tokens", "2000"]);
+    let b = Sim::start("b", &["--kv-tokens", "2000"]);
+    let router = Router::start(&[&a, &b], "");
+    // An agent's context of ~6,500 bytes, pinned to one card.
+    let context = "The failing test and the files it touches. ".repeat(150);
+    let agent = json!({"model": "m", "max_tokens": 2, "messages": [
+        {"role": "system", "content": context},
+        {"role": "user", "content": "fix it"},
+        {"role": "assistant", "content": "looking"},
+        {"role": "user", "content": "go on"}]});
+    let home = router.post("/v1/chat/completions", &agent);
+    assert_eq!(home.status, 200);
+    let (home, other) = match home.replica() {
+        "a" => ("a", "b"),
+        _ => ("b", "a"),
+    };
+    let series = format!("prefix_router_replica_pinned_working_set_tokens{{replica=\"{home}\"}}");
+    wait_for("the pinned working set", Duration::from_secs(5), || {
+        (router.metric(&series) > 1_000.0).then_some(())
+    });
+    // Singles of ~3,000 bytes: no room beside the context, so none goes there.
+    let places: Vec<String> = (0..4)
+        .map(|i| {
+            let text = format!("question {i}: {}", "Summarise this paragraph. ".repeat(120));
+            let r = router.post("/v1/chat/completions", &single(&text));
+            assert_eq!(r.status, 200, "{}", r.text());
+            r.replica().to_owned()
+        })
+        .collect();
+    assert_eq!(places, [other; 4]);
+    // The agent's next turn is still pinned at home.
+    let mut next = agent.clone();
+    next["messages"]
+        .as_array_mut()
+        .map(|m| m.push(json!({"role": "user", "content": "and now?"})));
+    let r = router.post("/v1/chat/completions", &next);
+    assert_eq!((r.replica(), r.decision()), (home, "pin"));
+}

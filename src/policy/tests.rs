@@ -243,12 +243,14 @@ fn threads_sharing_a_sharded_policy_keep_every_conversation_pinned() {
     assert!(p.tracked_entries() > 4 * 50 * 6);
 }
 
+/// Replicas with `(free, cold)` room, each holding 1,000 pinned bytes.
 fn with_room(free: &[(i64, u64)]) -> Vec<ReplicaState> {
     let mut rs = replicas(&vec![true; free.len()]);
     for (s, (free, cold)) in rs.iter_mut().zip(free) {
         s.room = Some(Room {
             free: *free,
             cold: *cold,
+            pinned: 1_000,
         });
     }
     rs
@@ -280,10 +282,16 @@ fn kv_room_spreads_cold_prompts_over_the_replicas_with_room_for_them() {
         // Both have: the counter alternates.
         let both = singles_on(&p, &with_room(&[(5_000, 0), (10_000, 0)]), 4);
         assert_eq!(both.iter().filter(|r| **r == 0).count(), 2, "{both:?}");
-        // A replica with no declared capacity has no known room.
+        // A replica with no declared capacity: room is not comparable, the
+        // plain counter.
         let mut rs = with_room(&[(10_000, 0), (0, 0)]);
         rs[1].room = None;
-        assert_eq!(singles_on(&p, &rs, 3), [0; 3]);
+        let counted = singles_on(&p, &rs, 4);
+        assert_eq!(
+            counted.iter().filter(|r| **r == 0).count(),
+            2,
+            "{counted:?}"
+        );
     }
     // Off: the counter, room or not.
     let p = Policy::new(cfg(Mode::Shape));
@@ -312,6 +320,18 @@ fn with_no_room_anywhere_spread_alternates_and_pack_displaces_one_replica() {
     let wall = with_room(&[(-200, 0), (300, 0)]);
     let w = singles_on(&pack, &wall, 4);
     assert_eq!(w.iter().filter(|r| **r == 0).count(), 2, "{w:?}");
+    // Not onto a replica far busier than the least busy one.
+    let mut busy = rs.clone();
+    busy[0].in_flight = 10;
+    busy[1].in_flight = 1;
+    assert_eq!(singles_on(&pack, &busy, 2), [1, 1]);
+    // A pure burst (nothing pinned anywhere): nothing to protect, the counter.
+    let mut burst = rs.clone();
+    for s in &mut burst {
+        s.room = s.room.map(|r| Room { pinned: 0, ..r });
+    }
+    let b = singles_on(&pack, &burst, 4);
+    assert_eq!(b.iter().filter(|r| **r == 0).count(), 2, "{b:?}");
 }
 
 #[test]

@@ -132,7 +132,8 @@ impl<'de> Visitor<'de> for Top<'_> {
                     f.logprobs = map.next_value::<Option<IgnoredAny>>()?.is_some();
                 }
                 Field::CachePrompt => {
-                    f.no_cache = map.next_value::<serde_json::Value>()? == false;
+                    let raw = map.next_value::<Box<serde_json::value::RawValue>>()?;
+                    f.no_cache = raw.get() == "false";
                 }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
@@ -585,6 +586,18 @@ mod tests {
             r#"{"prompt_cache_key":1}"#,
             r#"{"prompt_cache_key":null}"#,
             r#"{"prompt_cache_key":"k","prompt_cache_key":null}"#,
+            r#"{"cache_salt":"s"}"#,
+            r#"{"cache_salt":"s","cache_salt":null}"#,
+            r#"{"cache_s\u0061lt":[1e400]}"#,
+            r#"{"cache_prompt":false}"#,
+            r#"{"cache_prompt":false,"cache_prompt":true}"#,
+            r#"{"cache_prompt":"false"}"#,
+            r#"{"cache_prompt":[false]}"#,
+            r#"{"cache_prompt":1e400}"#,
+            r#"{"cache_prompt":"\ud800"}"#,
+            r#"{"cache_prompt":fals}"#,
+            r#"{"prompt_logprobs":0}"#,
+            r#"{"prompt_logprobs":null}"#,
             r#"{"m\u0065ssages":[{"role":"\u0074ool"}]}"#,
             r#"{"system":{"type":"tool_use","content":[{"text":"a"}],"text":"b"}}"#,
             "{\"system\":\"caf\u{e9}\"}",

@@ -30,10 +30,18 @@ impl Kind {
                 "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "usage": usage})
             }
             Kind::Messages => {
+                // Anthropic's `input_tokens` leaves out the tokens read from the cache.
+                let cached = usage["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .unwrap_or(0);
+                let input = usage["prompt_tokens"]
+                    .as_u64()
+                    .unwrap_or(0)
+                    .saturating_sub(cached);
                 json!({"id": "msg-sim", "type": "message", "role": "assistant", "model": "sim",
                 "content": [{"type": "text", "text": text}], "stop_reason": "max_tokens",
-                "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
-                          "cache_read_input_tokens": usage["prompt_tokens_details"]["cached_tokens"]}})
+                "usage": {"input_tokens": input, "output_tokens": usage["completion_tokens"],
+                          "cache_read_input_tokens": cached}})
             }
         }
     }

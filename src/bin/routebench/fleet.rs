@@ -1,6 +1,8 @@
 //! Starts what `compare` measures: fresh `replica-sim` processes (or given
-//! replica addresses) and a `prefix-router` with one policy, on free ports,
-//! polled until ready; stopped on drop.
+//! replica addresses) and a `prefix-router` with one policy, or the peer SMG
+//! (`smg launch --policy cache_aware`, installed from PyPI into a venv kept
+//! under the output directory's parent), on free ports, polled until ready;
+//! stopped on drop.
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
@@ -21,7 +23,7 @@ pub struct Fleet {
 /// How to start an arm.
 pub struct Arm<'a> {
     /// `POLICY` or `POLICY+KEY=VALUE+...`: the router's `policy` and more
-    /// top-level config keys (e.g. `shape+kv_room=pack`).
+    /// top-level config keys (e.g. `shape+kv_room=pack`); `smg`: the peer.
     pub policy: &'a str,
     /// Existing replicas; when empty, `sims` simulators are started.
     pub external: &'a [SocketAddr],
@@ -31,6 +33,65 @@ pub struct Arm<'a> {
     /// The router's working-set window, wall seconds.
     pub window_s: u32,
     pub dir: &'a Path,
+    /// The `model` requests name (SMG routes by it).
+    pub model: &'a str,
+}
+
+/// The arm name of the peer.
+pub const SMG: &str = "smg";
+/// The release measured in this project's results (pinned for reproducibility).
+const SMG_VERSION: &str = "smg==1.13.0";
+
+/// `smg` from PyPI in a venv next to the output directory (`bench-out/venv`
+/// by default, shared with `make bench-proxy`), installed on first use.
+fn ensure_smg(out: &Path) -> Result<PathBuf> {
+    let out = std::path::absolute(out)?;
+    let venv = out.parent().unwrap_or(&out).join("venv");
+    let smg = venv.join("bin/smg");
+    if smg.exists() {
+        return Ok(smg);
+    }
+    let ok = |c: &mut Command| c.status().is_ok_and(|s| s.success());
+    if !ok(Command::new("python3").args(["-m", "venv"]).arg(&venv))
+        || !ok(Command::new(venv.join("bin/pip")).args(["install", "-q", SMG_VERSION]))
+        || !smg.exists()
+    {
+        bail!(
+            "could not install smg into {} (python3 -m venv, pip install smg)",
+            venv.display()
+        );
+    }
+    Ok(smg)
+}
+
+/// The installed SMG's version, once an SMG arm has run.
+pub fn smg_version(out: &Path) -> Option<String> {
+    let out = std::path::absolute(out).ok()?;
+    let python = out.parent().unwrap_or(&out).join("venv/bin/python");
+    let script = "import importlib.metadata as m; print(m.version('smg'))";
+    let run = Command::new(python).args(["-c", script]).output().ok()?;
+    let v = String::from_utf8(run.stdout).ok()?;
+    Some(v.trim().to_owned()).filter(|v| !v.is_empty())
+}
+
+/// A one-token chat completion answered 200.
+fn post_ok(addr: SocketAddr, model: &str) -> bool {
+    use std::io::{Read, Write};
+    let body = format!(
+        r#"{{"model":"{model}","max_tokens":1,"messages":[{{"role":"user","content":"ready?"}}]}}"#
+    );
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let sent = write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut out = String::new();
+    sent.is_ok() && s.read_to_string(&mut out).is_ok() && out.starts_with("HTTP/1.1 200")
 }
 
 fn free_addr() -> Result<SocketAddr> {
@@ -99,6 +160,9 @@ impl Fleet {
             children.push(child);
         }
         let (router, metrics) = (free_addr()?, free_addr()?);
+        if arm.policy == SMG {
+            return Self::start_smg(arm, router, metrics, replicas, children);
+        }
         let window_s = arm.window_s;
         let mut parts = arm.policy.split('+');
         let policy = parts.next().unwrap_or_default();
@@ -152,6 +216,43 @@ impl Fleet {
                         == n
                 })
             },
+        )?;
+        Ok(fleet)
+    }
+
+    /// SMG in front of `replicas`, its log beside the router logs.
+    fn start_smg(
+        arm: &Arm,
+        router: SocketAddr,
+        metrics: SocketAddr,
+        replicas: Vec<SocketAddr>,
+        mut children: Vec<Child>,
+    ) -> Result<Fleet> {
+        let smg = ensure_smg(arm.dir)?;
+        std::fs::create_dir_all(arm.dir)?;
+        let router_log = arm.dir.join("router-smg.log");
+        let mut cmd = Command::new(smg);
+        cmd.args(["launch", "--host", "127.0.0.1", "--port"])
+            .arg(router.port().to_string())
+            .arg("--worker-urls")
+            .args(replicas.iter().map(|r| format!("http://{r}")))
+            .args(["--policy", "cache_aware", "--prometheus-host", "127.0.0.1"])
+            .args(["--prometheus-port", &metrics.port().to_string()])
+            .args(["--log-level", "warn"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&router_log)?);
+        children.push(cmd.spawn().context("start smg")?);
+        let fleet = Fleet {
+            router,
+            replicas,
+            router_log,
+            children,
+        };
+        // Ready when it routes a request (it first learns each worker's models).
+        wait(
+            "SMG routing to the replicas",
+            Duration::from_secs(120),
+            || post_ok(router, arm.model),
         )?;
         Ok(fleet)
     }

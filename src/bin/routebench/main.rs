@@ -82,6 +82,10 @@ enum Cmd {
             default_value = "shape,roundrobin,affinity"
         )]
         policies: Vec<String>,
+        /// Also measure the best peer: SMG (`smg` from PyPI, `cache_aware`),
+        /// installed into `venv/` beside `--out` on first use.
+        #[arg(long, value_parser = [fleet::SMG])]
+        peer: Option<String>,
         /// Existing replicas (`IP:port`) instead of simulators, e.g. real engines.
         #[arg(long = "replica")]
         replicas: Vec<SocketAddr>,
@@ -95,6 +99,10 @@ enum Cmd {
         #[arg(long, default_value = "simulated replicas (replica-sim)")]
         label: String,
 
+        /// Run every arm this many times, each round with fresh salts; the
+        /// headline table shows every round's figure.
+        #[arg(long, default_value_t = 1)]
+        salts: usize,
         /// Model seconds of the router's working-set window, and of quiet
         /// between scenarios so each scenario's capacity warnings are its own.
         #[arg(long, default_value_t = 60.0)]
@@ -159,19 +167,23 @@ async fn main() -> Result<()> {
             common,
         } => run(&url, probe_url.as_deref(), &common).await,
         Cmd::Compare {
-            policies,
+            mut policies,
+            peer,
             replicas,
             kv_tokens,
             results,
             label,
             window_model_s,
+            salts,
             common,
         } => {
+            policies.extend(peer);
             let arms = Arms {
                 policies,
                 external: replicas,
                 kv_tokens,
                 window_model_s,
+                salts: salts.max(1),
             };
             compare(&arms, results, &label, &common).await
         }
@@ -197,12 +209,35 @@ async fn run(url: &str, probe_url: Option<&str>, common: &Common) -> Result<()> 
     Ok(())
 }
 
+/// Refuses an arm `compare` could not start, before any arm runs.
+fn check_arm(arm: &str) -> Result<()> {
+    let mut parts = arm.split('+');
+    let base = parts.next().unwrap_or_default();
+    if !["shape", "roundrobin", "affinity", fleet::SMG].contains(&base) {
+        bail!("unknown policy {base} in arm {arm}");
+    }
+    for setting in parts {
+        if base == fleet::SMG {
+            bail!("arm {arm}: the peer takes no router settings");
+        }
+        if !setting
+            .split_once('=')
+            .is_some_and(|(k, v)| !k.is_empty() && !v.is_empty())
+        {
+            bail!("arm {arm}: {setting:?} is not KEY=VALUE");
+        }
+    }
+    Ok(())
+}
+
 /// What `compare` starts for each policy.
 struct Arms {
     policies: Vec<String>,
     external: Vec<SocketAddr>,
     kv_tokens: u64,
     window_model_s: f64,
+    /// Rounds, each of every arm with fresh salts.
+    salts: usize,
 }
 
 async fn compare(
@@ -219,71 +254,110 @@ async fn compare(
     let mut turns = Vec::new();
     let mut warnings = Vec::new();
     let mut headline = Vec::new();
-    let started = std::time::Instant::now();
     for policy in policies {
-        let base = policy.split('+').next().unwrap_or_default();
-        if !["shape", "roundrobin", "affinity"].contains(&base) {
-            bail!("unknown policy {base} in arm {policy}");
-        }
-        let fleet = fleet::Fleet::start(&fleet::Arm {
-            policy,
-            external: &arms.external,
-            sims: 2,
-            kv_tokens: arms.kv_tokens,
-            time_scale: common.time_scale,
-            window_s: (arms.window_model_s / common.time_scale).ceil().max(1.0) as u32,
-            dir: &common.out,
-        })
-        .with_context(|| format!("starting the {policy} arm"))?;
-        let c = Client::new(
-            &format!("http://{}", fleet.router),
-            &common.model,
-            common.time_scale,
-        );
-        let probe = Client::new(
-            &format!("http://{}", fleet.replicas[0]),
-            &common.model,
-            common.time_scale,
-        );
-        for (i, name) in names.iter().enumerate() {
-            log::info!("{policy}: {name}");
-            let before = fleet.log_lines(WARNING).len();
-            let samples = scenario(name, &c, &probe, &s).await;
-            let said = fleet.log_lines(WARNING);
-            warnings.push((
-                policy.clone(),
-                name.clone(),
-                said.len() - before,
-                said.get(before).cloned(),
-            ));
-            save(&common.out, &format!("{name}-{policy}.json"), &samples, &s)?;
-            if name == "agent-loop" {
-                turns.push((policy.clone(), report::per_turn(&samples)));
+        check_arm(policy)?;
+    }
+    let started = std::time::Instant::now();
+    let mut labels = Vec::new();
+    for round in 0..arms.salts {
+        for policy in policies {
+            // With several rounds, each round's arm is a column of its own
+            // in the detailed tables.
+            let label = if arms.salts > 1 {
+                format!("{policy} #{}", round + 1)
+            } else {
+                policy.clone()
+            };
+            let file: String = label
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            labels.push(label.clone());
+            let fleet = fleet::Fleet::start(&fleet::Arm {
+                policy,
+                external: &arms.external,
+                sims: 2,
+                kv_tokens: arms.kv_tokens,
+                time_scale: common.time_scale,
+                window_s: (arms.window_model_s / common.time_scale).ceil().max(1.0) as u32,
+                dir: &common.out,
+                model: &common.model,
+            })
+            .with_context(|| format!("starting the {policy} arm"))?;
+            let c = Client::new(
+                &format!("http://{}", fleet.router),
+                &common.model,
+                common.time_scale,
+            );
+            let probe = Client::new(
+                &format!("http://{}", fleet.replicas[0]),
+                &common.model,
+                common.time_scale,
+            );
+            for (i, name) in names.iter().enumerate() {
+                log::info!("{label}: {name}");
+                let before = fleet.log_lines(WARNING).len();
+                let samples = scenario(name, &c, &probe, &s).await;
+                let said = fleet.log_lines(WARNING);
+                warnings.push((
+                    label.clone(),
+                    name.clone(),
+                    said.len() - before,
+                    said.get(before).cloned(),
+                ));
+                save(&common.out, &format!("{name}-{file}.json"), &samples, &s)?;
+                if name == "agent-loop" && round == 0 {
+                    turns.push((policy.clone(), report::per_turn(&samples)));
+                }
+                for (measure, value) in report::headline(name, &samples) {
+                    headline.push((policy.clone(), round, measure, value));
+                }
+                rows[i]
+                    .1
+                    .push((label.clone(), report::summarize(name, &samples)));
+                // Let the router's working-set window (one model minute) pass, so the
+                // next scenario's capacity warnings are its own.
+                let quiet = (arms.window_model_s / common.time_scale).ceil().max(1.0) + 1.0;
+                tokio::time::sleep(std::time::Duration::from_secs_f64(quiet)).await;
             }
-            headline.push((
-                policy.clone(),
-                name.clone(),
-                report::headline(name, &samples),
-            ));
-            rows[i]
-                .1
-                .push((policy.clone(), report::summarize(name, &samples)));
-            // Let the router's working-set window (one model minute) pass, so the
-            // next scenario's capacity warnings are its own.
-            let quiet = (arms.window_model_s / common.time_scale).ceil().max(1.0) + 1.0;
-            tokio::time::sleep(std::time::Duration::from_secs_f64(quiet)).await;
         }
     }
+    let rounds = if arms.salts > 1 {
+        format!(
+            ", {} rounds of them, each with fresh salts (headline cells list every round's \
+             figure in order; `#n` marks round n below)",
+            arms.salts
+        )
+    } else {
+        String::new()
+    };
     let mut md = format!(
-        "### {label}\n\nOne run, {} policies in sequence, each in front of fresh replicas, one \
+        "### {label}\n\nOne run, {} arms in sequence{rounds}, each in front of fresh replicas, one \
          model minute of quiet between scenarios; {:.0} s wall in all. Times are model seconds \
          (wall × {}); cells give the median, the p90 and the number of requests.\n\n",
         policies.len(),
         started.elapsed().as_secs_f64(),
         common.time_scale
     );
+    if let Some(v) = policies
+        .iter()
+        .any(|p| p == fleet::SMG)
+        .then(|| fleet::smg_version(&common.out))
+        .flatten()
+    {
+        md.push_str(&format!(
+            "The peer: SMG {v} (`smg launch --policy cache_aware`, its defaults), \
+             in front of the same fresh simulators.\n\n"
+        ));
+    }
     let seed_sizes = !common.quick && common.sizes == "seed";
-    md.push_str(&report::seed_table(&headline, seed_sizes));
+    md.push_str(&report::seed_table(&headline, policies, seed_sizes));
     md.push('\n');
     for (name, r) in &rows {
         md.push_str(&report::table(name, r));
@@ -291,18 +365,27 @@ async fn compare(
     }
     md.push_str("Capacity warnings the router logged during each scenario (working set above a replica's `kv_tokens`):\n\n");
     let mut warn_rows = Vec::new();
-    for policy in policies {
+    for label in &labels {
         let cells = names
             .iter()
             .map(|n| {
                 let count = warnings
                     .iter()
-                    .find(|w| &w.0 == policy && &w.1 == n)
+                    .find(|w| &w.0 == label && &w.1 == n)
                     .map_or(0, |w| w.2);
-                (n.clone(), count.to_string())
+                // The peer logs no capacity warnings of ours.
+                let peer = label.split(' ').next() == Some(fleet::SMG);
+                (
+                    n.clone(),
+                    if peer {
+                        "–".into()
+                    } else {
+                        count.to_string()
+                    },
+                )
             })
             .collect();
-        warn_rows.push((policy.clone(), cells));
+        warn_rows.push((label.clone(), cells));
     }
     md.push_str(&report::table("warnings", &warn_rows));
     let counts: Vec<_> = warnings

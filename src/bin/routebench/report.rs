@@ -183,9 +183,10 @@ fn groups(samples: &[Sample]) -> BTreeMap<String, Vec<&Sample>> {
     by
 }
 
-/// The figure each scenario is judged by (model seconds): warm-turn TTFT for
-/// agent loops, makespan for bursts, agent warm TTFT within mixed traffic.
-pub fn headline(scenario: &str, samples: &[Sample]) -> Option<f64> {
+/// The headline measures of one scenario run: median warm-turn TTFT for
+/// agent loops, makespan for bursts, agent warm TTFT and the median burst
+/// makespan within mixed traffic.
+pub fn headline(scenario: &str, samples: &[Sample]) -> Vec<(&'static str, f64)> {
     let warm = |f: &dyn Fn(&Sample) -> bool| {
         Stat::of(
             ok(samples)
@@ -193,56 +194,76 @@ pub fn headline(scenario: &str, samples: &[Sample]) -> Option<f64> {
                 .map(|s| s.ttft_s)
                 .collect(),
         )
+        .median
     };
     match scenario {
-        "agent-loop" => Some(warm(&|_| true).median),
-        "burst" => Some(makespan(ok(samples))),
-        "mixed" => Some(warm(&|s| s.group.starts_with("agent")).median),
-        _ => None,
+        "agent-loop" => vec![(AGENT_LOOP, warm(&|_| true))],
+        "burst" => vec![(BURST, makespan(ok(samples)))],
+        "mixed" => {
+            let spans: Vec<f64> = groups(samples)
+                .iter()
+                .filter(|(g, _)| g.starts_with("burst"))
+                .map(|(_, v)| makespan(v.iter().copied()))
+                .collect();
+            vec![
+                (MIXED_AGENT, warm(&|s| s.group.starts_with("agent"))),
+                (MIXED_BURST, Stat::of(spans).median),
+            ]
+        }
+        _ => Vec::new(),
     }
 }
 
-/// This run's headline figures per policy, with the seed's measurements beside
-/// them when the run used the seed's sizes.
-pub fn seed_table(headline: &[(String, String, Option<f64>)], with_seed: bool) -> String {
-    let get = |policy: &str, scenario: &str| {
-        headline
+const AGENT_LOOP: &str = "agent-loop warm-turn TTFT (median)";
+const BURST: &str = "burst makespan";
+const MIXED_AGENT: &str = "agent warm TTFT amid bursts (median)";
+const MIXED_BURST: &str = "burst makespan amid agents (median of bursts)";
+
+/// One headline figure: arm, salt (round), measure, value.
+pub type Headline = (String, usize, &'static str, f64);
+
+/// This run's headline figures per arm (every salt's, in run order), with the
+/// seed's measurements beside them when the run used the seed's sizes.
+pub fn seed_table(headline: &[Headline], arms: &[String], with_seed: bool) -> String {
+    let cell = |arm: &str, measure: &str| {
+        let values: Vec<String> = headline
             .iter()
-            .find(|(p, s, _)| p == policy && s == scenario)
-            .and_then(|(_, _, v)| *v)
-            .map_or("–".to_owned(), |v| format!("{v:.2} s"))
+            .filter(|(a, _, m, _)| a == arm && *m == measure)
+            .map(|(_, _, _, v)| format!("{v:.2}"))
+            .collect();
+        if values.is_empty() {
+            "–".to_owned()
+        } else {
+            format!("{} s", values.join(" / "))
+        }
     };
     let mut out = String::from("| measure |");
     if with_seed {
         out.push_str(" seed: pinned | seed: round-robin | seed: shape rule |");
     }
-    out.push_str(" shape | roundrobin | affinity |\n|---|");
-    out.push_str(&"---|".repeat(if with_seed { 6 } else { 3 }));
+    for arm in arms {
+        let _ = write!(out, " {arm} |");
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---|".repeat(arms.len() + if with_seed { 3 } else { 0 }));
     out.push('\n');
-    for (label, scenario, seed) in [
-        (
-            "agent-loop warm-turn TTFT (median)",
-            "agent-loop",
-            ["1.10 s", "2.68 s", "1.10 s"],
-        ),
-        ("burst makespan", "burst", ["30.1 s", "18.6 s", "19.97 s"]),
-        (
-            "agent warm TTFT amid bursts (median)",
-            "mixed",
-            ["–", "–", "–"],
-        ),
+    for (measure, seed) in [
+        (AGENT_LOOP, ["1.10 s", "2.68 s", "1.10 s"]),
+        (BURST, ["30.1 s", "18.6 s", "19.97 s"]),
+        (MIXED_AGENT, ["–", "–", "–"]),
+        (MIXED_BURST, ["–", "–", "–"]),
     ] {
-        let _ = write!(out, "| {label} |");
+        if !headline.iter().any(|(_, _, m, _)| *m == measure) {
+            continue;
+        }
+        let _ = write!(out, "| {measure} |");
         if with_seed {
             let _ = write!(out, " {} | {} | {} |", seed[0], seed[1], seed[2]);
         }
-        let _ = writeln!(
-            out,
-            " {} | {} | {} |",
-            get("shape", scenario),
-            get("roundrobin", scenario),
-            get("affinity", scenario)
-        );
+        for arm in arms {
+            let _ = write!(out, " {} |", cell(arm, measure));
+        }
+        out.push('\n');
     }
     out
 }
