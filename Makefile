@@ -42,11 +42,15 @@ bench-memory: prepare
 	cargo build --release --bins
 	scripts/bench-memory.py --doc docs/performance.md
 
-# The three policies side by side, on simulated cards (~3 min) and on two real
-# llama.cpp replicas (~8 min); rewrites docs/results.md and its plots.
+# The policies, `shape` before kv_room (`shape+kv_room=off`) and the peer SMG
+# side by side, on simulated cards (3 salts, ~13 min) and on two real llama.cpp
+# replicas (~12 min); rewrites docs/results.md and its plots. SMG is installed
+# from PyPI into bench-out/venv on first use.
 results: prepare
 	cargo build --release --bins
-	target/release/routebench compare --time-scale 10 --out bench-out/sim --results bench-out/results-sim.md
+	target/release/routebench compare --time-scale 10 --salts 3 --peer smg \
+	  --policies shape,shape+kv_room=off,roundrobin,affinity \
+	  --out bench-out/sim --results bench-out/results-sim.md
 	scripts/real-engine.sh compare
 	cat docs/results-preface.md bench-out/results-sim.md bench-out/results-real.md > docs/results.md
 	cp bench-out/results-sim.svg bench-out/results-real.svg docs/

@@ -38,6 +38,7 @@ case "${1:-}" in
       for _ in $(seq 1 100); do curl -sf "127.0.0.1:$p/health" >/dev/null && break; sleep 0.2; done
     done
     target/release/routebench compare --sizes real --model smollm2 "${ports[@]}" \
+      --policies shape,shape+kv_room=off,roundrobin,affinity --peer smg \
       --kv-tokens 4096 --window-model-s 10 --out bench-out/real \
       --label "real llama.cpp replicas (xllamacpp, SmolLM2-135M cut to 4 blocks, 1 thread, 1 slot of 4096 tokens)" \
       --results bench-out/results-real.md

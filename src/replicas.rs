@@ -36,7 +36,7 @@ pub struct Replica {
     in_flight: AtomicU32,
     /// Pinned working set, bytes (the capacity watch refreshes it).
     pinned_bytes: AtomicU64,
-    /// Canonical bytes of the cold (spread) prompts in flight.
+    /// Canonical bytes of the singles' prompts in flight.
     cold_bytes: AtomicU64,
     /// The last active health check passed (false until the first one does).
     checked: AtomicBool,
@@ -169,8 +169,8 @@ impl Replica {
         before != self.live()
     }
 
-    /// Counts a request in flight until the guard drops; `cold` bytes of
-    /// prompt placed without a cached prefix (0 for others).
+    /// Counts a request in flight until the guard drops; `cold` bytes of a
+    /// single's prompt (0 for others), which take KV room while it runs.
     pub fn begin(self: &Arc<Self>, cold: u64) -> InFlight {
         self.in_flight.fetch_add(1, Relaxed);
         self.cold_bytes.fetch_add(cold, Relaxed);

@@ -338,9 +338,9 @@ fn singles_keep_off_a_replica_whose_kv_is_taken_by_a_pinned_context() {
     assert_eq!(places, [other; 4]);
     // The agent's next turn is still pinned at home.
     let mut next = agent.clone();
-    next["messages"]
-        .as_array_mut()
-        .map(|m| m.push(json!({"role": "user", "content": "and now?"})));
+    if let Some(m) = next["messages"].as_array_mut() {
+        m.push(json!({"role": "user", "content": "and now?"}));
+    }
     let r = router.post("/v1/chat/completions", &next);
     assert_eq!((r.replica(), r.decision()), (home, "pin"));
 }

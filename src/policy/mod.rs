@@ -14,12 +14,13 @@
 //!                    (`fallback` when a longer match sat on a down replica)
 //!                 -> else counter                                        reason `spread`
 //!   kv room       (`pack` by default; needs every replica's KV capacity, else the counter)
-//!                 a cold placement (spread) goes by the counter over the
-//!                 live replicas with room for its prompt: declared KV capacity less the
-//!                 pinned working set (blocks a continuation recorded within the window)
-//!                 and the cold prompts in flight there. All or none with room: the plain
+//!                 a cold placement (a single, or a continuation with no known prefix)
+//!                 goes by the counter over the live replicas with room for its prompt:
+//!                 declared KV capacity less the pinned working set (blocks a
+//!                 continuation recorded within the window) and the singles in flight
+//!                 there (the caller counts them). All or none with room: the plain
 //!                 counter (`spread`), or, when none has room but some lost it only to
-//!                 cold prompts in flight and some replica holds pinned contexts, the
+//!                 singles in flight and some replica holds pinned contexts, the
 //!                 one already displaced most (`pack`), so one card's contexts give way
 //!                 instead of every card's, while it has at most twice the least busy
 //!                 replica's requests in flight plus two (with none pinned anywhere
@@ -137,10 +138,10 @@ pub struct ReplicaState {
 /// pinned to it, in bytes of canonical prompt text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Room {
-    /// Capacity less the pinned working set and the cold prompts in flight
-    /// (negative: those prompts displace pinned contexts now).
+    /// Capacity less the pinned working set and the singles in flight
+    /// (negative: those singles displace pinned contexts now).
     pub free: i64,
-    /// Bytes of the cold prompts in flight there.
+    /// Bytes of the singles' prompts in flight there.
     pub cold: u64,
     /// Bytes of its pinned working set.
     pub pinned: u64,
@@ -577,7 +578,7 @@ impl Policy {
         }
         let protects = || live.iter().any(|s| s.room.is_some_and(|r| r.pinned > 0));
         if self.cfg.kv_room == KvRoom::Pack && protects() {
-            // Room taken by cold prompts in flight, not by the pinned set alone
+            // Room taken by singles in flight, not by the pinned set alone
             // (that is the capacity wall, where packing rescues nothing), on a
             // replica not already far busier than the least busy one.
             let least = live.iter().map(|s| s.in_flight).min().unwrap_or(0);
