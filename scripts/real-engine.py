@@ -60,7 +60,7 @@ def serve(port: int, ctx: int, threads: int) -> None:
 
     p = x.CommonParams()
     p.model.path = str(CUT)
-    p.model_alias = "smollm2"
+    p.model_alias = {"smollm2"}  # a set: a plain string becomes a set of its characters
     p.n_ctx = ctx
     p.n_parallel = 1
     p.cache_ram_mib = 0

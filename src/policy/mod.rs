@@ -26,10 +26,10 @@
 //!                 replica's requests in flight plus two (with none pinned anywhere
 //!                 there is nothing to protect: a pure burst keeps the plain counter).
 //!                 Measured (docs/results.md, simulated cards, 3 salts): agents' warm
-//!                 turns amid bursts 1.46-1.48 s -> 1.17-1.18 s (1.12 s without bursts),
-//!                 burst makespan amid agents 10.61 s (round-robin 10.52-11.02 s), no
-//!                 change on agent-loop, burst or capacity; `spread` alone changed
-//!                 nothing (1.46 s): both cards lacked room for the whole burst.
+//!                 turns amid bursts 1.44-1.53 s (off) -> 1.17-1.18 s (1.12-1.13 s without
+//!                 bursts), burst makespan amid agents 9.5 -> 10.6 s (round-robin
+//!                 10.5-11.0 s), no change on agent-loop, burst or capacity; `spread`
+//!                 alone changed nothing (1.46 s): neither card had room for its share.
 //!   load guard    (off by default) a prefix placement whose replica has more than
 //!                 `load_guard` requests in flight above the least-loaded live replica
 //!                 moves to the next-best live cached replica         reason `guard`

@@ -4,7 +4,8 @@
 //! Scenarios: `agent-loop` (sequential-turn conversations growing toward ~90k
 //! tokens), `burst` (16 distinct cold prompts at once), `mixed` (both at once),
 //! `probe` (the same long prompt twice on one idle replica, then varying tails),
-//! `capacity` (three 50-80k-token families on two cards). Every run salts its
+//! `capacity` (three 50-80k-token families on two cards), and on request
+//! `overload` (more one-shot clients than the cards hold). Every run salts its
 //! prompts; every median comes with its p90 and sample size. Times are model
 //! seconds: wall seconds times `--time-scale` (the simulators' own; 1 for real engines).
 //!   cargo run --release --bin routebench -- run --url http://127.0.0.1:8080 --probe-url http://127.0.0.1:8001
@@ -24,7 +25,16 @@ use clap::{Parser, Subcommand};
 use client::{Client, Sample};
 use scenarios::Sizes;
 
-const ALL: [&str; 5] = ["agent-loop", "burst", "mixed", "probe", "capacity"];
+const ALL: [&str; 6] = [
+    "agent-loop",
+    "burst",
+    "mixed",
+    "probe",
+    "capacity",
+    "overload",
+];
+/// Run when no `--scenario` is given (`overload` is asked for by name).
+const DEFAULT: usize = 5;
 /// What the router logs when a working set exceeds a replica's KV.
 const WARNING: &str = "exceeds its KV capacity";
 
@@ -37,7 +47,7 @@ struct Cli {
 
 #[derive(clap::Args, Clone)]
 struct Common {
-    /// Scenarios to run (default: all).
+    /// Scenarios to run (default: all but `overload`).
     #[arg(long = "scenario", value_parser = ALL)]
     scenarios: Vec<String>,
     /// Model seconds per wall second of the replicas (1 for real engines).
@@ -129,7 +139,7 @@ fn sizes(c: &Common) -> Sizes {
 
 fn chosen(c: &Common) -> Vec<String> {
     if c.scenarios.is_empty() {
-        ALL.iter().map(|s| s.to_string()).collect()
+        ALL[..DEFAULT].iter().map(|s| s.to_string()).collect()
     } else {
         c.scenarios.clone()
     }
@@ -146,6 +156,7 @@ async fn scenario(name: &str, c: &Client, probe: &Client, s: &Sizes) -> Vec<Samp
         "mixed" => scenarios::mixed(c, &salt, s).await,
         "probe" => scenarios::probe(probe, &salt, s).await,
         "capacity" => scenarios::capacity(c, &salt, s).await,
+        "overload" => scenarios::overload(c, &salt, s).await,
         _ => Vec::new(),
     }
 }
@@ -353,7 +364,7 @@ async fn compare(
     {
         md.push_str(&format!(
             "The peer: SMG {v} (`smg launch --policy cache_aware`, its defaults), \
-             in front of the same fresh simulators.\n\n"
+             in front of the same replicas.\n\n"
         ));
     }
     let seed_sizes = !common.quick && common.sizes == "seed";

@@ -147,6 +147,36 @@ pub fn summarize(scenario: &str, samples: &[Sample]) -> Cells {
             row.push(("same again".into(), show(at(1))));
             row.push(("varying tail".into(), ttft(&|s| s.group == "tail").show()));
         }
+        "overload" => {
+            let served = ok(samples).count();
+            let shed = samples.iter().filter(|s| s.status == 429).count();
+            let span = makespan(samples.iter());
+            let mut ttft: Vec<f64> = ok(samples).map(|s| s.ttft_s).collect();
+            ttft.sort_by(f64::total_cmp);
+            let at = |q: f64| ttft.get(((ttft.len().max(1) - 1) as f64 * q).round() as usize);
+            row.push((
+                "goodput".into(),
+                format!(
+                    "{:.2} req/s ({served} served)",
+                    served as f64 / span.max(1e-9)
+                ),
+            ));
+            row.push((
+                "TTFT p50 / p99 of served".into(),
+                match (at(0.5), at(0.99)) {
+                    (Some(p50), Some(p99)) => format!("{p50:.2} s / {p99:.2} s"),
+                    _ => "–".into(),
+                },
+            ));
+            row.push((
+                "shed (429)".into(),
+                format!(
+                    "{shed} ({})",
+                    pct(shed as f64 / samples.len().max(1) as f64)
+                ),
+            ));
+            row.push(("placement".into(), placement(ok(samples))));
+        }
         "capacity" => {
             for (g, v) in groups(samples) {
                 let warm: Vec<&Sample> = v.iter().copied().filter(|s| s.turn > 0).collect();
@@ -163,7 +193,12 @@ pub fn summarize(scenario: &str, samples: &[Sample]) -> Cells {
         }
         _ => {}
     }
-    row.push(("errors".into(), errors(samples).to_string()));
+    // A shed request is the point of `overload`, not an error there.
+    let shed = match scenario {
+        "overload" => samples.iter().filter(|s| s.status == 429).count(),
+        _ => 0,
+    };
+    row.push(("errors".into(), (errors(samples) - shed).to_string()));
     row.push((
         "requests, duration".into(),
         format!("{}, {:.0} s", samples.len(), makespan(samples.iter())),

@@ -20,6 +20,11 @@ pub struct Sizes {
     pub probe_tokens: usize,
     pub capacity_families: Vec<usize>,
     pub capacity_turns: usize,
+    /// `overload`: clients sending one-shots back to back for this long.
+    pub overload_clients: usize,
+    pub overload_s: f64,
+    pub overload_tokens: usize,
+    pub overload_max_tokens: u64,
 }
 
 impl Sizes {
@@ -39,6 +44,11 @@ impl Sizes {
             // Any two on one 122,636-token card exceed it: the seed's pigeonhole.
             capacity_families: vec![80_000, 65_000, 60_000],
             capacity_turns: 5,
+            // ~14 of these fit a card at once: 48 clients queue at the engines.
+            overload_clients: 48,
+            overload_s: 60.0,
+            overload_tokens: 8_000,
+            overload_max_tokens: 200,
         }
     }
 
@@ -59,6 +69,10 @@ impl Sizes {
             // Any two exceed one 4096-token slot; each fits alone.
             capacity_families: vec![2_600, 2_300, 2_000],
             capacity_turns: 3,
+            overload_clients: 6,
+            overload_s: 30.0,
+            overload_tokens: 500,
+            overload_max_tokens: 8,
         }
     }
 
@@ -79,6 +93,10 @@ impl Sizes {
             // With --kv-tokens 12000: any two on one card exceed it.
             capacity_families: vec![8_000, 6_500, 6_000],
             capacity_turns: 3,
+            overload_clients: 8,
+            overload_s: 5.0,
+            overload_tokens: 1_000,
+            overload_max_tokens: 8,
         }
     }
 }
@@ -213,6 +231,34 @@ pub async fn capacity(c: &Client, salt: &str, s: &Sizes) -> Vec<Sample> {
         };
         let name = format!("family{i}-{}k", tokens / 1000);
         async move { agent(c, salt, &name, &sizes, 0.5).await }
+    });
+    join_all(runs).await.into_iter().flatten().collect()
+}
+
+/// More demand than the cards hold: clients each sending one-shot questions
+/// back to back for `overload_s` model seconds. A client told 429 waits its
+/// `Retry-After` (1 s, model time: a real client's second) and goes on.
+pub async fn overload(c: &Client, salt: &str, s: &Sizes) -> Vec<Sample> {
+    let end = c.now() + s.overload_s;
+    let runs = (0..s.overload_clients).map(|i| async move {
+        let mut out = Vec::new();
+        while c.now() < end {
+            let n = out.len();
+            let question = filler(
+                &format!("{salt} client {i} question {n}"),
+                s.overload_tokens,
+            );
+            let messages = vec![json!({"role": "user", "content": question})];
+            let sample = c
+                .chat("overload", n, &messages, s.overload_max_tokens)
+                .await;
+            let shed = sample.status == 429;
+            out.push(sample);
+            if shed {
+                sleep_model(c, 1.0).await;
+            }
+        }
+        out
     });
     join_all(runs).await.into_iter().flatten().collect()
 }
