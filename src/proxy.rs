@@ -22,7 +22,7 @@
 //!   re-sent: a second delivery is a second prefill and maybe a second tool call.
 //! - `response_filter`: outlier bookkeeping (5xx), placement headers, metrics.
 //! - `response_body_filter`: reads the engine's cache figures as the body
-//!   passes (`usage`), counted against the placement's prediction at the end.
+//!   passes (`usage`), counted against the placement's prediction at its end.
 //!
 //! A `100 Continue` is not "a response": every check of whether the client has
 //! seen a response looks past 1xx ([`response_started`]).
@@ -192,10 +192,11 @@ impl Router {
         let Some(every) = self.settings.repair_on_miss_s else {
             return;
         };
+        // A prefix recorded moments before may still be in its first prefill.
         let old_enough = d.matched_age_s() >= every;
         if outcome == Outcome::Lost && old_enough && replica.may_repair(self.policy.clock(), every)
         {
-            let forgotten = self.policy.forget_stale(d, every);
+            let forgotten = self.policy.forget_stale(d);
             if forgotten > 0 {
                 METRICS.repaired(&replica.name, Repair::Miss, forgotten);
             }
@@ -636,8 +637,13 @@ impl ProxyHttp for Router {
             if let Some(b) = body {
                 u.feed(b);
             }
+            // Counted before the last bytes go out: a client that has read
+            // the whole answer finds it in the metrics.
             if end_of_stream {
                 u.finish();
+                if let (Some(a), Some(d), true) = (&ctx.attempt, &ctx.decision, ctx.evidence) {
+                    self.reported(a.replica(), d, u);
+                }
             }
         }
         Ok(None)
@@ -692,11 +698,6 @@ impl ProxyHttp for Router {
             .filter(|r| !r.status.is_informational())
             .map_or(0, |r| r.status.as_u16());
         let attempt = ctx.attempt.take();
-        if let (Some(a), Some(d), Some(u), true) =
-            (&attempt, &ctx.decision, &ctx.usage, ctx.evidence)
-        {
-            self.reported(a.replica(), d, u);
-        }
         let replica = attempt.as_ref().map(|a| a.replica().name.as_str());
         let d = ctx.decision.as_ref();
         log::info!(

@@ -38,6 +38,21 @@ fn series(router: &Router, name: &str, labels: &str) -> f64 {
         .unwrap_or_else(|| panic!("no series {series}"))
 }
 
+/// `(hit, miss)` pin outcomes counted for replica `a`.
+fn outcomes(router: &Router) -> (f64, f64) {
+    let on_a = |o: &str| {
+        let labels = format!("outcome=\"{o}\",replica=\"a\"");
+        series(router, "pin_outcomes_total", &labels)
+    };
+    (on_a("hit"), on_a("miss"))
+}
+
+/// Index repairs of replica `a` for `cause`.
+fn repairs(router: &Router, cause: &str) -> f64 {
+    let labels = format!("cause=\"{cause}\",replica=\"a\"");
+    series(router, "index_repairs_total", &labels)
+}
+
 /// The index's clock counts whole seconds: wait past the next tick.
 fn next_clock_second() {
     std::thread::sleep(Duration::from_millis(1_600));
@@ -64,14 +79,7 @@ fn a_pin_is_checked_against_the_cache_the_engine_reports() {
         "predicted {predicted}, delivered {delivered}"
     );
     assert!(prompt > delivered, "prompt {prompt}, delivered {delivered}");
-    let outcome = |o: &str| {
-        series(
-            &router,
-            "pin_outcomes_total",
-            &format!("outcome=\"{o}\",replica=\"a\""),
-        )
-    };
-    assert_eq!((outcome("hit"), outcome("miss")), (2.0, 0.0));
+    assert_eq!(outcomes(&router), (2.0, 0.0));
     // The first turn predicted nothing and reported nothing cached.
     let spread = "decision=\"spread\",replica=\"a\"";
     assert_eq!(
@@ -112,14 +120,7 @@ fn a_stream_is_counted_from_its_usage_chunk_and_only_when_it_has_one() {
     asked["stream_options"] = json!({"include_usage": true});
     assert_eq!(read_all(&asked), "data: [DONE]");
     assert!(series(&router, "delivered_cached_tokens_total", pin) > 1_000.0);
-    assert_eq!(
-        series(
-            &router,
-            "pin_outcomes_total",
-            "outcome=\"hit\",replica=\"a\""
-        ),
-        1.0
-    );
+    assert_eq!(outcomes(&router).0, 1.0);
 }
 
 #[test]
@@ -139,18 +140,10 @@ fn a_restarted_engine_reports_the_pin_missed() {
     let _a = Sim::start_on(&listen, "a", &[]);
     let r = router.post("/v1/chat/completions", &agent(3));
     assert_eq!((r.status, r.decision()), (200, "pin"), "{}", r.text());
-    let outcome = |o: &str| {
-        series(
-            &router,
-            "pin_outcomes_total",
-            &format!("outcome=\"{o}\",replica=\"a\""),
-        )
-    };
-    assert_eq!((outcome("hit"), outcome("miss")), (1.0, 1.0));
+    assert_eq!(outcomes(&router), (1.0, 1.0));
     // The prefix was placed well under `repair_on_miss_s` (10 s) before: it
     // may have been in its first prefill, so the index is not repaired.
-    let repairs = "cause=\"miss\",replica=\"a\"";
-    assert_eq!(series(&router, "index_repairs_total", repairs), 0.0);
+    assert_eq!(repairs(&router, "miss"), 0.0);
 }
 
 /// `agent(turns)` with its own system prompt.
@@ -200,14 +193,10 @@ fn a_pin_the_engine_lost_unpins_what_its_replica_held_before_it() {
     let _a = Sim::start_on(&listen, "a", &[]);
     let missed = router.post("/v1/chat/completions", &named(&lost, 3));
     assert_eq!((missed.replica(), missed.decision()), ("a", "pin"));
-    let repairs = |cause: &str| {
-        series(
-            &router,
-            "index_repairs_total",
-            &format!("cause=\"{cause}\",replica=\"a\""),
-        )
-    };
-    assert_eq!((repairs("miss"), repairs("restart")), (1.0, 0.0));
+    assert_eq!(
+        (repairs(&router, "miss"), repairs(&router, "restart")),
+        (1.0, 0.0)
+    );
     // "older" sat on `a` from before: forgotten, its next turn is placed on
     // merit (the counter), not sent to a cache that is gone.
     let next = router.post("/v1/chat/completions", &named(&older, 2));
@@ -228,12 +217,7 @@ fn a_replica_back_from_a_failed_health_check_starts_with_no_pins() {
     router.wait_replica_up("a", false);
     let _a = Sim::start_on(&listen, "a", &[]);
     router.wait_replica_up("a", true);
-    let repairs = series(
-        &router,
-        "index_repairs_total",
-        "cause=\"restart\",replica=\"a\"",
-    );
-    assert_eq!(repairs, 1.0);
+    assert_eq!(repairs(&router, "restart"), 1.0);
     let next = router.post("/v1/chat/completions", &named(&name, 2));
     assert_eq!(next.decision(), "spread");
 }
@@ -256,24 +240,10 @@ fn a_request_that_tells_the_engine_to_skip_its_cache_is_no_evidence() {
     // None counted: the engine may well report nothing cached for them.
     let pin = "decision=\"pin\",replica=\"a\"";
     assert_eq!(series(&router, "predicted_cached_tokens_total", pin), 0.0);
-    assert_eq!(
-        series(
-            &router,
-            "pin_outcomes_total",
-            "outcome=\"hit\",replica=\"a\""
-        ),
-        0.0
-    );
+    assert_eq!(outcomes(&router).0, 0.0);
     // `cache_prompt: true` asks for the cache: counted.
     let mut body = agent(3);
     body["cache_prompt"] = json!(true);
     assert_eq!(router.post("/v1/chat/completions", &body).status, 200);
-    assert_eq!(
-        series(
-            &router,
-            "pin_outcomes_total",
-            "outcome=\"hit\",replica=\"a\""
-        ),
-        1.0
-    );
+    assert_eq!(outcomes(&router).0, 1.0);
 }

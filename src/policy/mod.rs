@@ -409,16 +409,12 @@ impl Policy {
 
     /// The engine reported the prefix this placement predicted (almost) all
     /// gone: drops what its replica held from before `matched_at` (see
-    /// REPAIR), if the prefix was recorded at least `min_age_s` before the
-    /// placement (a younger one may still be in its first prefill); returns
-    /// the entries dropped.
-    pub fn forget_stale(&self, d: &Decision, min_age_s: u32) -> usize {
-        match d.replica {
-            Some(r) if d.matched_age_s() >= min_age_s => {
-                self.index.forget_replica(r.0, d.matched_at)
-            }
-            _ => 0,
-        }
+    /// REPAIR; the caller skips a prefix recorded moments before the
+    /// placement, `matched_age_s`: it may still be in its first prefill);
+    /// returns the entries dropped.
+    pub fn forget_stale(&self, d: &Decision) -> usize {
+        d.replica
+            .map_or(0, |r| self.index.forget_replica(r.0, d.matched_at))
     }
 
     fn shape_of(&self, req: &Request, extends: bool) -> Shape {

@@ -182,11 +182,10 @@ fn a_lost_pin_forgets_what_its_replica_held_before_it_and_keeps_the_rest() {
     p.set_clock(20);
     let d = p.place(&req(&text("lost", 1), true), &one);
     assert_eq!((d.reason, d.matched_at), (Reason::Pin, 10));
-    // Not if the prefix was younger than asked: it may be in its first prefill.
-    assert_eq!(p.forget_stale(&d, 11), 0);
+    assert_eq!(d.matched_age_s(), 10);
     // The engine reported it all gone: "older" went before it, "newer" came
     // after it (an LRU keeps it), and the turn just placed is held now.
-    assert!(p.forget_stale(&d, 10) > 0);
+    assert!(p.forget_stale(&d) > 0);
     let two = replicas(&[true, true]);
     let placed = |name, turn| p.place(&req(&text(name, turn), true), &two).reason;
     assert_eq!(placed("lost", 2), Reason::Pin);
