@@ -69,9 +69,9 @@ pub struct UsageScan {
     state: State,
     key: [u8; MAX_KEY],
     /// Prompt tokens the engine reused from its cache.
-    pub cached: Option<u64>,
+    cached: Option<u64>,
     /// Prompt tokens of the request, as the engine counted them.
-    pub prompt: Option<u64>,
+    prompt: Option<u64>,
     read: Option<u64>,
     written: Option<u64>,
 }

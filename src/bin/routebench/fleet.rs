@@ -37,6 +37,15 @@ pub struct Arm<'a> {
     pub model: &'a str,
 }
 
+/// An arm's label as a file name: `shape+kv_room=off #2` -> `shape_kv_room_off__2`.
+pub fn file_name(label: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || c == '-';
+    label
+        .chars()
+        .map(|c| if safe(c) { c } else { '_' })
+        .collect()
+}
+
 /// The arm name of the peer.
 pub const SMG: &str = "smg";
 /// The release measured in this project's results (pinned for reproducibility).
@@ -183,9 +192,10 @@ impl Fleet {
             ));
         }
         std::fs::create_dir_all(arm.dir)?;
-        let config = arm.dir.join(format!("router-{}.yaml", arm.policy));
+        let name = file_name(arm.policy);
+        let config = arm.dir.join(format!("router-{name}.yaml"));
         std::fs::write(&config, yaml)?;
-        let router_log = arm.dir.join(format!("router-{}.log", arm.policy));
+        let router_log = arm.dir.join(format!("router-{name}.log"));
         let log = std::fs::File::create(&router_log)?;
         children.push(
             Command::new(sibling("prefix-router")?)

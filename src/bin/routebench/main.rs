@@ -279,16 +279,7 @@ async fn compare(
             } else {
                 policy.clone()
             };
-            let file: String = label
-                .chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || c == '-' {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .collect();
+            let file = fleet::file_name(&label);
             labels.push(label.clone());
             let fleet = fleet::Fleet::start(&fleet::Arm {
                 policy,
