@@ -43,16 +43,32 @@ bench-memory: prepare
 	scripts/bench-memory.py --doc docs/performance.md
 
 # The policies, `shape` before kv_room (`shape+kv_room=off`) and the peer SMG
-# side by side, on simulated cards (3 salts, ~13 min) and on two real llama.cpp
-# replicas (~12 min); rewrites docs/results.md and its plots. SMG is installed
+# side by side, on simulated cards (3 salts, ~13 min; then engine_load and the
+# load guard on `unseen-load`, ~6 min, and the capacity wall's levers, ~5 min)
+# and on two real llama.cpp replicas (~12 min); rewrites docs/results.md and
+# its plots. SMG is installed
 # from PyPI into bench-out/venv on first use.
 results: prepare
 	cargo build --release --bins
 	target/release/routebench compare --time-scale 10 --salts 3 --peer smg \
 	  --policies shape,shape+kv_room=off,roundrobin,affinity \
 	  --out bench-out/sim --results bench-out/results-sim.md
+	target/release/routebench compare --time-scale 10 --salts 3 --peer smg --scenario unseen-load \
+	  --policies 'shape,shape+engine_load={interval_ms: 50},shape+engine_load={interval_ms: 50}+load_guard_in_flight=4,roundrobin' \
+	  --label "simulated replicas, load the router does not see (replica-sim)" \
+	  --out bench-out/unseen --results bench-out/results-unseen.md
+	target/release/routebench compare --time-scale 10 --salts 3 --scenario capacity \
+	  --policies shape,shape+kv_room=spread,shape+kv_room=off,roundrobin \
+	  --label "simulated replicas, the capacity wall (replica-sim)" \
+	  --out bench-out/capacity --results bench-out/results-capacity.md
+	target/release/routebench compare --time-scale 10 --salts 3 --scenario capacity \
+	  --sim-arg=--max-num-seqs=1 --policies shape,shape+kv_room=off \
+	  --label "simulated replicas running one request at a time, the capacity wall (replica-sim --max-num-seqs 1)" \
+	  --out bench-out/capacity-one --results bench-out/results-capacity-one.md
 	scripts/real-engine.sh compare
-	cat docs/results-preface.md bench-out/results-sim.md bench-out/results-real.md > docs/results.md
+	cat docs/results-preface.md bench-out/results-sim.md bench-out/results-unseen.md \
+	  bench-out/results-capacity.md bench-out/results-capacity-one.md \
+	  bench-out/results-real.md > docs/results.md
 	cp bench-out/results-sim.svg bench-out/results-real.svg docs/
 
 # A bounded soak (~4 min): 256 concurrent clients, a replica killed and

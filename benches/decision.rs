@@ -20,6 +20,7 @@ fn policy(max_entries: usize) -> Policy {
         max_entries,
         kv_room: KvRoom::Off,
         load_guard: None,
+        least_loaded: false,
     })
 }
 
@@ -29,6 +30,7 @@ fn fleet(n: u32) -> Vec<ReplicaState> {
             id: ReplicaId(i),
             live: true,
             in_flight: i % 3,
+            engine: None,
             room: None,
         })
         .collect()

@@ -5,6 +5,7 @@
 #   scripts/real-engine.sh prepare
 #   scripts/real-engine.sh serve --port 8101
 #   scripts/real-engine.sh compare     # routebench compare against two of them -> bench-out/results-real.md
+#   POLICIES=shape,roundrobin OUT=bench-out/real-x RESULTS=x.md scripts/real-engine.sh compare --scenario unseen-load
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=.real-engine
@@ -37,11 +38,12 @@ case "${1:-}" in
     for p in 8101 8102; do
       for _ in $(seq 1 100); do curl -sf "127.0.0.1:$p/health" >/dev/null && break; sleep 0.2; done
     done
+    shift
     target/release/routebench compare --sizes real --model smollm2 "${ports[@]}" \
-      --policies shape,shape+kv_room=off,roundrobin,affinity --peer smg \
-      --kv-tokens 4096 --window-model-s 10 --out bench-out/real \
+      --policies "${POLICIES:-shape,shape+kv_room=off,roundrobin,affinity}" --peer smg \
+      --kv-tokens 4096 --window-model-s 10 --out "${OUT:-bench-out/real}" \
       --label "real llama.cpp replicas (xllamacpp, SmolLM2-135M cut to 4 blocks, 1 thread, 1 slot of 4096 tokens)" \
-      --results bench-out/results-real.md
+      --results "${RESULTS:-bench-out/results-real.md}" "$@"
     ;;
-  *) sed -n '2,8p' "$0"; exit 2 ;;
+  *) sed -n '2,9p' "$0"; exit 2 ;;
 esac

@@ -60,10 +60,15 @@ pub struct Config {
     /// `pack`; see the policy module). Acts only when every replica declares
     /// `kv_tokens`.
     pub kv_room: KvRoomName,
-    /// A continuation whose replica has more requests in flight than the least
-    /// loaded live replica plus this moves to its next-best cached replica.
-    /// Off (`null`) until measurements say otherwise.
+    /// A continuation whose replica has more requests in flight (with
+    /// `engine_load`: at its engine) than the least loaded live replica plus
+    /// this moves within that bound: to the best-cached replica there, else a
+    /// cold placement there. Off (`null`) until measurements say otherwise.
     pub load_guard_in_flight: Option<u32>,
+    /// Read each replica's own load from its Prometheus endpoint, and place
+    /// cold requests on the least-loaded replicas (see the policy module).
+    /// Off (`null`) until measured; `{}` turns it on with the defaults.
+    pub engine_load: Option<EngineLoad>,
     /// When every live replica has at least this many requests in flight, a
     /// new routed request is answered 429 with `Retry-After` at once instead
     /// of queueing at an engine. Off (`null`) until measured.
@@ -194,6 +199,27 @@ pub struct HealthCheck {
     pub interval_ms: u64,
 }
 
+/// `engine_load:` — where and how often engines' own metrics are read.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineLoad {
+    /// vLLM, SGLang and llama.cpp (`--metrics`) serve `/metrics`.
+    pub path: String,
+    /// Each replica is read this often (at least 50 ms); after three reads in
+    /// a row that take longer, fail or name none of the known series, the
+    /// router's own counts are in force until one works.
+    pub interval_ms: u64,
+}
+
+impl Default for EngineLoad {
+    fn default() -> Self {
+        Self {
+            path: "/metrics".into(),
+            interval_ms: 500,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Timeouts {
@@ -255,6 +281,7 @@ impl Default for Config {
             prefix_index: PrefixIndex::default(),
             kv_room: KvRoomName::Pack,
             load_guard_in_flight: None,
+            engine_load: None,
             shed_in_flight: None,
             reload_interval_ms: 1_000,
             working_set_window_s: 300,
@@ -385,6 +412,14 @@ impl Config {
         }
         if !self.health_check.path.starts_with('/') {
             return Err(invalid("health_check.path", "must start with /"));
+        }
+        if let Some(e) = &self.engine_load {
+            if !e.path.starts_with('/') {
+                return Err(invalid("engine_load.path", "must start with /"));
+            }
+            if e.interval_ms < 50 {
+                return Err(invalid("engine_load.interval_ms", "must be at least 50"));
+            }
         }
         for (field, v) in [
             ("body_read_timeout_ms", self.body_read_timeout_ms),
@@ -542,6 +577,7 @@ impl Config {
                 KvRoomName::Pack => KvRoom::Pack,
             },
             load_guard: self.load_guard_in_flight,
+            least_loaded: self.engine_load.is_some(),
         }
     }
 }
@@ -594,6 +630,8 @@ mod tests {
             ("shed_in_flight: 0\n", "shed_in_flight"),
             ("prefix_index: {repair_on_miss_s: 0}\n", "prefix_index.repair_on_miss_s"),
             ("kv_room: sometimes\n", "kv_room"),
+            ("engine_load: {path: metrics}\n", "engine_load.path"),
+            ("engine_load: {interval_ms: 0}\n", "engine_load.interval_ms"),
 
         ];
         for (yaml, field) in cases {
@@ -612,6 +650,16 @@ mod tests {
         }
         let e = Config::parse("replica_tls: {ca_file: /nonexistent}\n", None).unwrap_err();
         assert!(e.to_string().contains("replica_tls.ca_file"), "{e}");
+    }
+
+    #[test]
+    fn engine_load_is_off_unless_asked_for_and_an_empty_block_takes_the_defaults() {
+        let off = Config::parse(ONE, None).unwrap();
+        assert_eq!(off.engine_load, None);
+        assert!(!off.policy_config().least_loaded);
+        let on = Config::parse(&format!("engine_load: {{}}\n{ONE}"), None).unwrap();
+        assert_eq!(on.engine_load, Some(EngineLoad::default()));
+        assert!(on.policy_config().least_loaded);
     }
 
     #[test]

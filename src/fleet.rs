@@ -18,6 +18,7 @@ use pingora_load_balancing::{Backend, LoadBalancer};
 
 use pingora_core::connectors::http::Connector as HttpConnector;
 use pingora_core::connectors::ConnectorOptions;
+use pingora_core::upstreams::peer::HttpPeer;
 
 use crate::config::ReplicaTls;
 use crate::metrics::{Repair, METRICS};
@@ -39,27 +40,15 @@ pub fn fleet(
     let backends =
         pingora_load_balancing::Backends::new(Box::new(Discovery(Arc::clone(&replicas))));
     let mut lb = LoadBalancer::from_backends(backends);
-    let host = if tls.sni.is_empty() {
-        "localhost"
-    } else {
-        &tls.sni
-    };
-    let mut http = HttpHealthCheck::new(host, tls.enabled);
-    if tls.enabled {
-        http.peer_template.sni = tls.sni.clone();
-        http.peer_template.options.verify_cert = tls.verify;
-        http.peer_template.options.verify_hostname = tls.verify_hostname();
-        let mut options = ConnectorOptions::new(0);
-        options.ca_file = tls.ca_file.clone();
-        http.set_connector(HttpConnector::new(Some(options)));
-    }
+    let mut http = HttpHealthCheck::new(own_host(tls), tls.enabled);
+    let (peer, connector) = own_requests(tls);
+    http.peer_template = peer;
+    http.set_connector(connector);
     http.req.set_uri(
         health_path
             .parse()
             .map_err(|_| pingora_core::Error::new_str("invalid health_check.path"))?,
     );
-    http.peer_template.options.connection_timeout = Some(Duration::from_secs(1));
-    http.peer_template.options.read_timeout = Some(Duration::from_secs(2));
     lb.set_health_check(Box::new(ReplicaHealth {
         http,
         replicas,
@@ -69,6 +58,33 @@ pub fn fleet(
     lb.update_frequency = Some(Duration::from_millis(200));
     lb.parallel_health_check = true;
     Ok(lb)
+}
+
+/// The peer settings (its address a placeholder) and connector of the
+/// router's own requests to replicas, health checks and engine metrics:
+/// replica TLS as configured, a 1 s connect timeout.
+pub fn own_requests(tls: &ReplicaTls) -> (HttpPeer, HttpConnector) {
+    let mut peer = HttpPeer::new("0.0.0.0:1", tls.enabled, tls.sni.clone());
+    peer.options.connection_timeout = Some(Duration::from_secs(1));
+    peer.options.read_timeout = Some(Duration::from_secs(2));
+    if !tls.enabled {
+        return (peer, HttpConnector::new(None));
+    }
+    peer.options.verify_cert = tls.verify;
+    peer.options.verify_hostname = tls.verify_hostname();
+    let mut options = ConnectorOptions::new(0);
+    options.ca_file = tls.ca_file.clone();
+    (peer, HttpConnector::new(Some(options)))
+}
+
+/// The `Host` of the router's own requests to replicas: the TLS server
+/// name when one is set.
+pub fn own_host(tls: &ReplicaTls) -> &str {
+    if tls.sni.is_empty() {
+        "localhost"
+    } else {
+        &tls.sni
+    }
 }
 
 /// Discovery: the current replica set.

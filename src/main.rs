@@ -14,7 +14,8 @@ use prefix_router::admission::Admission;
 use prefix_router::auth::KeyFile;
 use prefix_router::capacity::CapacityWatch;
 use prefix_router::config::{Config, EMBEDDED_DEFAULT, POLICY_ENV};
-use prefix_router::fleet::fleet;
+use prefix_router::engine_load::EngineLoadWatch;
+use prefix_router::fleet::{fleet, own_host, own_requests};
 use prefix_router::metrics::METRICS;
 use prefix_router::policy::Policy;
 use prefix_router::proxy::{Router, Settings};
@@ -124,6 +125,17 @@ fn main() -> anyhow::Result<()> {
     let mut metrics = pingora_prometheus::prometheus_http_service();
     metrics.add_tcp(&cfg.metrics_listen);
 
+    if let Some(e) = &cfg.engine_load {
+        let watch = EngineLoadWatch::new(
+            Arc::clone(&replicas),
+            &e.path,
+            own_host(&cfg.replica_tls),
+            prefix_router::config::ms(e.interval_ms),
+            own_requests(&cfg.replica_tls),
+        )
+        .context("engine_load")?;
+        server.add_service(background_service("engine load", watch));
+    }
     if let Some(path) = cli.config {
         let reloader = Reloader::new(path, cfg, env_policy, replicas, policy, keys);
         server.add_service(background_service("reload", reloader));

@@ -4,10 +4,12 @@
 
 use once_cell::sync::Lazy;
 use prometheus::{
-    register_histogram, register_int_counter, register_int_counter_vec, register_int_gauge,
-    register_int_gauge_vec, Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    register_gauge_vec, register_histogram, register_int_counter, register_int_counter_vec,
+    register_int_gauge, register_int_gauge_vec, GaugeVec, Histogram, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec,
 };
 
+use crate::engine_load::Reading;
 use crate::policy::{Reason, Shape};
 use crate::usage::Outcome;
 
@@ -57,7 +59,16 @@ pub struct Metrics {
     pub pin_outcomes: IntCounterVec,
     /// Prefix index repairs, by replica and cause.
     pub index_repairs: IntCounterVec,
+    /// Reads of engines' metrics, by replica and result.
+    pub engine_reads: IntCounterVec,
+    /// What each engine last reported (absent while unknown): requests
+    /// running plus waiting, and the share of its KV cache in use.
+    pub engine_requests: IntGaugeVec,
+    pub engine_kv_used: GaugeVec,
 }
+
+/// The `result` values of `engine_reads`.
+pub const ENGINE_READ_RESULTS: [&str; 3] = ["ok", "failed", "unrecognised"];
 
 /// Why the index forgot part of what a replica held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -294,6 +305,24 @@ pub static METRICS: Lazy<Metrics> = Lazy::new(|| {
         &["replica", "cause"]
     )
     .expect("register"),
+    engine_reads: register_int_counter_vec!(
+        "prefix_router_engine_reads_total",
+        "Reads of replicas' own metrics (engine_load), by result (ok; failed: no answer in time or an error status; unrecognised: none of the known series)",
+        &["replica", "result"]
+    )
+    .expect("register"),
+    engine_requests: register_int_gauge_vec!(
+        "prefix_router_engine_requests",
+        "Requests running plus waiting as the replica's engine last reported them (absent while unknown)",
+        &["replica"]
+    )
+    .expect("register"),
+    engine_kv_used: register_gauge_vec!(
+        "prefix_router_engine_kv_used_ratio",
+        "Share of its KV cache the replica's engine last reported in use, 0..1 (absent while unknown; llama.cpp reports none)",
+        &["replica"]
+    )
+    .expect("register"),
     pin_outcomes: register_int_counter_vec!(
         "prefix_router_pin_outcomes_total",
         "Placements that predicted cached tokens, by whether the replica reported at least half of them cached",
@@ -337,6 +366,33 @@ impl Metrics {
         }
         self.working_set.with_label_values(&[name]);
         self.pinned_working_set.with_label_values(&[name]);
+        for result in ENGINE_READ_RESULTS {
+            self.engine_reads.with_label_values(&[name, result]);
+        }
+    }
+
+    /// Shows what a replica's engine last reported, or drops the series
+    /// while nothing usable is known.
+    pub fn engine_load(&self, replica: &str, load: Option<Reading>) {
+        let kv = load.and_then(|l| l.kv_used_permille);
+        match load {
+            Some(l) => self
+                .engine_requests
+                .with_label_values(&[replica])
+                .set(i64::from(l.requests)),
+            None => {
+                let _ = self.engine_requests.remove_label_values(&[replica]);
+            }
+        }
+        match kv {
+            Some(k) => self
+                .engine_kv_used
+                .with_label_values(&[replica])
+                .set(f64::from(k) / 1000.0),
+            None => {
+                let _ = self.engine_kv_used.remove_label_values(&[replica]);
+            }
+        }
     }
 
     /// Counts and logs one repair of the prefix index.
@@ -372,5 +428,6 @@ impl Metrics {
         ] {
             let _ = g.remove_label_values(&[replica]);
         }
+        self.engine_load(replica, None);
     }
 }

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use crate::capacity::BYTES_PER_TOKEN;
 use crate::config;
 use crate::metrics::ReplicaCounters;
-use crate::policy::{ReplicaId, ReplicaState, Room};
+use crate::policy::{EngineLoad, ReplicaId, ReplicaState, Room};
 
 /// One replica.
 #[derive(Debug)]
@@ -38,6 +38,10 @@ pub struct Replica {
     pinned_bytes: AtomicU64,
     /// Canonical bytes of the singles' prompts in flight.
     cold_bytes: AtomicU64,
+    /// Requests the engine last reported beyond the router's own, and KV
+    /// use per mille; `UNKNOWN` while not read (or reads keep failing).
+    engine_unseen: AtomicU32,
+    engine_kv_permille: AtomicU32,
     /// The last active health check passed (false until the first one does).
     checked: AtomicBool,
     /// A health check failed other than by timing out since the last pass:
@@ -53,6 +57,9 @@ pub struct Replica {
     ejection: Mutex<(u32, Option<Instant>)>,
     pub counters: ReplicaCounters,
 }
+
+/// What the engine figures hold while none is known.
+const UNKNOWN: u32 = u32::MAX;
 
 /// How a request to a replica failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,27 +187,56 @@ impl Replica {
         }
     }
 
+    /// Sets what the engine last reported of its load (`None`: nothing usable).
+    pub fn set_engine(&self, load: Option<EngineLoad>) {
+        let (unseen, kv) = load.map_or((UNKNOWN, UNKNOWN), |l| {
+            (
+                l.unseen.min(UNKNOWN - 1),
+                l.kv_used_permille.map_or(UNKNOWN, u32::from),
+            )
+        });
+        // Two figures, two stores: a reader may pair one read's count with
+        // the read before's KV; both are estimates a scrape old anyway.
+        self.engine_kv_permille.store(kv, Relaxed);
+        self.engine_unseen.store(unseen, Relaxed);
+    }
+
+    /// What the engine last reported, if anything.
+    pub fn engine(&self) -> Option<EngineLoad> {
+        let unseen = self.engine_unseen.load(Relaxed);
+        (unseen != UNKNOWN).then(|| EngineLoad {
+            unseen,
+            kv_used_permille: u16::try_from(self.engine_kv_permille.load(Relaxed)).ok(),
+        })
+    }
+
     /// Sets the pinned working set (bytes) the KV room is computed from.
     pub fn set_pinned_bytes(&self, bytes: u64) {
         self.pinned_bytes.store(bytes, Relaxed);
     }
 
     fn state(&self) -> ReplicaState {
+        let engine = self.engine();
         let room = self.kv_tokens().map(|kv| {
             let cold = self.cold_bytes.load(Relaxed);
             let pinned = self.pinned_bytes.load(Relaxed);
             let taken = pinned.saturating_add(cold);
             let bytes = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-            Room {
-                free: bytes(kv.saturating_mul(BYTES_PER_TOKEN)).saturating_sub(bytes(taken)),
-                cold,
-                pinned,
+            let capacity = kv.saturating_mul(BYTES_PER_TOKEN);
+            let mut free = bytes(capacity).saturating_sub(bytes(taken));
+            // The KV its engine reports free bounds it too: requests the
+            // router never sent hold KV there.
+            if let Some(used) = engine.and_then(|e| e.kv_used_permille) {
+                let left = capacity.saturating_mul(u64::from(1000 - used.min(1000))) / 1000;
+                free = free.min(bytes(left));
             }
+            Room { free, cold, pinned }
         });
         ReplicaState {
             id: self.id,
             live: self.live(),
             in_flight: self.in_flight(),
+            engine,
             room,
         }
     }
@@ -321,12 +357,13 @@ impl Replicas {
         Some(kind)
     }
 
-    /// Every live replica has at least `in_flight` requests in flight (and
-    /// one is live: with none, the request is answered `no_replica`).
+    /// Every live replica has at least `in_flight` requests at it (the
+    /// router's or, when read and larger, its engine's count; and one is
+    /// live: with none, the request is answered `no_replica`).
     pub fn saturated(&self, in_flight: u32) -> bool {
         let list = self.snapshot();
         let mut live = list.iter().filter(|r| r.live()).peekable();
-        live.peek().is_some() && live.all(|r| r.in_flight() >= in_flight)
+        live.peek().is_some() && live.all(|r| r.state().load() >= in_flight)
     }
 
     pub fn by_addr(&self, addr: &SocketAddr) -> Option<Arc<Replica>> {
@@ -358,6 +395,8 @@ impl Replicas {
                         in_flight: AtomicU32::new(0),
                         pinned_bytes: AtomicU64::new(0),
                         cold_bytes: AtomicU64::new(0),
+                        engine_unseen: AtomicU32::new(UNKNOWN),
+                        engine_kv_permille: AtomicU32::new(UNKNOWN),
                         checked: AtomicBool::new(false),
                         went_away: AtomicBool::new(false),
                         last_repair: AtomicU32::new(u32::MAX),
@@ -421,6 +460,53 @@ mod tests {
         drop(other);
         assert_eq!(a.state().room.map(|r| (r.free, r.cold)), Some((2_500, 0)));
         assert_eq!(a.in_flight(), 0);
+    }
+
+    #[test]
+    fn the_kv_an_engine_reports_in_use_bounds_the_room() {
+        let mut c = cfg(&[("a", "127.0.0.1:1")]);
+        c[0].kv_tokens = Some(1_000);
+        let set = Replicas::new(&c);
+        let a = Arc::clone(&set.snapshot()[0]);
+        a.set_pinned_bytes(1_000);
+        let engine = |unseen, kv_used_permille| {
+            Some(EngineLoad {
+                unseen,
+                kv_used_permille,
+            })
+        };
+        a.set_engine(engine(8, Some(900)));
+        let s = a.state();
+        assert_eq!(s.room.map(|r| r.free), Some(400), "the engine's 10 % free");
+        assert_eq!((s.in_flight, s.load()), (0, 8));
+        a.set_engine(engine(0, Some(100)));
+        assert_eq!(
+            a.state().room.map(|r| r.free),
+            Some(3_000),
+            "the router's own estimate"
+        );
+        a.set_engine(engine(3, None));
+        assert_eq!(a.state().room.map(|r| r.free), Some(3_000));
+        a.set_engine(None);
+        assert_eq!(a.state().engine, None);
+    }
+
+    #[test]
+    fn saturation_counts_what_the_engines_report_beyond_the_routers_requests() {
+        let now = Instant::now();
+        let (set, list) = checked_set(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")], now);
+        let _own = [list[0].begin(0), list[1].begin(0)];
+        assert!(!set.saturated(3));
+        let unseen = |unseen| {
+            Some(EngineLoad {
+                unseen,
+                kv_used_permille: None,
+            })
+        };
+        list[0].set_engine(unseen(2));
+        assert!(!set.saturated(3), "b has one request");
+        list[1].set_engine(unseen(5));
+        assert!(set.saturated(3));
     }
 
     #[test]

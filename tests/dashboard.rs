@@ -5,8 +5,9 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
-use common::{get, single, Router, Sim};
+use common::{get, single, wait_for, Router, Sim};
 
 /// Metric names referenced by the dashboard's queries.
 fn dashboard_metrics() -> BTreeSet<String> {
@@ -48,11 +49,17 @@ fn exposed(addr: std::net::SocketAddr) -> BTreeSet<String> {
 #[test]
 fn every_dashboard_metric_exists_on_a_live_endpoint() {
     let a = Sim::start("a", &[]);
-    let router = Router::start(&[&a], "");
+    // engine_load on, so the engine figures it reads are exported too.
+    let router = Router::start(&[&a], "engine_load: {interval_ms: 100}\n");
     assert_eq!(
         router.post("/v1/chat/completions", &single("hello")).status,
         200
     );
+    wait_for("the engine's load read", Duration::from_secs(10), || {
+        exposed(router.metrics_addr)
+            .contains("prefix_router_engine_kv_used_ratio")
+            .then_some(())
+    });
     let live: BTreeSet<String> = exposed(router.metrics_addr)
         .union(&exposed(a.addr))
         .cloned()

@@ -18,6 +18,7 @@ fn policy(mode: Mode) -> Policy {
         max_entries: 100_000,
         kv_room: KvRoom::Off,
         load_guard: None,
+        least_loaded: false,
     })
 }
 
@@ -28,6 +29,7 @@ fn fleet(live: &[bool]) -> Vec<ReplicaState> {
             id: ReplicaId(i as u32),
             live: *l,
             in_flight: 0,
+            engine: None,
             room: None,
         })
         .collect()
@@ -226,6 +228,7 @@ proptest! {
             max_entries: cap,
             kv_room: KvRoom::Off,
             load_guard: Some(1),
+            least_loaded: false,
         });
         for (conv, len, live, model_turn) in ops {
             let text = format!("conversation {conv} ").repeat(len + 1);
@@ -256,6 +259,7 @@ fn a_flood_of_singles_larger_than_the_index_leaves_a_live_conversation_pinned() 
         max_entries: 2_000,
         kv_room: KvRoom::Off,
         load_guard: None,
+        least_loaded: false,
     });
     let rs = fleet(&[true, true]);
     let system = "You are a coding agent. ".repeat(200); // ~4.6 KiB

@@ -22,23 +22,47 @@
 //!                 counter (`spread`), or, when none has room but some lost it only to
 //!                 singles in flight and some replica holds pinned contexts, the
 //!                 one already displaced most (`pack`), so one card's contexts give way
-//!                 instead of every card's, while it has at most twice the least busy
-//!                 replica's requests in flight plus two (with none pinned anywhere
+//!                 instead of every card's, while its load is at most twice the least
+//!                 loaded replica's plus two (with none pinned anywhere
 //!                 there is nothing to protect: a pure burst keeps the plain counter).
 //!                 Measured (docs/results.md, simulated cards, 3 salts): agents' warm
 //!                 turns amid bursts 1.44-1.53 s (off) -> 1.17-1.18 s (1.12-1.13 s without
 //!                 bursts), burst makespan amid agents 9.5 -> 10.6 s (round-robin
-//!                 10.5-11.0 s), no change on agent-loop, burst or capacity; `spread`
-//!                 alone changed nothing (1.46 s): neither card had room for its share.
-//!   load guard    (off by default) a prefix placement whose replica has more than
-//!                 `load_guard` requests in flight above the least-loaded live replica
-//!                 moves to the next-best live cached replica         reason `guard`
+//!                 10.5-11.0 s), no change on agent-loop or burst; `spread` alone changed
+//!                 nothing (1.46 s): neither card had room for its share. On capacity
+//!                 it pairs families by room when their first turns arrive in a
+//!                 favourable order (1.32 s against 2.04 s; see docs/results.md).
+//!   least loaded  (with `engine_load`; off by default) wherever a cold placement uses
+//!                 the counter, it runs over the least-loaded of its replicas only, and
+//!                 of equals over those whose engines report the least KV in use (10 %
+//!                 steps, when all of them report it). Load is the router's own requests in
+//!                 flight there plus those the engine last reported running or waiting
+//!                 beyond them (requests the router never saw: other router instances,
+//!                 clients sent straight to the engine); the room above is also at most the KV
+//!                 the engine reports free (the caller computes both). Measured
+//!                 (docs/results.md, simulated cards, 3 salts; `unseen-load`: the agents
+//!                 and bursts of `mixed` while 8 clients load one card past the router):
+//!                 agents' warm turns 13.0-13.8 s -> 10.4-12.8 s, bursts' makespan
+//!                 21.7-22.3 s -> 11.3-11.7 s (SMG: 14.1-15.9 s, 21.9-22.2 s). On `mixed`
+//!                 alone: agents' p90 warm turn 7.0 -> 2.6 s (median 1.16-1.17 s either
+//!                 way), bursts' makespan 10.6 -> 11.1 s (round-robin 10.5-11.1 s), so
+//!                 off by default; no change on agent-loop, burst or capacity.
+//!   load guard    (off by default) a prefix placement whose replica has a load more
+//!                 than `load_guard` above the least-loaded live replica's moves
+//!                 inside that window: to the best-cached replica there, else a cold
+//!                 placement among them (a cached replica first, not the least loaded:
+//!                 SGLang users report losing all affinity to a shortest-queue
+//!                 fallback)                                          reason `guard`
+//!                 Measured with `engine_load` at 4 on `unseen-load`: the agent pinned to
+//!                 the loaded card moves at its first warm turn, agents' warm turns
+//!                 10.4-12.8 s -> 4.4-4.5 s, bursts' makespan 11.3-11.7 s -> 12.3-16.2 s;
+//!                 no change on agent-loop, burst, mixed or capacity.
 //! MODES
 //!   roundrobin    counter for everything
 //!   affinity      everything by prefix: longest live match, else a rendezvous
 //!                 hash of the first block over live replicas             reason `hash`
 //! PARAMETERS      PolicyConfig: mode, continuation, block_bytes, max_entries, kv_room,
-//!                 load_guard
+//!                 load_guard, least_loaded
 //! STATE           the prefix index (capped LRU, sharded by key, a lock per shard)
 //!                 and the counter; every placement is recorded, so a failover's
 //!                 re-placement moves the pin with it.
@@ -94,6 +118,10 @@ pub enum ContinuationRule {
 const PACK_LOAD_FACTOR: u32 = 2;
 const PACK_LOAD_SLACK: u32 = 2;
 
+/// `least_loaded` compares engines' KV use in steps this wide (10 %), so a
+/// stale scrape's small differences do not decide placements.
+const KV_STEP_PERMILLE: u16 = 100;
+
 /// How cold placements use KV headroom (see `kv room` above).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvRoom {
@@ -115,9 +143,12 @@ pub struct PolicyConfig {
     /// Cap on prefix index entries (blocks plus prompt ends plus explicit keys).
     pub max_entries: usize,
     pub kv_room: KvRoom,
-    /// In-flight excess over the least-loaded live replica that moves a pinned
-    /// request to its next-best cached replica; `None` disables the guard.
+    /// Load excess over the least-loaded live replica that moves a pinned
+    /// request within that window (see `load guard`); `None` disables it.
     pub load_guard: Option<u32>,
+    /// Cold placements go to the least-loaded live replicas (see `load`),
+    /// the counter only among equals; off: the counter over all.
+    pub least_loaded: bool,
 }
 
 /// A replica as the policy sees it; the id is stable across reloads.
@@ -129,9 +160,32 @@ pub struct ReplicaId(pub u32);
 pub struct ReplicaState {
     pub id: ReplicaId,
     pub live: bool,
+    /// Requests the router has in flight there.
     pub in_flight: u32,
+    /// What the engine itself last reported, when it is read.
+    pub engine: Option<EngineLoad>,
     /// KV headroom in bytes of canonical prompt, when its capacity is declared.
     pub room: Option<Room>,
+}
+
+impl ReplicaState {
+    /// Requests at the replica: the router's own, plus those its engine
+    /// last reported beyond them (traffic the router does not see: other
+    /// router instances, clients sent straight to the engine).
+    pub fn load(&self) -> u32 {
+        self.in_flight
+            .saturating_add(self.engine.map_or(0, |e| e.unseen))
+    }
+}
+
+/// A replica's load as its engine reports it (its `/metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineLoad {
+    /// Requests running or waiting there that the router did not send (its
+    /// count less the router's own in flight when it was read).
+    pub unseen: u32,
+    /// KV cache in use by running requests, per mille, when the engine says.
+    pub kv_used_permille: Option<u16>,
 }
 
 /// What a replica's KV cache can still take without displacing the contexts
@@ -335,11 +389,16 @@ impl Policy {
         self.index.heap_bytes()
     }
 
-    /// Places a request that has no prompt (other paths, unparsable bodies): the counter.
+    /// Places a request that has no prompt (other paths, unparsable bodies):
+    /// the counter (over the least loaded, with `least_loaded`).
     pub fn spread(&self, replicas: &[ReplicaState]) -> Decision {
         let live = live_sorted(replicas);
+        let replica = match self.cfg.mode {
+            Mode::RoundRobin => self.count(&live),
+            _ => self.balance(&live),
+        };
         Decision {
-            replica: self.count(&live),
+            replica,
             shape: Shape::Single,
             reason: reason_or_none(&live, Reason::Spread),
             matched_bytes: 0,
@@ -462,18 +521,29 @@ impl Policy {
             Reason::Fallback
         };
         if let Some(limit) = self.cfg.load_guard {
-            let load = |r: ReplicaId| live.iter().find(|s| s.id == r).map_or(0, |s| s.in_flight);
-            let floor = live.iter().map(|s| s.in_flight).min().unwrap_or(0);
+            let load = |r: ReplicaId| {
+                live.iter()
+                    .find(|s| s.id == r)
+                    .map_or(0, ReplicaState::load)
+            };
+            let floor = live.iter().map(ReplicaState::load).min().unwrap_or(0);
             let over = |r: ReplicaId| load(r) > floor.saturating_add(limit);
             if over(chosen.replica) {
+                d.reason = Reason::Guard;
                 let next = matches[i..].iter().find(|m| {
                     m.replica != chosen.replica
                         && live.iter().any(|s| s.id == m.replica)
                         && !over(m.replica)
                 });
-                if let Some(m) = next {
-                    chosen = *m;
-                    d.reason = Reason::Guard;
+                match next {
+                    Some(m) => chosen = *m,
+                    None => {
+                        // Nothing cached within the window: a cold placement there.
+                        let window: Vec<ReplicaState> =
+                            live.iter().filter(|s| !over(s.id)).copied().collect();
+                        d.replica = self.cold(&window, chain.len());
+                        return;
+                    }
                 }
             }
         }
@@ -561,7 +631,7 @@ impl Policy {
     fn cold(&self, live: &[ReplicaState], bytes: usize) -> Option<ReplicaId> {
         // Room is only comparable when every replica declares its capacity.
         if self.cfg.kv_room == KvRoom::Off || live.iter().any(|s| s.room.is_none()) {
-            return self.count(live);
+            return self.balance(live);
         }
         let bytes = bytes as i64;
         let fits: Vec<ReplicaState> = live
@@ -570,20 +640,20 @@ impl Policy {
             .copied()
             .collect();
         if !fits.is_empty() {
-            return self.count(&fits);
+            return self.balance(&fits);
         }
         let protects = || live.iter().any(|s| s.room.is_some_and(|r| r.pinned > 0));
         if self.cfg.kv_room == KvRoom::Pack && protects() {
             // Room taken by singles in flight, not by the pinned set alone
             // (that is the capacity wall, where packing rescues nothing), on a
             // replica not already far busier than the least busy one.
-            let least = live.iter().map(|s| s.in_flight).min().unwrap_or(0);
+            let least = live.iter().map(ReplicaState::load).min().unwrap_or(0);
             let bound = least
                 .saturating_mul(PACK_LOAD_FACTOR)
                 .saturating_add(PACK_LOAD_SLACK);
             let displaced = live
                 .iter()
-                .filter(|s| s.in_flight <= bound)
+                .filter(|s| s.load() <= bound)
                 .filter_map(|s| s.room.map(|r| (s.id, r)))
                 .filter(|(_, r)| r.free.saturating_add(r.cold as i64) >= bytes)
                 .min_by_key(|(id, r)| (r.free, *id));
@@ -591,7 +661,29 @@ impl Policy {
                 return Some(id);
             }
         }
-        self.count(live)
+        self.balance(live)
+    }
+
+    /// The counter over `live`; with `least_loaded`, over the least loaded
+    /// of them, and of those the ones whose engines report the least KV in
+    /// use (in steps of `KV_STEP_PERMILLE`, when all of them report it).
+    fn balance(&self, live: &[ReplicaState]) -> Option<ReplicaId> {
+        if !self.cfg.least_loaded {
+            return self.count(live);
+        }
+        let least = live.iter().map(ReplicaState::load).min()?;
+        let mut idle: Vec<ReplicaState> =
+            live.iter().filter(|s| s.load() == least).copied().collect();
+        let kv_step = |s: &ReplicaState| {
+            s.engine
+                .and_then(|e| e.kv_used_permille)
+                .map(|k| k / KV_STEP_PERMILLE)
+        };
+        let steps: Option<Vec<u16>> = idle.iter().map(kv_step).collect();
+        if let Some(low) = steps.and_then(|v| v.into_iter().min()) {
+            idle.retain(|s| kv_step(s) == Some(low));
+        }
+        self.count(&idle)
     }
 
     fn count(&self, live: &[ReplicaState]) -> Option<ReplicaId> {

@@ -12,6 +12,7 @@ fn cfg(mode: Mode) -> PolicyConfig {
         max_entries: 10_000,
         kv_room: KvRoom::Off,
         load_guard: None,
+        least_loaded: false,
     }
 }
 
@@ -22,6 +23,7 @@ fn replicas(live: &[bool]) -> Vec<ReplicaState> {
             id: ReplicaId(i as u32),
             live: *l,
             in_flight: 0,
+            engine: None,
             room: None,
         })
         .collect()
@@ -147,6 +149,39 @@ fn load_guard_moves_to_the_next_best_cached_replica_not_the_least_loaded() {
     let d = p.place(&req(&format!("{long}!"), true), &rs);
     assert_eq!(d.reason, Reason::Guard);
     assert_eq!(d.replica, Some(short_owner));
+}
+
+#[test]
+fn load_guard_with_nothing_cached_in_its_window_places_cold_there() {
+    let p = Policy::new(PolicyConfig {
+        load_guard: Some(2),
+        least_loaded: true,
+        ..cfg(Mode::Shape)
+    });
+    let mut rs = replicas(&[true, true, true]);
+    let context = "an agent's context, several blocks long: ".repeat(3);
+    let owner = p.place(&req(&context, false), &rs).replica.unwrap();
+    let turn = |p: &Policy, rs: &[ReplicaState], n: usize| {
+        p.place(&req(&format!("{context} turn {n}"), true), rs)
+    };
+    let o = owner.0 as usize;
+    rs[o].in_flight = 2;
+    let d = turn(&p, &rs, 1);
+    assert_eq!(
+        (d.replica, d.reason),
+        (Some(owner), Reason::Pin),
+        "within the bound"
+    );
+    rs[o].in_flight = 3;
+    rs[(o + 1) % 3].in_flight = 1;
+    let d = turn(&p, &rs, 2);
+    assert_eq!(d.reason, Reason::Guard);
+    assert_eq!(d.matched_bytes, 0);
+    assert_eq!(
+        d.replica,
+        Some(ReplicaId(((o + 2) % 3) as u32)),
+        "the least loaded in the window"
+    );
 }
 
 #[test]
@@ -355,4 +390,91 @@ fn continuations_mark_their_blocks_pinned_and_singles_do_not() {
             pinned: (B * 10) as u64
         }
     );
+}
+
+fn engine(unseen: u32, kv_used_permille: Option<u16>) -> Option<EngineLoad> {
+    Some(EngineLoad {
+        unseen,
+        kv_used_permille,
+    })
+}
+
+#[test]
+fn least_loaded_sends_cold_requests_to_the_least_loaded_the_counter_among_equals() {
+    let p = Policy::new(PolicyConfig {
+        least_loaded: true,
+        ..cfg(Mode::Shape)
+    });
+    let mut rs = replicas(&[true, true, true]);
+    // Replica 0's engine has work the router never sent (another client).
+    rs[0].engine = engine(5, None);
+    rs[1].in_flight = 1;
+    assert_eq!(singles_on(&p, &rs, 3), [2, 2, 2]);
+    rs[2].in_flight = 1;
+    let even = singles_on(&p, &rs, 4);
+    assert_eq!(even.iter().filter(|r| **r == 1).count(), 2, "{even:?}");
+    assert!(!even.contains(&0), "{even:?}");
+    // The router's own requests and the engine's others add up.
+    rs[1].engine = engine(1, None);
+    rs[2].in_flight = 3;
+    assert_eq!(singles_on(&p, &rs, 2), [1, 1]);
+    // Continuations still follow their prefix, and roundrobin ignores load.
+    let conversation = "an agent's context, a few blocks long....";
+    let first = p.place(&req(conversation, false), &rs).replica;
+    let next = p.place(&req(&format!("{conversation} more"), true), &rs);
+    assert_eq!((next.replica, next.reason), (first, Reason::Pin));
+    let rr = Policy::new(PolicyConfig {
+        least_loaded: true,
+        ..cfg(Mode::RoundRobin)
+    });
+    assert_eq!(singles_on(&rr, &rs, 3), [0, 1, 2]);
+}
+
+#[test]
+fn least_loaded_breaks_ties_by_kv_in_use_in_steps_when_every_engine_reports_it() {
+    let p = Policy::new(PolicyConfig {
+        least_loaded: true,
+        ..cfg(Mode::Shape)
+    });
+    let mut rs = replicas(&[true, true]);
+    rs[0].engine = engine(2, Some(900));
+    rs[1].engine = engine(2, Some(300));
+    assert_eq!(singles_on(&p, &rs, 2), [1, 1]);
+    // Within one 10 % step: equals.
+    rs[0].engine = engine(2, Some(349));
+    let within = singles_on(&p, &rs, 4);
+    assert_eq!(within.iter().filter(|r| **r == 0).count(), 2, "{within:?}");
+    // One engine silent on KV (llama.cpp): no comparison, the counter.
+    rs[0].engine = engine(2, None);
+    rs[1].engine = engine(2, Some(0));
+    let silent = singles_on(&p, &rs, 4);
+    assert_eq!(silent.iter().filter(|r| **r == 0).count(), 2, "{silent:?}");
+}
+
+#[test]
+fn engine_reported_load_bounds_pack_and_the_load_guard() {
+    let mut rs = with_room(&[(-200, 1_000), (300, 400)]);
+    let pack = Policy::new(PolicyConfig {
+        kv_room: KvRoom::Pack,
+        ..cfg(Mode::Shape)
+    });
+    rs[0].engine = engine(10, None);
+    rs[1].engine = engine(1, None);
+    assert_eq!(singles_on(&pack, &rs, 2), [1, 1], "replica 0 is far busier");
+    // A pin on a replica whose engine is busy with others' requests moves.
+    let guarded = Policy::new(PolicyConfig {
+        load_guard: Some(4),
+        ..cfg(Mode::Shape)
+    });
+    let mut rs = replicas(&[true, true]);
+    let context = "an agent's context, several blocks long: ".repeat(3);
+    let owner = guarded.place(&req(&context, false), &rs).replica.unwrap();
+    let o = owner.0 as usize;
+    rs[o].engine = engine(5, None);
+    let d = guarded.place(&req(&format!("{context} next"), true), &rs);
+    assert_eq!(d.reason, Reason::Guard);
+    assert_eq!(d.replica, Some(ReplicaId(1 - owner.0)));
+    rs[o].engine = engine(4, None);
+    let d = guarded.place(&req(&format!("{context} next, again"), true), &rs);
+    assert_eq!(d.reason, Reason::Pin, "within the bound: {d:?}");
 }

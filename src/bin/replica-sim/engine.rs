@@ -7,7 +7,8 @@
 //!            unreferenced, after their sequence ends (tail first, as vLLM
 //!            frees them); LRU eviction frees them.
 //! ADMISSION  FIFO: a waiting request starts when blocks for its whole prompt
-//!            (cached ones are shared, not copied) and its first output block fit.
+//!            (cached ones are shared, not copied) and its first output block fit,
+//!            and fewer than `max_num_seqs` run (when set).
 //! STEP       continuous batching with chunked prefill: every decoding sequence
 //!            gets one token, then prefilling sequences share the rest of a
 //!            `chunk_tokens` budget in arrival order.
@@ -41,6 +42,8 @@ pub struct EngineConfig {
     pub reuse_s_per_token: f64,
     /// Token budget of one step (chunked prefill).
     pub chunk_tokens: u64,
+    /// At most this many sequences run at once (vLLM's `max_num_seqs`).
+    pub max_num_seqs: Option<usize>,
 }
 
 /// A sequence's identity, chosen by the caller.
@@ -288,6 +291,13 @@ impl Engine {
     /// Starts waiting requests, in order, while their blocks fit.
     fn admit(&mut self) {
         while let Some(s) = self.waiting.front() {
+            if self
+                .cfg
+                .max_num_seqs
+                .is_some_and(|m| self.running.len() >= m)
+            {
+                return;
+            }
             let cached = s
                 .blocks
                 .iter()
@@ -418,6 +428,7 @@ mod tests {
             decode_tps: 50.0,
             reuse_s_per_token: 1.2e-5,
             chunk_tokens: 8192,
+            max_num_seqs: None,
         })
     }
 
@@ -461,6 +472,26 @@ mod tests {
         let (cold, warm) = (cold[&1].0, warm[&2].0);
         assert!((cold - 2.7).abs() < 0.1, "cold {cold}");
         assert!((warm - 1.1).abs() < 0.1, "warm {warm}");
+    }
+
+    #[test]
+    fn max_num_seqs_admits_the_next_request_when_one_finishes() {
+        // 30k-token prompts (~0.9 s of prefill each), 100 output tokens (2 s).
+        let pair = |max_num_seqs| {
+            let mut e = card(122_636);
+            e.cfg.max_num_seqs = max_num_seqs;
+            e.submit(1, &text(1, 30_000), 100).unwrap();
+            e.submit(2, &text(2, 30_000), 100).unwrap();
+            let (_, out) = run(&mut e);
+            (out[&1], out[&2])
+        };
+        let (first, second) = pair(Some(1));
+        assert!(
+            second.0 > first.1,
+            "started after the first ended: {first:?} {second:?}"
+        );
+        let (first, second) = pair(None);
+        assert!(second.0 < first.1, "ran beside it: {first:?} {second:?}");
     }
 
     #[test]

@@ -72,6 +72,10 @@ struct Cli {
     /// Model seconds per wall second: 10 runs ten times faster than a card.
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
+    /// At most this many sequences run at once (vLLM's `--max-num-seqs`);
+    /// others wait in the queue. Default: as many as the KV pool holds.
+    #[arg(long)]
+    max_num_seqs: Option<usize>,
     /// Completion tokens when the request does not say (`max_tokens`).
     #[arg(long, default_value_t = 16)]
     default_max_tokens: u64,
@@ -511,6 +515,7 @@ async fn main() -> std::io::Result<()> {
             decode_tps: cli.decode_tps,
             reuse_s_per_token: cli.reuse_s_per_token,
             chunk_tokens: cli.chunk_tokens,
+            max_num_seqs: cli.max_num_seqs,
         })),
         streams: Mutex::new(HashMap::new()),
         arrived: Notify::new(),

@@ -29,6 +29,8 @@ pub struct Arm<'a> {
     pub external: &'a [SocketAddr],
     pub sims: usize,
     pub kv_tokens: u64,
+    /// More arguments for every simulator.
+    pub sim_args: &'a [String],
     pub time_scale: f64,
     /// The router's working-set window, wall seconds.
     pub window_s: u32,
@@ -154,6 +156,7 @@ impl Fleet {
                 .args(["--listen", "127.0.0.1:0", "--name", &format!("gpu{i}")])
                 .args(["--kv-tokens", &arm.kv_tokens.to_string()])
                 .args(["--time-scale", &arm.time_scale.to_string()])
+                .args(arm.sim_args)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
                 .spawn()

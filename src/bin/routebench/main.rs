@@ -5,7 +5,8 @@
 //! tokens), `burst` (16 distinct cold prompts at once), `mixed` (both at once),
 //! `probe` (the same long prompt twice on one idle replica, then varying tails),
 //! `capacity` (three 50-80k-token families on two cards), and on request
-//! `overload` (more one-shot clients than the cards hold). Every run salts its
+//! `overload` (more one-shot clients than the cards hold) and `unseen-load`
+//! (`mixed` while other clients load one replica past the router). Every run salts its
 //! prompts; every median comes with its p90 and sample size. Times are model
 //! seconds: wall seconds times `--time-scale` (the simulators' own; 1 for real engines).
 //!   cargo run --release --bin routebench -- run --url http://127.0.0.1:8080 --probe-url http://127.0.0.1:8001
@@ -25,15 +26,16 @@ use clap::{Parser, Subcommand};
 use client::{Client, Sample};
 use scenarios::Sizes;
 
-const ALL: [&str; 6] = [
+const ALL: [&str; 7] = [
     "agent-loop",
     "burst",
     "mixed",
     "probe",
     "capacity",
     "overload",
+    "unseen-load",
 ];
-/// Run when no `--scenario` is given (`overload` is asked for by name).
+/// Run when no `--scenario` is given (`overload` and `unseen-load` are asked for by name).
 const DEFAULT: usize = 5;
 /// What the router logs when a working set exceeds a replica's KV.
 const WARNING: &str = "exceeds its KV capacity";
@@ -47,7 +49,7 @@ struct Cli {
 
 #[derive(clap::Args, Clone)]
 struct Common {
-    /// Scenarios to run (default: all but `overload`).
+    /// Scenarios to run (default: all but `overload` and `unseen-load`).
     #[arg(long = "scenario", value_parser = ALL)]
     scenarios: Vec<String>,
     /// Model seconds per wall second of the replicas (1 for real engines).
@@ -102,6 +104,9 @@ enum Cmd {
         /// KV capacity of each simulated card (and the router's `kv_tokens`).
         #[arg(long, default_value_t = 122_636)]
         kv_tokens: u64,
+        /// More arguments for every simulated card (`--sim-arg=--max-num-seqs=1`).
+        #[arg(long = "sim-arg", allow_hyphen_values = true)]
+        sim_args: Vec<String>,
         /// Write the side-by-side report here (Markdown, with an SVG beside it).
         #[arg(long)]
         results: Option<PathBuf>,
@@ -145,7 +150,8 @@ fn chosen(c: &Common) -> Vec<String> {
     }
 }
 
-/// Runs one scenario; `probe` goes to `probe` (one replica), the rest to `c`.
+/// Runs one scenario; `probe` and `unseen-load`'s outside clients go to
+/// `probe` (one replica), the rest to `c`.
 async fn scenario(name: &str, c: &Client, probe: &Client, s: &Sizes) -> Vec<Sample> {
     let salt = salt();
     match name {
@@ -157,6 +163,7 @@ async fn scenario(name: &str, c: &Client, probe: &Client, s: &Sizes) -> Vec<Samp
         "probe" => scenarios::probe(probe, &salt, s).await,
         "capacity" => scenarios::capacity(c, &salt, s).await,
         "overload" => scenarios::overload(c, &salt, s).await,
+        "unseen-load" => scenarios::unseen_load(c, probe, &salt, s).await,
         _ => Vec::new(),
     }
 }
@@ -182,6 +189,7 @@ async fn main() -> Result<()> {
             peer,
             replicas,
             kv_tokens,
+            sim_args,
             results,
             label,
             window_model_s,
@@ -193,6 +201,7 @@ async fn main() -> Result<()> {
                 policies,
                 external: replicas,
                 kv_tokens,
+                sim_args,
                 window_model_s,
                 salts: salts.max(1),
             };
@@ -246,6 +255,7 @@ struct Arms {
     policies: Vec<String>,
     external: Vec<SocketAddr>,
     kv_tokens: u64,
+    sim_args: Vec<String>,
     window_model_s: f64,
     /// Rounds, each of every arm with fresh salts.
     salts: usize,
@@ -286,6 +296,7 @@ async fn compare(
                 external: &arms.external,
                 sims: 2,
                 kv_tokens: arms.kv_tokens,
+                sim_args: &arms.sim_args,
                 time_scale: common.time_scale,
                 window_s: (arms.window_model_s / common.time_scale).ceil().max(1.0) as u32,
                 dir: &common.out,
@@ -404,7 +415,7 @@ async fn compare(
         md.push_str(&format!("\nFor example: `{text}`\n"));
     }
     let svg = report::svg("agent-loop: median TTFT per turn (model s)", &turns);
-    if let Some(path) = &results {
+    if let Some(path) = results.as_ref().filter(|_| !turns.is_empty()) {
         let name = path.with_extension("svg");
         let name = name
             .file_name()

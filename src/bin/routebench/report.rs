@@ -125,15 +125,38 @@ pub fn summarize(scenario: &str, samples: &[Sample]) -> Cells {
                 "agent warm TTFT".into(),
                 ttft(&|s| agent(s) && s.turn > 0).show(),
             ));
-            let spans: Vec<f64> = groups(samples)
-                .iter()
-                .filter(|(g, _)| g.starts_with("burst"))
-                .map(|(_, v)| makespan(v.iter().copied()))
-                .collect();
-            row.push(("burst makespan".into(), Stat::of(spans).show()));
+            row.push((
+                "burst makespan".into(),
+                Stat::of(burst_spans(samples)).show(),
+            ));
             row.push((
                 "burst placement".into(),
                 placement(ok(samples).filter(|s| !agent(s))),
+            ));
+        }
+        "unseen-load" => {
+            let burst = |s: &Sample| s.group.starts_with("burst");
+            let agent = |s: &Sample| s.group.starts_with("agent");
+            row.push((
+                "agent warm TTFT".into(),
+                ttft(&|s| agent(s) && s.turn > 0).show(),
+            ));
+            row.push((
+                "agent placement".into(),
+                placement(ok(samples).filter(|s| agent(s))),
+            ));
+            row.push((
+                "burst makespan".into(),
+                Stat::of(burst_spans(samples)).show(),
+            ));
+            row.push(("burst TTFT".into(), ttft(&burst).show()));
+            row.push((
+                "burst placement".into(),
+                placement(ok(samples).filter(|s| burst(s))),
+            ));
+            row.push((
+                "outside TTFT (straight to gpu0)".into(),
+                ttft(&|s| s.group == "outside").show(),
             ));
         }
         "probe" => {
@@ -210,6 +233,15 @@ fn pct(x: f64) -> String {
     format!("{:.0} %", x * 100.0)
 }
 
+/// The makespan of each burst group.
+fn burst_spans(samples: &[Sample]) -> Vec<f64> {
+    groups(samples)
+        .iter()
+        .filter(|(g, _)| g.starts_with("burst"))
+        .map(|(_, v)| makespan(v.iter().copied()))
+        .collect()
+}
+
 fn groups(samples: &[Sample]) -> BTreeMap<String, Vec<&Sample>> {
     let mut by: BTreeMap<String, Vec<&Sample>> = BTreeMap::new();
     for s in ok(samples) {
@@ -219,8 +251,8 @@ fn groups(samples: &[Sample]) -> BTreeMap<String, Vec<&Sample>> {
 }
 
 /// The headline measures of one scenario run: median warm-turn TTFT for
-/// agent loops, makespan for bursts, agent warm TTFT and the median burst
-/// makespan within mixed traffic.
+/// agent loops and capacity families, makespan for bursts, agent warm TTFT
+/// and the median burst makespan within mixed traffic.
 pub fn headline(scenario: &str, samples: &[Sample]) -> Vec<(&'static str, f64)> {
     let warm = |f: &dyn Fn(&Sample) -> bool| {
         Stat::of(
@@ -234,17 +266,15 @@ pub fn headline(scenario: &str, samples: &[Sample]) -> Vec<(&'static str, f64)> 
     match scenario {
         "agent-loop" => vec![(AGENT_LOOP, warm(&|_| true))],
         "burst" => vec![(BURST, makespan(ok(samples)))],
-        "mixed" => {
-            let spans: Vec<f64> = groups(samples)
-                .iter()
-                .filter(|(g, _)| g.starts_with("burst"))
-                .map(|(_, v)| makespan(v.iter().copied()))
-                .collect();
-            vec![
-                (MIXED_AGENT, warm(&|s| s.group.starts_with("agent"))),
-                (MIXED_BURST, Stat::of(spans).median),
-            ]
-        }
+        "mixed" => vec![
+            (MIXED_AGENT, warm(&|s| s.group.starts_with("agent"))),
+            (MIXED_BURST, Stat::of(burst_spans(samples)).median),
+        ],
+        "unseen-load" => vec![
+            (UNSEEN_AGENT, warm(&|s| s.group.starts_with("agent"))),
+            (UNSEEN_BURST, Stat::of(burst_spans(samples)).median),
+        ],
+        "capacity" => vec![(CAPACITY, warm(&|_| true))],
         _ => Vec::new(),
     }
 }
@@ -253,6 +283,9 @@ const AGENT_LOOP: &str = "agent-loop warm-turn TTFT (median)";
 const BURST: &str = "burst makespan";
 const MIXED_AGENT: &str = "agent warm TTFT amid bursts (median)";
 const MIXED_BURST: &str = "burst makespan amid agents (median of bursts)";
+const UNSEEN_AGENT: &str = "agent warm TTFT amid bursts and unseen load (median)";
+const UNSEEN_BURST: &str = "burst makespan amid agents and unseen load (median of bursts)";
+const CAPACITY: &str = "capacity warm-turn TTFT (median, all families)";
 
 /// One headline figure: arm, salt (round), measure, value.
 pub type Headline = (String, usize, &'static str, f64);
@@ -287,6 +320,9 @@ pub fn seed_table(headline: &[Headline], arms: &[String], with_seed: bool) -> St
         (BURST, ["30.1 s", "18.6 s", "19.97 s"]),
         (MIXED_AGENT, ["–", "–", "–"]),
         (MIXED_BURST, ["–", "–", "–"]),
+        (UNSEEN_AGENT, ["–", "–", "–"]),
+        (UNSEEN_BURST, ["–", "–", "–"]),
+        (CAPACITY, ["–", "–", "–"]),
     ] {
         if !headline.iter().any(|(_, _, m, _)| *m == measure) {
             continue;

@@ -20,6 +20,8 @@ pub struct Sizes {
     pub probe_tokens: usize,
     pub capacity_families: Vec<usize>,
     pub capacity_turns: usize,
+    /// `unseen-load`: clients sending one-shots straight to the first replica.
+    pub unseen_clients: usize,
     /// `overload`: clients sending one-shots back to back for this long.
     pub overload_clients: usize,
     pub overload_s: f64,
@@ -44,6 +46,7 @@ impl Sizes {
             // Any two on one 122,636-token card exceed it: the seed's pigeonhole.
             capacity_families: vec![80_000, 65_000, 60_000],
             capacity_turns: 5,
+            unseen_clients: 8,
             // ~14 of these fit a card at once: 48 clients queue at the engines.
             overload_clients: 48,
             overload_s: 60.0,
@@ -69,6 +72,7 @@ impl Sizes {
             // Any two exceed one 4096-token slot; each fits alone.
             capacity_families: vec![2_600, 2_300, 2_000],
             capacity_turns: 3,
+            unseen_clients: 2,
             overload_clients: 6,
             overload_s: 30.0,
             overload_tokens: 500,
@@ -93,6 +97,7 @@ impl Sizes {
             // With --kv-tokens 12000: any two on one card exceed it.
             capacity_families: vec![8_000, 6_500, 6_000],
             capacity_turns: 3,
+            unseen_clients: 2,
             overload_clients: 8,
             overload_s: 5.0,
             overload_tokens: 1_000,
@@ -199,6 +204,39 @@ pub async fn mixed(c: &Client, salt: &str, s: &Sizes) -> Vec<Sample> {
     let (mut agents, bursts) = tokio::join!(agent_loop(c, salt, s), bursts);
     agents.extend(bursts);
     agents
+}
+
+/// `mixed` (agent loops and bursts of singles through the router) while other
+/// clients keep the first replica busy straight, past the router (another
+/// router instance's share, a team calling the engine directly): load the
+/// router does not count.
+pub async fn unseen_load(c: &Client, direct: &Client, salt: &str, s: &Sizes) -> Vec<Sample> {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let routed = async {
+        let out = mixed(c, salt, s).await;
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        out
+    };
+    let outside = (0..s.unseen_clients).map(|i| {
+        let done = &done;
+        async move {
+            let mut out = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let n = out.len();
+                let doc = filler(&format!("{salt} outside {i} {n}"), s.burst_doc_tokens);
+                let messages = vec![json!({"role": "user", "content": doc})];
+                out.push(
+                    direct
+                        .chat("outside", n, &messages, s.burst_max_tokens)
+                        .await,
+                );
+            }
+            out
+        }
+    });
+    let (mut out, outside) = tokio::join!(routed, join_all(outside));
+    out.extend(outside.into_iter().flatten());
+    out
 }
 
 /// The seed's direct cache question, on one replica: the same long prompt twice
