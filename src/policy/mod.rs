@@ -30,8 +30,8 @@
 //!                 bursts), burst makespan amid agents 9.5 -> 10.6 s (round-robin
 //!                 10.5-11.0 s), no change on agent-loop or burst; `spread` alone changed
 //!                 nothing (1.46 s): neither card had room for its share. On capacity
-//!                 it pairs families by room when their first turns arrive in a
-//!                 favourable order (1.32 s against 2.04 s; see docs/results.md).
+//!                 no systematic change: which families share a card follows the order
+//!                 their first turns arrive in (docs/results.md).
 //!   least loaded  (with `engine_load`; off by default) wherever a cold placement uses
 //!                 the counter, it runs over the least-loaded of its replicas only, and
 //!                 of equals over those whose engines report the least KV in use (10 %
