@@ -2,10 +2,11 @@
 //! `engine_load`): requests running and waiting, and KV cache in use, under
 //! vLLM's, SGLang's and llama.cpp's names. A background service reads every
 //! replica each interval and hands the figures to the replica, where the
-//! policy sees them as [`EngineLoad`]. A read that fails, takes longer than
-//! the interval or names none of the known series leaves the router's own
-//! counts in force: logged once per replica (and once when reads work again),
-//! counted in `prefix_router_engine_reads_total`.
+//! policy sees them as the requests beyond the router's own ([`EngineLoad`]).
+//! A read that fails, takes longer than the interval or names none of the
+//! known series keeps the last figures; three in a row drop them, so the
+//! router's own counts are in force: logged once per replica (and once when
+//! reads work again); every read is counted in `prefix_router_engine_reads_total`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -358,7 +358,7 @@ impl Replicas {
     }
 
     /// Every live replica has at least `in_flight` requests at it (the
-    /// router's or, when read and larger, its engine's count; and one is
+    /// router's, plus those its engine reported beyond them; and one is
     /// live: with none, the request is answered `no_replica`).
     pub fn saturated(&self, in_flight: u32) -> bool {
         let list = self.snapshot();
