@@ -8,10 +8,11 @@
 //! a client escaped it, and most strings are copied as written, not unescaped. Anthropic's
 //! top-level `system` is a first `system` message wherever its key stands; a
 //! completions `prompt` is its text (strings of a list joined by `0x1E`, token
-//! ids as decimal numbers). Unknown fields are ignored, except the engine
-//! options that skip its prefix cache (`cache_salt`, `cache_prompt: false`,
-//! `prompt_logprobs`), which are noted: such a response says nothing of what
-//! the replica holds.
+//! ids as decimal numbers). Unknown fields are ignored, except vLLM's
+//! `cache_salt`, which becomes part of the prefix identity (the engine shares
+//! cache only within one salt), and the engine options that skip its prefix
+//! cache (`cache_prompt: false`, `prompt_logprobs`), which are noted: such a
+//! response says nothing of what the replica holds.
 //!
 //! The body is read in one pass by a byte scanner (`scan`) under these rules
 //! (`walk`); it reads what the serde visitors it replaced read (kept in
@@ -50,8 +51,11 @@ pub struct Prompt {
     pub messages: usize,
     /// `prompt_cache_key` from the body.
     pub key: Option<String>,
-    /// The body asks the engine not to reuse its prefix cache (`cache_salt`,
-    /// `cache_prompt: false`, `prompt_logprobs`).
+    /// `cache_salt` from the body: part of the prefix identity.
+    pub salt: Option<String>,
+    /// The body asks the engine not to reuse its prefix cache
+    /// (`cache_prompt: false`, `prompt_logprobs`, a `cache_salt` that is not
+    /// a string).
     pub cache_bypass: bool,
 }
 
@@ -72,7 +76,12 @@ impl Prompt {
             .key
             .or_else(|| header_key.filter(|k| !k.is_empty()).map(str::to_owned));
         Request {
-            chain: PrefixChain::new(self.text, self.message_ends, block_bytes),
+            chain: PrefixChain::salted(
+                self.text,
+                self.message_ends,
+                block_bytes,
+                self.salt.as_deref(),
+            ),
             model_turn: self.model_turn,
             messages: self.messages,
             key,
@@ -120,9 +129,14 @@ struct Fields {
     messages: Option<Section>,
     prompt: Option<Section>,
     key: Option<String>,
-    /// vLLM's `cache_salt`, llama.cpp's `cache_prompt: false`, vLLM's
-    /// `prompt_logprobs`: each makes the engine skip its prefix cache.
-    salt: bool,
+    /// vLLM's `cache_salt` (a non-empty string): the engine shares cache only
+    /// between requests of one salt, so the prefix identity includes it.
+    salt: Option<String>,
+    /// A `cache_salt` that is not a string: what the engine does with it is
+    /// unknown, so its reuse is no evidence.
+    odd_salt: bool,
+    /// llama.cpp's `cache_prompt: false`, vLLM's `prompt_logprobs`: each
+    /// makes the engine skip its prefix cache.
     no_cache: bool,
     logprobs: bool,
 }
@@ -135,7 +149,8 @@ impl Fields {
         let mut parts = sections.into_iter().flatten();
         let mut prompt = Prompt {
             key: self.key,
-            cache_bypass: self.salt || self.no_cache || self.logprobs,
+            salt: self.salt,
+            cache_bypass: self.odd_salt || self.no_cache || self.logprobs,
             ..Prompt::default()
         };
         let Some(first) = parts.next() else {

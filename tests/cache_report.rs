@@ -228,7 +228,7 @@ fn a_request_that_tells_the_engine_to_skip_its_cache_is_no_evidence() {
     let router = Router::start(&[&a], "");
     assert_eq!(router.post("/v1/chat/completions", &agent(1)).status, 200);
     for (key, value) in [
-        ("cache_salt", json!("tenant-7")),
+        ("cache_salt", json!(7)),
         ("cache_prompt", json!(false)),
         ("prompt_logprobs", json!(1)),
     ] {
@@ -246,4 +246,28 @@ fn a_request_that_tells_the_engine_to_skip_its_cache_is_no_evidence() {
     body["cache_prompt"] = json!(true);
     assert_eq!(router.post("/v1/chat/completions", &body).status, 200);
     assert_eq!(outcomes(&router).0, 1.0);
+}
+
+#[test]
+fn a_cache_salt_keeps_a_prefix_within_its_salt_and_its_reuse_counts() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "");
+    let salted = |turn, salt: &str| {
+        let mut body = agent(turn);
+        body["cache_salt"] = json!(salt);
+        body
+    };
+    let first = router.post("/v1/chat/completions", &salted(1, "tenant-7"));
+    assert_eq!(first.status, 200);
+    // The same conversation under another salt, or none, shares nothing with
+    // it (the engine keeps salts apart): placed cold, and its decision tells
+    // its sender nothing about tenant 7's prompts.
+    for other in [salted(2, "tenant-8"), agent(2)] {
+        let r = router.post("/v1/chat/completions", &other);
+        assert_eq!((r.status, r.decision()), (200, "spread"));
+    }
+    // Tenant 7's next turn pins, and what its engine reports is evidence.
+    let next = router.post("/v1/chat/completions", &salted(2, "tenant-7"));
+    assert_eq!((next.replica(), next.decision()), (first.replica(), "pin"));
+    assert_eq!(outcomes(&router), (1.0, 0.0), "a hit");
 }

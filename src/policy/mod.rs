@@ -88,7 +88,6 @@ pub use prefix::PrefixChain;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
-use prefix::explicit_key_hash;
 use shards::{Shards, Upsert};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -423,7 +422,7 @@ impl Policy {
         }
         let matches = self.matches(&req.chain);
         let shape = self.shape_of(req, matches.iter().any(|m| m.end));
-        let key = req.key.as_deref().map(explicit_key_hash);
+        let key = req.key.as_deref().map(|k| req.chain.key_hash(k));
         let mut d = Decision {
             replica: None,
             shape,

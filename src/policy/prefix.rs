@@ -20,11 +20,15 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 pub(crate) const SEED: u64 = 0x7072_6566_6978_2d72; // "prefix-r"
 const END: u64 = 0x656e_645f_6f66_5f70; // "end_of_p"
 const KEY: u64 = 0x6578_706c_6963_6974; // "explicit"
+const SALT: u64 = 0x6361_6368_655f_7361; // "cache_sa"
 
 /// The hash chain of one prompt, computed once per request outside any lock.
 #[derive(Debug, Clone)]
 pub struct PrefixChain {
     pub(crate) block_bytes: usize,
+    /// `H_0`: `SEED`, or a hash of the request's cache salt (the engine
+    /// shares cache only within one salt, so neither does the index).
+    seed: u64,
     /// The canonical text, kept to hash candidate ends at lookup time.
     pub(crate) text: Vec<u8>,
     /// `H_1..H_n`, one per full block.
@@ -37,15 +41,29 @@ impl PrefixChain {
     /// Hashes `text` in blocks of `block_bytes` (at least 1).
     /// `message_ends` are the offsets where a message of the prompt ends.
     pub fn new(text: Vec<u8>, message_ends: Vec<usize>, block_bytes: usize) -> Self {
+        Self::salted(text, message_ends, block_bytes, None)
+    }
+
+    /// As [`PrefixChain::new`], for a request with a cache salt (vLLM's
+    /// `cache_salt`): its prefixes, and its explicit key, match only
+    /// requests with the same salt.
+    pub fn salted(
+        text: Vec<u8>,
+        message_ends: Vec<usize>,
+        block_bytes: usize,
+        salt: Option<&str>,
+    ) -> Self {
         let block_bytes = block_bytes.max(1);
         let mut blocks = Vec::with_capacity(text.len() / block_bytes);
-        let mut h = SEED;
+        let seed = salt.map_or(SEED, |s| xxh3_64_with_seed(s.as_bytes(), SALT));
+        let mut h = seed;
         for block in text.chunks_exact(block_bytes) {
             h = xxh3_64_with_seed(block, h);
             blocks.push(h);
         }
         Self {
             block_bytes,
+            seed,
             text,
             blocks,
             message_ends,
@@ -71,7 +89,7 @@ impl PrefixChain {
     /// `H_k` for `k` full blocks (`H_0` is the seed).
     pub(crate) fn block_hash(&self, k: usize) -> u64 {
         if k == 0 {
-            SEED
+            self.seed
         } else {
             self.blocks[k - 1]
         }
@@ -86,6 +104,12 @@ impl PrefixChain {
         )
     }
 
+    /// The index key for an explicit conversation key (`prompt_cache_key`,
+    /// `x-session-id`) sent with this prompt (and its salt).
+    pub(crate) fn key_hash(&self, key: &str) -> u64 {
+        xxh3_64_with_seed(key.as_bytes(), KEY ^ self.seed ^ SEED)
+    }
+
     /// The hash of the first block, or of the whole prompt when it is shorter:
     /// what `affinity` mode places by when nothing matches.
     pub(crate) fn head_hash(&self) -> u64 {
@@ -94,11 +118,6 @@ impl PrefixChain {
             None => self.end_hash(self.text.len()),
         }
     }
-}
-
-/// The index key for an explicit conversation key (`prompt_cache_key`, `x-session-id`).
-pub(crate) fn explicit_key_hash(key: &str) -> u64 {
-    xxh3_64_with_seed(key.as_bytes(), KEY)
 }
 
 #[cfg(test)]
@@ -129,6 +148,23 @@ mod tests {
         let b = PrefixChain::new(b"ho".to_vec(), vec![], 1024);
         assert!(a.blocks.is_empty());
         assert_ne!(a.head_hash(), b.head_hash());
+    }
+
+    #[test]
+    fn a_salt_gives_the_same_text_another_identity_shared_within_the_salt() {
+        let text = b"the same system prompt, long enough for blocks".to_vec();
+        let plain = PrefixChain::new(text.clone(), vec![], 4);
+        let a = PrefixChain::salted(text.clone(), vec![], 4, Some("tenant-a"));
+        let a2 = PrefixChain::salted(text.clone(), vec![], 4, Some("tenant-a"));
+        let b = PrefixChain::salted(text, vec![], 4, Some("tenant-b"));
+        assert_eq!(a.blocks, a2.blocks);
+        assert_eq!(a.end_hash(7), a2.end_hash(7));
+        for other in [&plain, &b] {
+            assert!(a.blocks.iter().all(|h| !other.blocks.contains(h)));
+            assert_ne!(a.end_hash(7), other.end_hash(7));
+            assert_ne!(a.key_hash("session-1"), other.key_hash("session-1"));
+        }
+        assert_eq!(a.key_hash("session-1"), a2.key_hash("session-1"));
     }
 
     #[test]

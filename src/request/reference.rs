@@ -127,7 +127,17 @@ impl<'de> Visitor<'de> for Top<'_> {
                         .next_value::<Option<String>>()?
                         .filter(|k| !k.is_empty());
                 }
-                Field::CacheSalt => f.salt = map.next_value::<Option<IgnoredAny>>()?.is_some(),
+                Field::CacheSalt => {
+                    let raw = map.next_value::<Box<serde_json::value::RawValue>>()?;
+                    f.salt = None;
+                    f.odd_salt = raw.get() != "null";
+                    if raw.get().starts_with('"') {
+                        let salt: String =
+                            serde_json::from_str(raw.get()).map_err(serde::de::Error::custom)?;
+                        f.salt = Some(salt).filter(|s| !s.is_empty());
+                        f.odd_salt = false;
+                    }
+                }
                 Field::PromptLogprobs => {
                     f.logprobs = map.next_value::<Option<IgnoredAny>>()?.is_some();
                 }
@@ -588,6 +598,11 @@ mod tests {
             r#"{"prompt_cache_key":"k","prompt_cache_key":null}"#,
             r#"{"cache_salt":"s"}"#,
             r#"{"cache_salt":"s","cache_salt":null}"#,
+            r#"{"cache_salt":""}"#,
+            r#"{"cache_salt":5}"#,
+            r#"{"cache_salt":"s","cache_salt":[1]}"#,
+            r#"{"cache_salt":{},"cache_salt":"t\u0041"}"#,
+            r#"{"cache_salt":"\ud800"}"#,
             r#"{"cache_s\u0061lt":[1e400]}"#,
             r#"{"cache_prompt":false}"#,
             r#"{"cache_prompt":false,"cache_prompt":true}"#,

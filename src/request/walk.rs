@@ -115,12 +115,20 @@ impl Walk<'_> {
                     f.prompt = Some(std::mem::take(&mut self.section));
                 }
                 Field::CacheKey => f.key = self.cache_key()?,
+                Field::CacheSalt if self.s.peek() == Some(b'"') => {
+                    f.salt = self.cache_key()?;
+                    f.odd_salt = false;
+                }
                 Field::CacheSalt | Field::PromptLogprobs | Field::CachePrompt => {
-                    // Any value but null salts or asks for prompt logprobs;
-                    // `cache_prompt` turns the cache off with `false` only.
+                    // A salt that is not a string (null: none), or any value
+                    // but null for prompt logprobs; `cache_prompt` turns the
+                    // cache off with `false` only.
                     let first = self.s.peek();
                     match key {
-                        Field::CacheSalt => f.salt = first != Some(b'n'),
+                        Field::CacheSalt => {
+                            f.salt = None;
+                            f.odd_salt = first != Some(b'n');
+                        }
                         Field::PromptLogprobs => f.logprobs = first != Some(b'n'),
                         _ => f.no_cache = first == Some(b'f'),
                     }

@@ -3,7 +3,8 @@
 //! ```text
 //! KV POOL    kv_tokens / block_tokens blocks, shared by running sequences and
 //!            cached prefix blocks (the seed's capacity wall comes from this).
-//!            Full prompt blocks are identified by a hash chain and stay cached,
+//!            Full prompt blocks are identified by a hash chain (seeded by the
+//!            request's `cache_salt`, as vLLM does) and stay cached,
 //!            unreferenced, after their sequence ends (tail first, as vLLM
 //!            frees them); LRU eviction frees them.
 //! ADMISSION  FIFO: a waiting request starts when blocks for its whole prompt
@@ -161,8 +162,16 @@ impl Engine {
     }
 
     /// Queues a request with its canonical prompt text. Like vLLM's
-    /// `max_model_len` check, a request that could not fit the card alone is refused.
-    pub fn submit(&mut self, id: SeqId, text: &[u8], max_tokens: u64) -> Result<(), String> {
+    /// `max_model_len` check, a request that could not fit the card alone is
+    /// refused. Its block hash chain is seeded by `salt` (vLLM's `cache_salt`:
+    /// only requests of one salt share cached blocks; 0: none).
+    pub fn submit(
+        &mut self,
+        id: SeqId,
+        text: &[u8],
+        salt: u64,
+        max_tokens: u64,
+    ) -> Result<(), String> {
         let prompt_tokens = self.tokens(text);
         let limit = self.capacity() * self.cfg.block_tokens - 2 * self.cfg.block_tokens;
         if prompt_tokens + max_tokens > limit {
@@ -173,7 +182,7 @@ impl Engine {
             ));
         }
         let block_bytes = (self.cfg.block_tokens * self.cfg.bytes_per_token).max(1) as usize;
-        let mut h = 0u64;
+        let mut h = salt;
         let blocks = text
             .chunks_exact(block_bytes)
             .map(|b| {
@@ -463,11 +472,11 @@ mod tests {
     fn ninety_k_tokens_prefill_cold_in_2_7_s_and_warm_in_about_1_1_s() {
         let mut e = card(122_636);
         let prompt = text(1, 90_000);
-        e.submit(1, &prompt, 1).unwrap();
+        e.submit(1, &prompt, 0, 1).unwrap();
         let (_, cold) = run(&mut e);
         let mut longer = prompt.clone();
         longer.extend_from_slice(&text(2, 1_000));
-        e.submit(2, &longer, 1).unwrap();
+        e.submit(2, &longer, 0, 1).unwrap();
         let (_, warm) = run(&mut e);
         let (cold, warm) = (cold[&1].0, warm[&2].0);
         assert!((cold - 2.7).abs() < 0.1, "cold {cold}");
@@ -480,8 +489,8 @@ mod tests {
         let pair = |max_num_seqs| {
             let mut e = card(122_636);
             e.cfg.max_num_seqs = max_num_seqs;
-            e.submit(1, &text(1, 30_000), 100).unwrap();
-            e.submit(2, &text(2, 30_000), 100).unwrap();
+            e.submit(1, &text(1, 30_000), 0, 100).unwrap();
+            e.submit(2, &text(2, 30_000), 0, 100).unwrap();
             let (_, out) = run(&mut e);
             (out[&1], out[&2])
         };
@@ -497,14 +506,14 @@ mod tests {
     #[test]
     fn a_running_sequence_and_cached_prefixes_share_the_pool() {
         let mut e = card(16 * 100); // 100 blocks
-        e.submit(1, &text(1, 16 * 60), 1).unwrap();
+        e.submit(1, &text(1, 16 * 60), 0, 1).unwrap();
         run(&mut e);
-        e.submit(2, &text(2, 16 * 60), 1).unwrap();
+        e.submit(2, &text(2, 16 * 60), 0, 1).unwrap();
         run(&mut e);
         // Only 100 blocks: the second prompt (60 blocks and one for its
         // output) evicted 21 of the first's; as in vLLM, a prefix loses its
         // tail first, so its first 39 blocks still hit.
-        e.submit(3, &text(1, 16 * 60), 1).unwrap();
+        e.submit(3, &text(1, 16 * 60), 0, 1).unwrap();
         let (_, out) = run(&mut e);
         assert_eq!(out[&3].2, 16 * 39);
     }
@@ -512,7 +521,7 @@ mod tests {
     #[test]
     fn decode_waits_for_nothing_but_its_batch() {
         let mut e = card(122_636);
-        e.submit(1, &text(1, 100), 50).unwrap();
+        e.submit(1, &text(1, 100), 0, 50).unwrap();
         let (t, out) = run(&mut e);
         // 49 decode steps at 50 steps/s after a tiny prefill.
         assert!((out[&1].1 - 0.98).abs() < 0.02 && t == out[&1].1, "{out:?}");
@@ -522,7 +531,7 @@ mod tests {
     fn burst(n: u64, tokens: u64, max_tokens: u64) -> f64 {
         let mut e = card(122_636);
         for i in 0..n {
-            e.submit(i, &text(i + 100, tokens), max_tokens).unwrap();
+            e.submit(i, &text(i + 100, tokens), 0, max_tokens).unwrap();
         }
         run(&mut e).0
     }
@@ -536,10 +545,25 @@ mod tests {
     }
 
     #[test]
+    fn only_requests_of_one_salt_share_cached_blocks() {
+        let mut e = card(122_636);
+        let prompt = text(1, 10_000);
+        e.submit(1, &prompt, 7, 1).unwrap();
+        run(&mut e);
+        e.submit(2, &prompt, 8, 1).unwrap();
+        e.submit(3, &prompt, 0, 1).unwrap();
+        let (_, other) = run(&mut e);
+        assert_eq!((other[&2].2, other[&3].2), (0, 0), "other salts, or none");
+        e.submit(4, &prompt, 7, 1).unwrap();
+        let (_, same) = run(&mut e);
+        assert!(same[&4].2 > 9_000, "same salt: {same:?}");
+    }
+
+    #[test]
     fn a_request_larger_than_the_card_is_refused() {
         let mut e = card(1_000);
         assert!(e
-            .submit(1, &text(1, 2_000), 1)
+            .submit(1, &text(1, 2_000), 0, 1)
             .unwrap_err()
             .contains("maximum context length"));
     }
@@ -548,7 +572,7 @@ mod tests {
     fn preemption_frees_room_and_everything_still_finishes() {
         let mut e = card(16 * 40);
         for i in 0..3 {
-            e.submit(i, &text(i + 10, 16 * 10), 200).unwrap();
+            e.submit(i, &text(i + 10, 16 * 10), 0, 200).unwrap();
         }
         let (_, out) = run(&mut e);
         assert_eq!(out.len(), 3);

@@ -231,8 +231,13 @@ impl Sim {
                 )
             }
         };
-        let text = prefix_router::request::Prompt::parse(&body, usize::MAX)
-            .map(|p| p.text)
+        let (text, salt) = prefix_router::request::Prompt::parse(&body, usize::MAX)
+            .map(|p| {
+                let salt = p
+                    .salt
+                    .map_or(0, |s| xxhash_rust::xxh3::xxh3_64(s.as_bytes()));
+                (p.text, salt)
+            })
             .unwrap_or_default();
         let max_tokens = req
             .get("max_tokens")
@@ -246,7 +251,7 @@ impl Sim {
             .and_then(Value::as_bool)
             .unwrap_or(false);
         let kind = Kind::of(path);
-        let (mut running, mut events) = match Running::start(&self, &text, max_tokens) {
+        let (mut running, mut events) = match Running::start(&self, &text, salt, max_tokens) {
             Ok(r) => r,
             Err(msg) => return self.tag(error(StatusCode::BAD_REQUEST, &msg), received),
         };
@@ -433,6 +438,7 @@ impl Running {
     fn start(
         sim: &Arc<Sim>,
         text: &[u8],
+        salt: u64,
         max_tokens: u64,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Event>), String> {
         let id = sim.next_id.fetch_add(1, Relaxed);
@@ -442,7 +448,7 @@ impl Running {
             .engine
             .lock()
             .expect("engine lock")
-            .submit(id, text, max_tokens)
+            .submit(id, text, salt, max_tokens)
         {
             sim.streams.lock().expect("streams lock").remove(&id);
             return Err(e);
