@@ -5,7 +5,7 @@
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use prefix_router::policy::{
-    ContinuationRule, KvRoom, Mode, Policy, PolicyConfig, ReplicaId, ReplicaState,
+    ContinuationRule, KvRoom, Mode, Policy, PolicyConfig, PrefixChain, ReplicaId, ReplicaState,
 };
 use prefix_router::request::Prompt;
 use serde_json::json;
@@ -112,7 +112,7 @@ fn lookup_vs_tracked(c: &mut Criterion) {
             // A 2 KiB canonical prompt each: two blocks plus its end.
             let text = format!("conversation {i:>12} ").repeat(2048 / 26);
             let req = prefix_router::policy::Request {
-                chain: p.chain(text.into_bytes(), vec![]),
+                chain: PrefixChain::new(text.into_bytes(), vec![], BLOCK),
                 model_turn: true,
                 messages: 1,
                 key: None,

@@ -228,7 +228,6 @@ fn a_request_that_tells_the_engine_to_skip_its_cache_is_no_evidence() {
     let router = Router::start(&[&a], "");
     assert_eq!(router.post("/v1/chat/completions", &agent(1)).status, 200);
     for (key, value) in [
-        ("cache_salt", json!(7)),
         ("cache_prompt", json!(false)),
         ("prompt_logprobs", json!(1)),
     ] {
@@ -270,4 +269,17 @@ fn a_cache_salt_keeps_a_prefix_within_its_salt_and_its_reuse_counts() {
     let next = router.post("/v1/chat/completions", &salted(2, "tenant-7"));
     assert_eq!((next.replica(), next.decision()), (first.replica(), "pin"));
     assert_eq!(outcomes(&router), (1.0, 0.0), "a hit");
+    // An explicit conversation key is kept within its salt too.
+    let keyed = |salt: &str| {
+        let mut body = salted(1, salt);
+        body["prompt_cache_key"] = json!("session-1");
+        body["messages"][1]["content"] = json!(format!("{salt}: something else"));
+        body
+    };
+    let r = router.post("/v1/chat/completions", &keyed("tenant-7"));
+    assert_eq!(r.status, 200);
+    let r = router.post("/v1/chat/completions", &keyed("tenant-9"));
+    assert_eq!((r.status, r.decision()), (200, "spread"), "not `key`");
+    let r = router.post("/v1/chat/completions", &keyed("tenant-7"));
+    assert_eq!(r.decision(), "key");
 }

@@ -373,11 +373,6 @@ impl Policy {
         &self.cfg
     }
 
-    /// Hashes a prompt with this policy's block size (pure; call it outside any lock).
-    pub fn chain(&self, text: Vec<u8>, message_ends: Vec<usize>) -> PrefixChain {
-        PrefixChain::new(text, message_ends, self.cfg.block_bytes)
-    }
-
     /// Entries in the prefix index.
     pub fn tracked_entries(&self) -> usize {
         self.index.len()

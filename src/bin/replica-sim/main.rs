@@ -231,6 +231,19 @@ impl Sim {
                 )
             }
         };
+        // vLLM refuses a salt that is not a non-empty string.
+        if req
+            .get("cache_salt")
+            .is_some_and(|s| !s.is_null() && s.as_str().is_none_or(str::is_empty))
+        {
+            return self.tag(
+                error(
+                    StatusCode::BAD_REQUEST,
+                    "Parameter 'cache_salt' must be a non-empty string if provided.",
+                ),
+                received,
+            );
+        }
         let (text, salt) = prefix_router::request::Prompt::parse(&body, usize::MAX)
             .map(|p| {
                 let salt = p
