@@ -410,13 +410,19 @@ impl Config {
                 "must be positive, or null for never",
             ));
         }
-        if !self.health_check.path.starts_with('/') {
-            return Err(invalid("health_check.path", "must start with /"));
-        }
-        if let Some(e) = &self.engine_load {
-            if !e.path.starts_with('/') {
-                return Err(invalid("engine_load.path", "must start with /"));
+        let path = |field: &str, p: &str| {
+            if p.starts_with('/') && p.parse::<http::uri::PathAndQuery>().is_ok() {
+                Ok(())
+            } else {
+                Err(invalid(
+                    field,
+                    format!("`{p}` is not a path starting with /"),
+                ))
             }
+        };
+        path("health_check.path", &self.health_check.path)?;
+        if let Some(e) = &self.engine_load {
+            path("engine_load.path", &e.path)?;
             if e.interval_ms < 50 {
                 return Err(invalid("engine_load.interval_ms", "must be at least 50"));
             }
@@ -631,6 +637,7 @@ mod tests {
             ("prefix_index: {repair_on_miss_s: 0}\n", "prefix_index.repair_on_miss_s"),
             ("kv_room: sometimes\n", "kv_room"),
             ("engine_load: {path: metrics}\n", "engine_load.path"),
+            ("health_check: {path: \"/he alth\"}\n", "health_check.path"),
             ("engine_load: {interval_ms: 0}\n", "engine_load.interval_ms"),
 
         ];

@@ -1,5 +1,6 @@
 //! The router binary: CLI -> config -> Pingora server -> services. No logic.
 //!   cargo run --release --bin prefix-router -- --config conf/example.yaml
+//!   prefix-router --check --config FILE   (validate, print a summary, exit)
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,6 +31,11 @@ struct Cli {
     /// replicas on 127.0.0.1:8001 and :8002 (see README).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Check the configuration (and the API keys file it names), print a
+    /// one-line summary and exit: 0 when the router would start on it, else
+    /// non-zero with the offending key or value.
+    #[arg(long)]
+    check: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -43,6 +49,31 @@ fn main() -> anyhow::Result<()> {
             Config::parse(EMBEDDED_DEFAULT, env_policy.as_deref()).context("embedded default")?
         }
     };
+    if cli.check {
+        if let Some(f) = &cfg.api_keys_file {
+            KeyFile::open(f.into()).with_context(|| format!("api_keys_file {f}"))?;
+        }
+        let source = cli
+            .config
+            .as_ref()
+            .map_or("embedded default".to_owned(), |p| p.display().to_string());
+        println!(
+            "{source}: ok: {} replicas ({}), policy {:?}, listen {}, metrics {}{}",
+            cfg.replicas.len(),
+            cfg.replicas
+                .iter()
+                .map(|r| r.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            cfg.policy,
+            cfg.listen,
+            cfg.metrics_listen,
+            cfg.kv_room_inactive()
+                .map(|why| format!("; {why}"))
+                .unwrap_or_default()
+        );
+        return Ok(());
+    }
     log::info!(
         "prefix-router: listen {} metrics {} policy {:?} replicas [{}]",
         cfg.listen,
