@@ -22,6 +22,7 @@ pub mod fleet;
 pub mod metrics;
 pub mod paths;
 pub mod policy;
+pub mod probes;
 pub mod proxy;
 pub mod reload;
 pub mod replicas;

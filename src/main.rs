@@ -153,7 +153,7 @@ fn main() -> anyhow::Result<()> {
     );
     let mut proxy = pingora_proxy::http_proxy_service(&server.configuration, router);
     proxy.add_tcp(&cfg.listen);
-    let mut metrics = pingora_prometheus::prometheus_http_service();
+    let mut metrics = prefix_router::probes::service(Arc::clone(&replicas));
     metrics.add_tcp(&cfg.metrics_listen);
 
     if let Some(e) = &cfg.engine_load {

@@ -1,5 +1,5 @@
 //! Every Prometheus metric the router exports, declared once in the default
-//! registry that `pingora-prometheus` serves on `metrics_listen`.
+//! registry that `probes` serves on `metrics_listen`.
 //! Label values come from config (replica names) or enums, never from requests.
 
 use once_cell::sync::Lazy;
