@@ -73,6 +73,11 @@ pub struct Config {
     /// new routed request is answered 429 with `Retry-After` at once instead
     /// of queueing at an engine. Off (`null`) until measured.
     pub shed_in_flight: Option<u32>,
+    /// After SIGTERM the router stops accepting and lets requests and streams
+    /// in flight run for this long, then ends what is left and exits 0 (it
+    /// waits the whole period, in flight or not: Pingora's grace period).
+    /// Keep it under the orchestrator's own (Kubernetes: 30 s).
+    pub shutdown_grace_s: u64,
     /// How often the config file is checked for changes.
     pub reload_interval_ms: u64,
     /// Window of the per-replica working-set estimate (capacity gauges and warning).
@@ -283,6 +288,7 @@ impl Default for Config {
             load_guard_in_flight: None,
             engine_load: None,
             shed_in_flight: None,
+            shutdown_grace_s: 20,
             reload_interval_ms: 1_000,
             working_set_window_s: 300,
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),

@@ -105,8 +105,11 @@ fn main() -> anyhow::Result<()> {
         // grew for 600 s).
         // Tokio's timers are removed with the read; only short timeouts stay fast.
         fast_timeout_to_tokio_threshold_seconds: Some(5),
-        grace_period_seconds: Some(1),
-        graceful_shutdown_timeout_seconds: Some(30),
+        // After SIGTERM Pingora stops accepting, waits the whole grace period
+        // (sessions in flight run on), then stops its runtimes within the
+        // timeout, ending whatever still runs.
+        grace_period_seconds: Some(cfg.shutdown_grace_s),
+        graceful_shutdown_timeout_seconds: Some(5),
         ca_file: cfg.replica_tls.ca_file.clone(),
         ..ServerConf::default()
     };

@@ -326,6 +326,22 @@ impl Router {
     }
 }
 
+impl Router {
+    /// Sends SIGTERM (an orchestrator stopping the router).
+    pub fn terminate(&self) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+    }
+
+    /// Waits (at most `within`) for the process to exit.
+    pub fn exit_status(&mut self, within: Duration) -> std::process::ExitStatus {
+        wait_for("the router to exit", within, || {
+            self.child.try_wait().ok().flatten()
+        })
+    }
+}
+
 impl Drop for Router {
     fn drop(&mut self) {
         let _ = self.child.kill();

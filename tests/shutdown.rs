@@ -1,0 +1,34 @@
+//! Stopping the router (SIGTERM, as an orchestrator does): streams in flight
+//! finish, then the process exits 0. Real processes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::http::EventStream;
+use common::{streaming, Router, Sim};
+
+#[test]
+fn sigterm_lets_a_stream_in_flight_finish_then_exits_zero() {
+    // 40 tokens at 20 a second: a stream of about two seconds.
+    let a = Sim::start("a", &["--decode-tps", "20"]);
+    let mut router = Router::start(&[&a], "shutdown_grace_s: 3\n");
+    let mut stream = EventStream::open(
+        router.addr,
+        "/v1/chat/completions",
+        &streaming("a long answer", 40),
+    );
+    assert_eq!(stream.status, 200);
+    assert!(stream.next_event().is_some(), "the stream started");
+    router.terminate();
+    let mut events = 1;
+    let mut last = String::new();
+    while let Some(event) = stream.next_event() {
+        events += 1;
+        last = event;
+    }
+    assert_eq!(last, "data: [DONE]", "the stream ran to its end");
+    assert!(events > 40, "every token arrived: {events} events");
+    let status = router.exit_status(Duration::from_secs(30));
+    assert!(status.success(), "exit {status:?}");
+}
