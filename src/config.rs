@@ -74,9 +74,9 @@ pub struct Config {
     /// of queueing at an engine. Off (`null`) until measured.
     pub shed_in_flight: Option<u32>,
     /// After SIGTERM the router stops accepting and lets requests and streams
-    /// in flight run for this long, then ends what is left and exits 0 (it
-    /// waits the whole period, in flight or not: Pingora's grace period).
-    /// Keep it under the orchestrator's own (Kubernetes: 30 s).
+    /// in flight run for up to this long, then ends what is left and exits 0
+    /// (at once when nothing is in flight). Keep it under the orchestrator's
+    /// own (Kubernetes: 30 s).
     pub shutdown_grace_s: u64,
     /// How often the config file is checked for changes.
     pub reload_interval_ms: u64,

@@ -16,6 +16,7 @@ pub mod auth;
 pub mod body;
 pub mod capacity;
 pub mod config;
+pub mod drain;
 pub mod engine_load;
 pub mod errors;
 pub mod fleet;

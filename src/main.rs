@@ -15,6 +15,7 @@ use prefix_router::admission::Admission;
 use prefix_router::auth::KeyFile;
 use prefix_router::capacity::CapacityWatch;
 use prefix_router::config::{Config, EMBEDDED_DEFAULT, POLICY_ENV};
+use prefix_router::drain::Drain;
 use prefix_router::engine_load::EngineLoadWatch;
 use prefix_router::fleet::{fleet, own_host, own_requests};
 use prefix_router::metrics::METRICS;
@@ -107,7 +108,8 @@ fn main() -> anyhow::Result<()> {
         fast_timeout_to_tokio_threshold_seconds: Some(5),
         // After SIGTERM Pingora stops accepting, waits the whole grace period
         // (sessions in flight run on), then stops its runtimes within the
-        // timeout, ending whatever still runs.
+        // timeout, ending whatever still runs; `Drain` exits sooner once
+        // nothing is in flight.
         grace_period_seconds: Some(cfg.shutdown_grace_s),
         graceful_shutdown_timeout_seconds: Some(5),
         ca_file: cfg.replica_tls.ca_file.clone(),
@@ -152,7 +154,7 @@ fn main() -> anyhow::Result<()> {
         cfg.working_set_window_s,
         Arc::clone(&policy),
         Arc::clone(&replicas),
-        admission,
+        Arc::clone(&admission),
     );
     let mut proxy = pingora_proxy::http_proxy_service(&server.configuration, router);
     proxy.add_tcp(&cfg.listen);
@@ -174,6 +176,7 @@ fn main() -> anyhow::Result<()> {
         let reloader = Reloader::new(path, cfg, env_policy, replicas, policy, keys);
         server.add_service(background_service("reload", reloader));
     }
+    server.add_service(background_service("drain", Drain { admission }));
     server.add_service(background_service("capacity", capacity));
     server.add_service(fleet_service);
     server.add_service(proxy);

@@ -1,0 +1,39 @@
+//! Stopping. After SIGTERM Pingora stops accepting and then waits its whole
+//! grace period (`shutdown_grace_s`) before ending what still runs; this
+//! service ends that wait early: once no request is held by the router (its
+//! admission count, which every POST takes until its response has gone, is
+//! zero), the process exits 0.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
+
+use crate::admission::Admission;
+
+/// Connections accepted just before the signal get this long to send their
+/// request before an empty count means "drained".
+const SETTLE: Duration = Duration::from_secs(1);
+const POLL: Duration = Duration::from_millis(50);
+
+/// Exits the process once a graceful stop has nothing left in flight.
+pub struct Drain {
+    pub admission: Arc<Admission>,
+}
+
+#[async_trait]
+impl BackgroundService for Drain {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        if shutdown.changed().await.is_err() {
+            return;
+        }
+        tokio::time::sleep(SETTLE).await;
+        while self.admission.requests() > 0 {
+            tokio::time::sleep(POLL).await;
+        }
+        log::info!("stopping: nothing in flight, exiting");
+        std::process::exit(0);
+    }
+}
