@@ -272,15 +272,19 @@ fn policy_env_var_overrides_the_config() {
         &[("PREFIX_ROUTER_POLICY", "affinity")],
     );
     let system = "shared system prompt ".repeat(200);
-    let picks: Vec<String> = (0..4)
+    let answers: Vec<(u16, String, String)> = (0..4)
         .map(|i| {
             let body = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": format!("q{i}")}]});
-            aff.post("/v1/chat/completions", &body).replica().to_owned()
+            let r = aff.post("/v1/chat/completions", &body);
+            (r.status, r.replica().to_owned(), r.text())
         })
         .collect();
     assert!(
-        picks.iter().all(|p| *p == picks[0]),
-        "affinity must pin shared prefixes: {picks:?}"
+        answers
+            .iter()
+            .all(|(s, p, _)| *s == 200 && *p == answers[0].1),
+        "affinity must pin shared prefixes: {answers:?}\nrouter log: {}",
+        aff.log()
     );
 }
 
