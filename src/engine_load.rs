@@ -135,7 +135,6 @@ const KEEP_THROUGH_MISSES: u32 = 3;
 
 /// The background service that reads every replica's metrics.
 pub struct EngineLoadWatch {
-    replicas: Arc<Replicas>,
     reader: Arc<Reader>,
     interval: Duration,
 }
@@ -166,7 +165,6 @@ impl EngineLoadWatch {
         let mut request = RequestHeader::build("GET", path.as_bytes(), None)?;
         request.insert_header("Host", host)?;
         Ok(Self {
-            replicas: Arc::clone(&replicas),
             reader: Arc::new(Reader {
                 replicas,
                 connector,
@@ -182,7 +180,7 @@ impl EngineLoadWatch {
 
     /// Reads every replica once, concurrently, each within the interval.
     async fn round(&self) {
-        let list = self.replicas.snapshot();
+        let list = self.reader.replicas.snapshot();
         let mut reads = tokio::task::JoinSet::new();
         for r in list.iter() {
             let (reader, r, limit) = (Arc::clone(&self.reader), Arc::clone(r), self.interval);

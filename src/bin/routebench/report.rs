@@ -119,45 +119,39 @@ pub fn summarize(scenario: &str, samples: &[Sample]) -> Cells {
             row.push(("TTFT".into(), ttft(&|_| true).show()));
             row.push(("placement".into(), placement(ok(samples))));
         }
-        "mixed" => {
+        "mixed" | "unseen-load" => {
+            // `unseen-load` is `mixed` with clients past the router: the same
+            // cells, and placement, burst TTFT and those clients' TTFT too.
+            let unseen = scenario == "unseen-load";
             let agent = |s: &Sample| s.group.starts_with("agent");
-            row.push((
-                "agent warm TTFT".into(),
-                ttft(&|s| agent(s) && s.turn > 0).show(),
-            ));
-            row.push((
-                "burst makespan".into(),
-                Stat::of(burst_spans(samples)).show(),
-            ));
-            row.push((
-                "burst placement".into(),
-                placement(ok(samples).filter(|s| !agent(s))),
-            ));
-        }
-        "unseen-load" => {
             let burst = |s: &Sample| s.group.starts_with("burst");
-            let agent = |s: &Sample| s.group.starts_with("agent");
             row.push((
                 "agent warm TTFT".into(),
                 ttft(&|s| agent(s) && s.turn > 0).show(),
             ));
-            row.push((
-                "agent placement".into(),
-                placement(ok(samples).filter(|s| agent(s))),
-            ));
+            if unseen {
+                row.push((
+                    "agent placement".into(),
+                    placement(ok(samples).filter(|s| agent(s))),
+                ));
+            }
             row.push((
                 "burst makespan".into(),
                 Stat::of(burst_spans(samples)).show(),
             ));
-            row.push(("burst TTFT".into(), ttft(&burst).show()));
+            if unseen {
+                row.push(("burst TTFT".into(), ttft(&burst).show()));
+            }
             row.push((
                 "burst placement".into(),
                 placement(ok(samples).filter(|s| burst(s))),
             ));
-            row.push((
-                "outside TTFT (straight to gpu0)".into(),
-                ttft(&|s| s.group == "outside").show(),
-            ));
+            if unseen {
+                row.push((
+                    "outside TTFT (straight to gpu0)".into(),
+                    ttft(&|s| s.group == "outside").show(),
+                ));
+            }
         }
         "probe" => {
             let at = |t: usize| ok(samples).find(|s| s.turn == t);
