@@ -2,8 +2,8 @@
 # Everything a fresh machine needs before cargo can build prefix-router:
 # - cmake (Pingora's zlib-ng compression builds with it): Debian's package when
 #   apt is usable, else the PyPI wheel;
-# - socat and openssl, which the TLS test uses as a TLS terminator (Debian);
-# - the patched pingora-proxy crate (scripts/prepare-pingora.sh).
+# - socat and openssl, which the TLS test uses as a TLS terminator (Debian).
+# The patched Pingora crates are committed in vendor/ (scripts/prepare-pingora.sh).
 # Idempotent and fast when already done.
 #   scripts/prepare.sh
 set -euo pipefail
@@ -30,4 +30,3 @@ for tool in socat openssl; do
     fi
   fi
 done
-scripts/prepare-pingora.sh

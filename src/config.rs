@@ -78,6 +78,10 @@ pub struct Config {
     /// (at once when nothing is in flight). Keep it under the orchestrator's
     /// own (Kubernetes: 30 s).
     pub shutdown_grace_s: u64,
+    /// Unix socket over which a running router hands its listeners to a new
+    /// one started with `-u` (zero-downtime upgrade). Default: one per
+    /// `listen` address under /tmp, so two routers on one host do not collide.
+    pub upgrade_sock: Option<String>,
     /// How often the config file is checked for changes.
     pub reload_interval_ms: u64,
     /// Window of the per-replica working-set estimate (capacity gauges and warning).
@@ -289,6 +293,7 @@ impl Default for Config {
             engine_load: None,
             shed_in_flight: None,
             shutdown_grace_s: 20,
+            upgrade_sock: None,
             reload_interval_ms: 1_000,
             working_set_window_s: 300,
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
@@ -549,6 +554,18 @@ impl Config {
             max_ejection: ms(o.max_ejection_ms),
             max_ejection_percent: o.max_ejection_percent,
         }
+    }
+
+    /// The upgrade socket in force: `upgrade_sock`, else one named after `listen`.
+    pub fn upgrade_sock(&self) -> String {
+        self.upgrade_sock.clone().unwrap_or_else(|| {
+            let name: String = self
+                .listen
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect();
+            format!("/tmp/prefix-router-upgrade-{name}.sock")
+        })
     }
 
     /// Why `kv_room` cannot act with this replica list, if it cannot: it

@@ -1,13 +1,15 @@
 //! The router binary: CLI -> config -> Pingora server -> services. No logic.
 //!   cargo run --release --bin prefix-router -- --config conf/example.yaml
 //!   prefix-router --check --config FILE   (validate, print a summary, exit)
+//!   prefix-router --probe URL              (GET it; exit 0 on 2xx: container health checks)
+//!   prefix-router -u --config FILE         (take the listeners over from a running router)
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use pingora_core::server::configuration::ServerConf;
+use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::server::Server;
 use pingora_core::services::background::background_service;
 
@@ -37,11 +39,31 @@ struct Cli {
     /// non-zero with the offending key or value.
     #[arg(long)]
     check: bool,
+    /// GET this plain http:// URL (e.g. http://127.0.0.1:9091/healthz), print
+    /// the status line and exit 0 on a 2xx answer within 2 s, else 1.
+    #[arg(long, value_name = "URL")]
+    probe: Option<String>,
+    /// Zero-downtime upgrade: receive the listening sockets from the router
+    /// running on the same `upgrade_sock`; then send that one SIGQUIT.
+    #[arg(short = 'u', long)]
+    upgrade: bool,
 }
 
 fn main() -> anyhow::Result<()> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
+    if let Some(url) = &cli.probe {
+        match prefix_router::probes::probe(url, std::time::Duration::from_secs(2)) {
+            Ok(line) => {
+                println!("{line}");
+                return Ok(());
+            }
+            Err(e) => {
+                eprintln!("{url}: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
     let env_policy = std::env::var(POLICY_ENV).ok();
     let cfg = match &cli.config {
         Some(path) => Config::load(path, env_policy.as_deref())
@@ -113,9 +135,16 @@ fn main() -> anyhow::Result<()> {
         grace_period_seconds: Some(cfg.shutdown_grace_s),
         graceful_shutdown_timeout_seconds: Some(5),
         ca_file: cfg.replica_tls.ca_file.clone(),
+        // SIGQUIT hands the listeners to a router started with `-u` on this
+        // socket, then stops like SIGTERM (after Pingora's 5 s of overlap).
+        upgrade_sock: cfg.upgrade_sock(),
         ..ServerConf::default()
     };
-    let mut server = Server::new_with_opt_and_conf(None, conf);
+    let opt = Opt {
+        upgrade: cli.upgrade,
+        ..Opt::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(Some(opt), conf);
     server.bootstrap();
 
     let replicas = Arc::new(Replicas::new(&cfg.replicas));
@@ -172,6 +201,14 @@ fn main() -> anyhow::Result<()> {
         .context("engine_load")?;
         server.add_service(background_service("engine load", watch));
     }
+    let gate = server.add_service(background_service(
+        "ready gate",
+        prefix_router::probes::ReadyGate {
+            replicas: Arc::clone(&replicas),
+            max_wait: prefix_router::config::ms(cfg.health_check.interval_ms)
+                + std::time::Duration::from_secs(3),
+        },
+    ));
     if let Some(path) = cli.config {
         let reloader = Reloader::new(path, cfg, env_policy, replicas, policy, keys);
         server.add_service(background_service("reload", reloader));
@@ -179,7 +216,7 @@ fn main() -> anyhow::Result<()> {
     server.add_service(background_service("drain", Drain { admission }));
     server.add_service(background_service("capacity", capacity));
     server.add_service(fleet_service);
-    server.add_service(proxy);
+    server.add_service(proxy).add_dependency(&gate);
     server.add_service(metrics);
     server.run_forever()
 }

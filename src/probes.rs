@@ -1,16 +1,25 @@
 //! The metrics listener: Prometheus text on `/metrics` (and, as before, on
 //! any other path), plus the probes an orchestrator polls: `/healthz`
 //! (liveness: the process serves) and `/ready` (readiness: the configuration
-//! loaded and at least one replica is live; 503 otherwise).
+//! loaded and at least one replica is live; 503 otherwise). Also the client
+//! side, [`probe`], for `prefix-router --probe URL` (a container's health
+//! check, where slim images have no curl), and [`ReadyGate`], which holds the
+//! proxy's listener until every replica has had its first health check.
 
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use http::{header, HeaderValue, Response, StatusCode};
 use pingora_core::apps::http_app::{HttpServer, ServeHttp};
 use pingora_core::modules::http::compression::ResponseCompressionBuilder;
 use pingora_core::protocols::http::ServerSession;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
 use pingora_core::services::listening::Service;
+use pingora_core::services::ServiceReadyNotifier;
 use prometheus::{Encoder, TextEncoder, TEXT_FORMAT};
 
 use crate::replicas::Replicas;
@@ -65,5 +74,88 @@ impl ServeHttp for MetricsApp {
                 }
             }
         }
+    }
+}
+
+/// Why a probe failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("not an http://host:port/path URL: {0}")]
+    Url(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("not an HTTP answer: {0:?}")]
+    Answer(String),
+    #[error("{0}")]
+    Status(String),
+}
+
+/// GETs `url` (plain `http://host:port/path`) within `timeout`; `Ok` with the
+/// status line when the answer is 2xx.
+pub fn probe(url: &str, timeout: Duration) -> Result<String, ProbeError> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| ProbeError::Url(url.to_owned()))?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let path = if path.is_empty() { "/" } else { path };
+    let addr = authority
+        .to_socket_addrs()
+        .map_err(|_| ProbeError::Url(url.to_owned()))?
+        .next()
+        .ok_or_else(|| ProbeError::Url(url.to_owned()))?;
+    let deadline = Instant::now() + timeout;
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    let left = || {
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+    };
+    stream.set_write_timeout(Some(left()))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 512];
+    while !head.windows(2).any(|w| w == b"\r\n") && head.len() < 4096 {
+        stream.set_read_timeout(Some(left()))?;
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&head);
+    let line = text.lines().next().unwrap_or_default().to_owned();
+    match line.split(' ').nth(1).map(|c| c.as_bytes()) {
+        Some([b'2', _, _]) if line.starts_with("HTTP/1.") => Ok(line),
+        Some(_) if line.starts_with("HTTP/1.") => Err(ProbeError::Status(line)),
+        _ => Err(ProbeError::Answer(line)),
+    }
+}
+
+/// Holds the proxy's listener (a Pingora dependency) until every replica has
+/// had its first health check, or `max_wait` passes: a router that has just
+/// started, or taken over the listener from an old one (`-u`), would
+/// otherwise answer 503 `no_replica` until the first round ends.
+pub struct ReadyGate {
+    pub replicas: Arc<Replicas>,
+    pub max_wait: Duration,
+}
+
+#[async_trait]
+impl BackgroundService for ReadyGate {
+    async fn start_with_ready_notifier(&self, _: ShutdownWatch, ready: ServiceReadyNotifier) {
+        let until = Instant::now() + self.max_wait;
+        while Instant::now() < until
+            && !self
+                .replicas
+                .snapshot()
+                .iter()
+                .all(|r| r.has_been_checked())
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        ready.notify_ready();
     }
 }

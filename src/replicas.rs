@@ -44,6 +44,8 @@ pub struct Replica {
     engine_kv_permille: AtomicU32,
     /// The last active health check passed (false until the first one does).
     checked: AtomicBool,
+    /// A health check has run, passed or not (the readiness gate waits for it).
+    judged: AtomicBool,
     /// A health check failed other than by timing out since the last pass:
     /// the engine went away (a busy one times out instead).
     went_away: AtomicBool,
@@ -110,6 +112,11 @@ impl Replica {
         self.checked.load(Relaxed)
     }
 
+    /// A health check has run since the replica joined, passed or not.
+    pub fn has_been_checked(&self) -> bool {
+        self.judged.load(Relaxed)
+    }
+
     fn is_ejected(&self) -> bool {
         self.ejected.load(Relaxed)
     }
@@ -167,6 +174,7 @@ impl Replica {
     pub fn on_check(&self, passed: bool, now: Instant) -> bool {
         let before = self.live();
         self.checked.store(passed, Relaxed);
+        self.judged.store(true, Relaxed);
         if passed && self.is_ejected() {
             let e = self.ejection.lock().unwrap_or_else(|p| p.into_inner());
             if e.1.is_none_or(|until| now >= until) {
@@ -398,6 +406,7 @@ impl Replicas {
                         engine_unseen: AtomicU32::new(UNKNOWN),
                         engine_kv_permille: AtomicU32::new(UNKNOWN),
                         checked: AtomicBool::new(false),
+                        judged: AtomicBool::new(false),
                         went_away: AtomicBool::new(false),
                         last_repair: AtomicU32::new(u32::MAX),
                         ejected: AtomicBool::new(false),

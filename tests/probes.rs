@@ -44,3 +44,71 @@ fn a_router_whose_replicas_never_came_up_is_not_ready() {
         (503, "0 of 1 replicas live\n".to_owned())
     );
 }
+
+fn probe(url: &str) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_prefix-router"))
+        .args(["--probe", url])
+        .output()
+        .expect("run prefix-router --probe");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn the_probe_mode_exits_zero_only_on_a_2xx_answer() {
+    let mut a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "");
+    let ready = format!("http://{}/ready", router.metrics_addr);
+    let (ok, text) = probe(&ready);
+    assert!(ok && text.starts_with("HTTP/1.1 200"), "{text}");
+    a.kill();
+    router.wait_replica_up("a", false);
+    let (ok, text) = probe(&ready);
+    assert!(!ok && text.contains("503"), "{text}");
+    let (ok, _) = probe(&format!("http://{}/healthz", router.metrics_addr));
+    assert!(ok, "alive while not ready");
+    let (ok, text) = probe(&format!("http://{}/healthz", common::free_addr()));
+    assert!(!ok, "nothing listening: {text}");
+    let (ok, text) = probe("https://example.invalid/");
+    assert!(!ok && text.contains("http://"), "{text}");
+}
+
+/// A replica whose health check takes `delay` to pass and that answers
+/// every other request at once.
+fn slow_to_check(delay: Duration) -> std::net::SocketAddr {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+                let mut line = String::new();
+                let _ = reader.read_line(&mut line);
+                if line.contains("/health") {
+                    std::thread::sleep(delay);
+                }
+                let body = r#"{"choices":[]}"#;
+                let _ = write!(
+                    &conn,
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn the_proxy_opens_after_the_first_health_checks_so_its_first_request_is_served() {
+    let addr = slow_to_check(Duration::from_millis(500));
+    // Spawn returns as soon as the proxy port accepts; no wait for `replica_up`.
+    let router = Router::spawn(
+        &format!("replicas:\n  - {{name: a, addr: \"{addr}\"}}\n"),
+        &[],
+    );
+    let r = router.post("/v1/chat/completions", &common::single("first"));
+    assert_eq!(r.status, 200, "{}", r.text());
+}

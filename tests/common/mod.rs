@@ -329,9 +329,46 @@ impl Router {
 impl Router {
     /// Sends SIGTERM (an orchestrator stopping the router).
     pub fn terminate(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends a signal by name (`TERM`, `QUIT`).
+    pub fn signal(&self, name: &str) {
         let pid = self.child.id().to_string();
-        let sent = Command::new("kill").args(["-TERM", &pid]).status();
-        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+        let sent = Command::new("kill")
+            .args([&format!("-{name}"), &pid])
+            .status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -{name} {pid}");
+    }
+
+    /// Starts a second router on this one's config with `-u` (it waits to
+    /// receive the listening sockets; send this one SIGQUIT to hand them over).
+    pub fn start_upgrade(&self) -> Router {
+        let dir = self.dir.with_extension("upgrade");
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let config = dir.join("router.yaml");
+        std::fs::copy(&self.config, &config).expect("copy config");
+        let child = Command::new(env!("CARGO_BIN_EXE_prefix-router"))
+            .args(["-u", "--config"])
+            .arg(&config)
+            .env_remove("PREFIX_ROUTER_POLICY")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("router.log")).expect("log file"))
+            .spawn()
+            .expect("spawn prefix-router -u");
+        Router {
+            addr: self.addr,
+            metrics_addr: self.metrics_addr,
+            config,
+            child,
+            dir,
+        }
+    }
+
+    /// The process has not exited.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_none()
     }
 
     /// Waits (at most `within`) for the process to exit.
