@@ -2,7 +2,8 @@
 # Everything a fresh machine needs before cargo can build prefix-router:
 # - cmake (Pingora's zlib-ng compression builds with it): Debian's package when
 #   apt is usable, else the PyPI wheel;
-# - socat and openssl, which the TLS test uses as a TLS terminator (Debian).
+# - socat and openssl, which the TLS test uses as a TLS terminator, and
+#   prometheus (with promtool), which tests/dashboard.rs runs (Debian).
 # The patched Pingora crates are committed in vendor/ (scripts/prepare-pingora.sh).
 # Idempotent and fast when already done.
 #   scripts/prepare.sh
@@ -20,12 +21,12 @@ apt_install() {
 if ! command -v cmake >/dev/null 2>&1; then
   if as_root_apt; then apt_install cmake; else python3 -m pip install --quiet cmake; fi
 fi
-for tool in socat openssl; do
+for tool in socat openssl prometheus; do
   if ! command -v "$tool" >/dev/null 2>&1; then
     if as_root_apt; then
       apt_install "$tool"
     else
-      echo "prepare: please install $tool (the TLS test needs it)" >&2
+      echo "prepare: please install $tool (Debian package $tool; the tests run it)" >&2
       exit 1
     fi
   fi

@@ -2,11 +2,13 @@
 //! registry that `probes` serves on `metrics_listen`.
 //! Label values come from config (replica names) or enums, never from requests.
 
+use std::time::Duration;
+
 use once_cell::sync::Lazy;
 use prometheus::{
-    register_gauge_vec, register_histogram, register_int_counter, register_int_counter_vec,
-    register_int_gauge, register_int_gauge_vec, GaugeVec, Histogram, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec,
+    register_gauge_vec, register_histogram, register_histogram_vec, register_int_counter,
+    register_int_counter_vec, register_int_gauge, register_int_gauge_vec, GaugeVec, Histogram,
+    HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
 };
 
 use crate::engine_load::Reading;
@@ -40,6 +42,13 @@ pub struct Metrics {
     pub index_bytes: IntGauge,
     /// Time from request start to the replica's response header.
     pub upstream_header_seconds: Histogram,
+    /// By replica and decision: time from request start to the first
+    /// response body bytes from the replica (the router's view of TTFT), and
+    /// to the end of the response.
+    pub first_byte_seconds: HistogramVec,
+    pub duration_seconds: HistogramVec,
+    /// Body bytes of routed requests.
+    pub request_body_bytes: Histogram,
     /// Requests that arrived with no live replica at all.
     pub no_replica: IntCounter,
     /// Ejections from the request path, by replica and reason.
@@ -66,6 +75,11 @@ pub struct Metrics {
     pub engine_requests: IntGaugeVec,
     pub engine_kv_used: GaugeVec,
 }
+
+/// Seconds: a cached turn's first token (tens of ms) to a long generation.
+const LATENCY_BUCKETS: [f64; 15] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
 
 /// The `result` values of `engine_reads`.
 pub const ENGINE_READ_RESULTS: [&str; 3] = ["ok", "failed", "unrecognised"];
@@ -102,6 +116,8 @@ pub struct ReplicaCounters {
     usage: Vec<[IntCounter; 3]>,
     /// `pin_outcomes_total`: hit, miss.
     outcomes: [IntCounter; 2],
+    /// `first_byte_seconds` and `duration_seconds` by reason (same order).
+    timings: Vec<[Histogram; 2]>,
     failovers: IntCounter,
 }
 
@@ -118,6 +134,13 @@ impl ReplicaCounters {
                 })
             })
             .collect();
+        let timings = reasons
+            .clone()
+            .map(|r| {
+                [&m.first_byte_seconds, &m.duration_seconds]
+                    .map(|h| h.with_label_values(&[name, r.as_str()]))
+            })
+            .collect();
         let usage = reasons
             .map(|r| {
                 [&m.predicted_cached, &m.delivered_cached, &m.reported_prompt]
@@ -127,6 +150,7 @@ impl ReplicaCounters {
         Self {
             requests,
             usage,
+            timings,
             outcomes: ["hit", "miss"].map(|o| m.pin_outcomes.with_label_values(&[name, o])),
             failovers: m.failovers.with_label_values(&[name]),
         }
@@ -156,6 +180,22 @@ impl ReplicaCounters {
             p.inc_by(predicted);
             c.inc_by(cached);
             t.inc_by(prompt);
+        }
+    }
+
+    /// Records when the first response body bytes of a routed request came.
+    pub fn first_byte(&self, reason: Reason, since_start: Duration) {
+        self.timing(reason, 0, since_start);
+    }
+
+    /// Records how long a routed request took, start to end.
+    pub fn duration(&self, reason: Reason, since_start: Duration) {
+        self.timing(reason, 1, since_start);
+    }
+
+    fn timing(&self, reason: Reason, which: usize, since_start: Duration) {
+        if let Some(h) = Self::at(reason).and_then(|i| self.timings.get(i)) {
+            h[which].observe(since_start.as_secs_f64());
         }
     }
 
@@ -253,6 +293,26 @@ pub static METRICS: Lazy<Metrics> = Lazy::new(|| {
         "prefix_router_upstream_header_seconds",
         "Time from request arrival to the replica's response header (TTFB incl. body read)",
         vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
+    )
+    .expect("register"),
+    first_byte_seconds: register_histogram_vec!(
+        "prefix_router_first_byte_seconds",
+        "Time from request arrival to the first response body bytes from the replica (the router's view of time to first token), by replica and decision",
+        &["replica", "decision"],
+        LATENCY_BUCKETS.to_vec()
+    )
+    .expect("register"),
+    duration_seconds: register_histogram_vec!(
+        "prefix_router_request_duration_seconds",
+        "Time from request arrival to the end of the replica's response, by replica and decision",
+        &["replica", "decision"],
+        LATENCY_BUCKETS.to_vec()
+    )
+    .expect("register"),
+    request_body_bytes: register_histogram!(
+        "prefix_router_request_body_bytes",
+        "Body bytes of routed requests (the prompt the router reads and forwards)",
+        vec![1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0]
     )
     .expect("register"),
     no_replica: register_int_counter!(

@@ -146,6 +146,8 @@ pub struct Ctx {
     /// The engine was not told to skip its cache: what it reports reusing
     /// is evidence of what the replica holds.
     evidence: bool,
+    /// The first response body bytes of the routed attempt have been timed.
+    first_byte_timed: bool,
 }
 
 /// Whether the client has seen the start of a final response (a `100
@@ -326,6 +328,7 @@ impl ProxyHttp for Router {
             error: None,
             usage: None,
             evidence: false,
+            first_byte_timed: false,
         }
     }
 
@@ -407,6 +410,7 @@ impl ProxyHttp for Router {
                 return self.refuse(session, ctx, &err, drain).await;
             }
         };
+        METRICS.request_body_bytes.observe(body.len() as f64);
         ctx.body = Some(body);
         if !self.read_prompt(session, ctx).await {
             return self
@@ -633,6 +637,15 @@ impl ProxyHttp for Router {
         end_of_stream: bool,
         ctx: &mut Ctx,
     ) -> Result<Option<Duration>> {
+        if !ctx.first_byte_timed && (end_of_stream || body.as_ref().is_some_and(|b| !b.is_empty()))
+        {
+            if let (Some(a), Some(d)) = (&ctx.attempt, &ctx.decision) {
+                ctx.first_byte_timed = true;
+                a.replica()
+                    .counters
+                    .first_byte(d.reason, ctx.started.elapsed());
+            }
+        }
         if let Some(u) = ctx.usage.as_mut() {
             if let Some(b) = body {
                 u.feed(b);
@@ -700,6 +713,11 @@ impl ProxyHttp for Router {
         let attempt = ctx.attempt.take();
         let replica = attempt.as_ref().map(|a| a.replica().name.as_str());
         let d = ctx.decision.as_ref();
+        if let (Some(a), Some(d), true) = (&attempt, d, ctx.first_byte_timed) {
+            a.replica()
+                .counters
+                .duration(d.reason, ctx.started.elapsed());
+        }
         log::info!(
             "{} {} status={} replica={} decision={} shape={} matched_bytes={} tried={} ms={}{}",
             session.req_header().method,
