@@ -8,17 +8,23 @@ use std::sync::Arc;
 /// The two caps and what is held now.
 #[derive(Debug)]
 pub struct Admission {
-    max_requests: usize,
-    max_bytes: usize,
+    max_requests: AtomicUsize,
+    max_bytes: AtomicUsize,
     requests: AtomicUsize,
     bytes: AtomicUsize,
 }
 
 impl Admission {
+    /// New limits (a reload); what is held already stays admitted.
+    pub fn set_limits(&self, max_requests: usize, max_bytes: usize) {
+        self.max_requests.store(max_requests, Relaxed);
+        self.max_bytes.store(max_bytes, Relaxed);
+    }
+
     pub fn new(max_requests: usize, max_bytes: usize) -> Arc<Self> {
         Arc::new(Self {
-            max_requests,
-            max_bytes,
+            max_requests: AtomicUsize::new(max_requests),
+            max_bytes: AtomicUsize::new(max_bytes),
             requests: AtomicUsize::new(0),
             bytes: AtomicUsize::new(0),
         })
@@ -26,7 +32,7 @@ impl Admission {
 
     /// A slot for one request, or `None` at the cap.
     pub fn admit(self: &Arc<Self>) -> Option<Ticket> {
-        take(&self.requests, 1, self.max_requests).then(|| Ticket {
+        take(&self.requests, 1, self.max_requests.load(Relaxed)).then(|| Ticket {
             admission: Arc::clone(self),
             bytes: 0,
         })
@@ -37,7 +43,7 @@ impl Admission {
         self.bytes
             .load(Relaxed)
             .checked_add(n)
-            .is_some_and(|total| total <= self.max_bytes)
+            .is_some_and(|total| total <= self.max_bytes.load(Relaxed))
     }
 
     /// Requests held now.
@@ -70,7 +76,11 @@ pub struct Ticket {
 impl Ticket {
     /// Reserves `n` more body bytes; `false` when the shared budget is spent.
     pub fn reserve(&mut self, n: usize) -> bool {
-        let ok = take(&self.admission.bytes, n, self.admission.max_bytes);
+        let ok = take(
+            &self.admission.bytes,
+            n,
+            self.admission.max_bytes.load(Relaxed),
+        );
         if ok {
             self.bytes += n;
         }

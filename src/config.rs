@@ -183,6 +183,17 @@ pub enum PolicyName {
     Affinity,
 }
 
+impl PolicyName {
+    /// As written in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyName::Shape => "shape",
+            PolicyName::Roundrobin => "roundrobin",
+            PolicyName::Affinity => "affinity",
+        }
+    }
+}
+
 /// `kv_room:` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -556,6 +567,39 @@ impl Config {
         }
     }
 
+    /// The configuration a reload to `new` runs on: `new`, except the keys a
+    /// running router cannot change (listeners, threads, the index's shape,
+    /// services started once), which keep their running values; those that
+    /// `new` changes are named, in config-file spelling.
+    pub fn reloaded(&self, new: Config) -> (Config, Vec<&'static str>) {
+        let mut next = new;
+        let mut pending = Vec::new();
+        macro_rules! keep {
+            ($($name:literal => $($field:ident).+;)*) => {$(
+                if next.$($field).+ != self.$($field).+ {
+                    pending.push($name);
+                    next.$($field).+ = self.$($field).+.clone();
+                }
+            )*};
+        }
+        keep! {
+            "listen" => listen;
+            "metrics_listen" => metrics_listen;
+            "threads" => threads;
+            "upgrade_sock" => upgrade_sock;
+            "shutdown_grace_s" => shutdown_grace_s;
+            "reload_interval_ms" => reload_interval_ms;
+            "working_set_window_s" => working_set_window_s;
+            "health_check.interval_ms" => health_check.interval_ms;
+            "engine_load" => engine_load;
+            "prefix_index.block_bytes" => prefix_index.block_bytes;
+            "prefix_index.max_entries" => prefix_index.max_entries;
+            "replica_tls" => replica_tls;
+            "api_keys_file" => api_keys_file;
+        }
+        (next, pending)
+    }
+
     /// The upgrade socket in force: `upgrade_sock`, else one named after `listen`.
     pub fn upgrade_sock(&self) -> String {
         self.upgrade_sock.clone().unwrap_or_else(|| {
@@ -636,6 +680,10 @@ mod tests {
         assert_eq!(d.replicas.len(), 2);
         for entry in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/conf")).unwrap() {
             let path = entry.unwrap().path();
+            // Router configs are `.yaml`; `.yml` are Prometheus rules.
+            if path.extension().is_none_or(|e| e != "yaml") {
+                continue;
+            }
             Config::load(&path, None).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         }
     }

@@ -9,6 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora_core::{ErrorType, Result};
 use pingora_load_balancing::discovery::ServiceDiscovery;
@@ -29,35 +30,58 @@ use crate::replicas::Replicas;
 pub type Fleet = LoadBalancer<PolicySelection>;
 
 /// Builds the background service: discovery every 200 ms (so reloads join fast)
-/// and a health check of every replica every `interval`.
+/// and a health check of every replica every `interval`, by `probe`.
 pub fn fleet(
     replicas: Arc<Replicas>,
     policy: Arc<Policy>,
-    health_path: &str,
+    probe: Arc<HealthProbe>,
     interval: Duration,
-    tls: &ReplicaTls,
-) -> Result<Fleet> {
+) -> Fleet {
     let backends =
         pingora_load_balancing::Backends::new(Box::new(Discovery(Arc::clone(&replicas))));
     let mut lb = LoadBalancer::from_backends(backends);
-    let mut http = HttpHealthCheck::new(own_host(tls), tls.enabled);
-    let (peer, connector) = own_requests(tls);
-    http.peer_template = peer;
-    http.set_connector(connector);
-    http.req.set_uri(
-        health_path
-            .parse()
-            .map_err(|_| pingora_core::Error::new_str("invalid health_check.path"))?,
-    );
     lb.set_health_check(Box::new(ReplicaHealth {
-        http,
+        probe,
         replicas,
         policy,
     }));
     lb.health_check_frequency = Some(interval);
     lb.update_frequency = Some(Duration::from_millis(200));
     lb.parallel_health_check = true;
-    Ok(lb)
+    lb
+}
+
+/// The health check's request; `health_check.path` is swapped on reload.
+pub struct HealthProbe {
+    check: ArcSwap<HttpHealthCheck>,
+    tls: ReplicaTls,
+}
+
+impl HealthProbe {
+    pub fn new(path: &str, tls: &ReplicaTls) -> Result<Arc<Self>> {
+        Ok(Arc::new(Self {
+            check: ArcSwap::from_pointee(http_check(path, tls)?),
+            tls: tls.clone(),
+        }))
+    }
+
+    /// Checks `path` from the next round on.
+    pub fn set_path(&self, path: &str) -> Result<()> {
+        self.check.store(Arc::new(http_check(path, &self.tls)?));
+        Ok(())
+    }
+}
+
+fn http_check(path: &str, tls: &ReplicaTls) -> Result<HttpHealthCheck> {
+    let mut http = HttpHealthCheck::new(own_host(tls), tls.enabled);
+    let (peer, connector) = own_requests(tls);
+    http.peer_template = peer;
+    http.set_connector(connector);
+    http.req.set_uri(
+        path.parse()
+            .map_err(|_| pingora_core::Error::new_str("invalid health_check.path"))?,
+    );
+    Ok(http)
 }
 
 /// The peer settings (its address a placeholder) and connector of the
@@ -114,7 +138,7 @@ impl ServiceDiscovery for Discovery {
 /// timeout, which a busy engine gives) also empties the replica's part of the
 /// prefix index: an engine that went away and came back has an empty cache.
 struct ReplicaHealth {
-    http: HttpHealthCheck,
+    probe: Arc<HealthProbe>,
     replicas: Arc<Replicas>,
     policy: Arc<Policy>,
 }
@@ -122,7 +146,8 @@ struct ReplicaHealth {
 #[async_trait]
 impl HealthCheck for ReplicaHealth {
     async fn check(&self, target: &Backend) -> Result<()> {
-        let result = self.http.check(target).await;
+        let http = self.probe.check.load_full();
+        let result = http.check(target).await;
         if let Some(r) = target.addr.as_inet().and_then(|a| self.replicas.by_addr(a)) {
             let timed_out = result.as_ref().err().is_some_and(|e| {
                 matches!(
@@ -157,7 +182,7 @@ impl HealthCheck for ReplicaHealth {
     }
 
     fn health_threshold(&self, success: bool) -> usize {
-        self.http.health_threshold(success)
+        self.probe.check.load().health_threshold(success)
     }
 }
 

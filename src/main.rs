@@ -19,11 +19,11 @@ use prefix_router::capacity::CapacityWatch;
 use prefix_router::config::{Config, EMBEDDED_DEFAULT, POLICY_ENV};
 use prefix_router::drain::Drain;
 use prefix_router::engine_load::EngineLoadWatch;
-use prefix_router::fleet::{fleet, own_host, own_requests};
+use prefix_router::fleet::{fleet, own_host, own_requests, HealthProbe};
 use prefix_router::metrics::METRICS;
 use prefix_router::policy::Policy;
 use prefix_router::proxy::{Router, Settings};
-use prefix_router::reload::Reloader;
+use prefix_router::reload::{Live, Reloader};
 use prefix_router::replicas::Replicas;
 
 /// A load balancer for LLM replicas that routes by request shape.
@@ -81,14 +81,14 @@ fn main() -> anyhow::Result<()> {
             .as_ref()
             .map_or("embedded default".to_owned(), |p| p.display().to_string());
         println!(
-            "{source}: ok: {} replicas ({}), policy {:?}, listen {}, metrics {}{}",
+            "{source}: ok: {} replicas ({}), policy {}, listen {}, metrics {}{}",
             cfg.replicas.len(),
             cfg.replicas
                 .iter()
                 .map(|r| r.name.as_str())
                 .collect::<Vec<_>>()
                 .join(", "),
-            cfg.policy,
+            cfg.policy.as_str(),
             cfg.listen,
             cfg.metrics_listen,
             cfg.kv_room_inactive()
@@ -98,10 +98,10 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     log::info!(
-        "prefix-router: listen {} metrics {} policy {:?} replicas [{}]",
+        "prefix-router: listen {} metrics {} policy {} replicas [{}]",
         cfg.listen,
         cfg.metrics_listen,
-        cfg.policy,
+        cfg.policy.as_str(),
         cfg.replicas
             .iter()
             .map(|r| r.name.as_str())
@@ -153,16 +153,16 @@ fn main() -> anyhow::Result<()> {
         METRICS.add_replica(r);
     }
     let policy = Arc::new(Policy::new(cfg.policy_config()));
+    let probe =
+        HealthProbe::new(&cfg.health_check.path, &cfg.replica_tls).context("health check")?;
     let fleet_service = background_service(
         "replicas",
         fleet(
             Arc::clone(&replicas),
             Arc::clone(&policy),
-            &cfg.health_check.path,
+            Arc::clone(&probe),
             prefix_router::config::ms(cfg.health_check.interval_ms),
-            &cfg.replica_tls,
-        )
-        .context("health check")?,
+        ),
     );
     let keys = match &cfg.api_keys_file {
         Some(f) => Some(Arc::new(
@@ -170,9 +170,10 @@ fn main() -> anyhow::Result<()> {
         )),
         None => None,
     };
+    let settings = Arc::new(arc_swap::ArcSwap::from_pointee(Settings::from_config(&cfg)));
     let admission = Admission::new(cfg.limits.max_requests, cfg.limits.max_buffered_bytes);
     let router = Router {
-        settings: Settings::from_config(&cfg),
+        settings: Arc::clone(&settings),
         policy: Arc::clone(&policy),
         replicas: Arc::clone(&replicas),
         fleet: fleet_service.task(),
@@ -210,7 +211,15 @@ fn main() -> anyhow::Result<()> {
         },
     ));
     if let Some(path) = cli.config {
-        let reloader = Reloader::new(path, cfg, env_policy, replicas, policy, keys);
+        let live = Live {
+            replicas,
+            policy,
+            settings,
+            admission: Arc::clone(&admission),
+            probe,
+            keys,
+        };
+        let reloader = Reloader::new(path, cfg, env_policy, live);
         server.add_service(background_service("reload", reloader));
     }
     server.add_service(background_service("drain", Drain { admission }));

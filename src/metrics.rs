@@ -37,6 +37,8 @@ pub struct Metrics {
     pub reloads: IntCounterVec,
     /// API keys file reloads by result (`ok`, `error`).
     pub key_reloads: IntCounterVec,
+    /// 1 while the config file changes keys that need a restart.
+    pub restart_pending: IntGauge,
     /// Entries and heap bytes of the prefix index.
     pub index_entries: IntGauge,
     pub index_bytes: IntGauge,
@@ -277,6 +279,11 @@ pub static METRICS: Lazy<Metrics> = Lazy::new(|| {
         "prefix_router_api_keys_reloads_total",
         "API keys file reloads, by result",
         &["result"]
+    )
+    .expect("register"),
+    restart_pending: register_int_gauge!(
+        "prefix_router_config_restart_pending",
+        "1 while the config file changes keys a reload cannot apply (logged by name); they take effect at the next restart"
     )
     .expect("register"),
     index_entries: register_int_gauge!(

@@ -37,6 +37,8 @@ use pingora_core::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::ResponseHeader;
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
+use arc_swap::ArcSwap;
+
 use crate::admission::{Admission, Ticket};
 use crate::auth::KeyFile;
 use crate::body;
@@ -57,7 +59,8 @@ pub const DECISION_HEADER: &str = "x-prefix-router-decision";
 /// Request header carrying an explicit conversation key.
 pub const SESSION_HEADER: &str = "x-session-id";
 
-/// Proxy settings fixed at start.
+/// Proxy settings; a reload swaps them whole (`block_bytes` and `tls` stay
+/// as started).
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub max_body_bytes: usize,
@@ -107,7 +110,8 @@ impl Settings {
 
 /// The proxy: settings plus the state shared with reload and health checks.
 pub struct Router {
-    pub settings: Settings,
+    /// Swapped by reload; each use reads the current ones.
+    pub settings: Arc<ArcSwap<Settings>>,
     pub policy: Arc<Policy>,
     pub replicas: Arc<Replicas>,
     pub fleet: Arc<Fleet>,
@@ -168,7 +172,7 @@ impl Router {
             return true;
         };
         let key = header(session, SESSION_HEADER).map(str::to_owned);
-        let s = &self.settings;
+        let s = self.settings.load();
         let request = body::parse(body, s.max_prompt_bytes, s.block_bytes, key).await;
         let parsed_bytes = request.as_ref().map_or(0, |r| r.chain.heap_bytes());
         if !ctx.ticket.as_mut().is_some_and(|t| t.reserve(parsed_bytes)) {
@@ -191,7 +195,7 @@ impl Router {
             return;
         };
         replica.counters.outcome(outcome);
-        let Some(every) = self.settings.repair_on_miss_s else {
+        let Some(every) = self.settings.load().repair_on_miss_s else {
             return;
         };
         // A prefix recorded moments before may still be in its first prefill.
@@ -208,15 +212,19 @@ impl Router {
     /// The replica's name for error bodies, unless placement is hidden.
     fn shown(&self, replica: &Replica) -> Option<String> {
         self.settings
+            .load()
             .placement_headers
             .then(|| replica.name.clone())
     }
 
     /// Records a failed attempt; logs and counts an ejection it causes.
     fn failed(&self, replica: &Replica, failure: Failure, why: &dyn std::fmt::Display) {
-        let ejected =
-            self.replicas
-                .on_failure(replica, failure, &self.settings.outlier, Instant::now());
+        let ejected = self.replicas.on_failure(
+            replica,
+            failure,
+            &self.settings.load().outlier,
+            Instant::now(),
+        );
         if let Some(kind) = ejected {
             METRICS
                 .replica_up
@@ -255,7 +263,11 @@ impl Router {
 
     /// How much of a refused body is read and discarded at most.
     fn drain_bytes(&self) -> usize {
-        self.settings.max_body_bytes.saturating_mul(2).max(64 << 20)
+        self.settings
+            .load()
+            .max_body_bytes
+            .saturating_mul(2)
+            .max(64 << 20)
     }
 
     /// The API key check; `true` when the client may go on.
@@ -333,20 +345,20 @@ impl ProxyHttp for Router {
     }
 
     fn request_header_timeout(&self) -> Option<Duration> {
-        Some(self.settings.client_header_timeout)
+        Some(self.settings.load().client_header_timeout)
     }
 
     fn upstream_response_header_deadline(&self, ctx: &Ctx) -> Option<Instant> {
         ctx.first_attempt
-            .map(|t| t + self.settings.response_header_timeout)
+            .map(|t| t + self.settings.load().response_header_timeout)
     }
 
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
         // Pingora keeps an HTTP/1.1 connection open without limit by default.
         if session.get_keepalive().is_some() {
-            session.set_keepalive(Some(self.settings.client_keepalive_s));
+            session.set_keepalive(Some(self.settings.load().client_keepalive_s));
         }
-        session.set_write_timeout(Some(self.settings.client_write_timeout));
+        session.set_write_timeout(Some(self.settings.load().client_write_timeout));
         Ok(())
     }
 
@@ -369,7 +381,7 @@ impl ProxyHttp for Router {
             return self.refuse(session, ctx, &err, true).await;
         };
         let ticket = ctx.ticket.insert(ticket);
-        let limit = self.settings.max_body_bytes;
+        let limit = self.settings.load().max_body_bytes;
         let declared = header(session, "content-length").and_then(|v| v.parse::<usize>().ok());
         if declared.is_some_and(|n| n > limit) {
             let err = RouterError::BodyTooLarge { limit };
@@ -380,7 +392,7 @@ impl ProxyHttp for Router {
         };
         ctx.routed = Some(path);
         // Shed at once when every replica is saturated, before reading anything.
-        if let Some(in_flight) = self.settings.shed_in_flight {
+        if let Some(in_flight) = self.settings.load().shed_in_flight {
             if self.replicas.saturated(in_flight) {
                 let err = RouterError::Saturated { in_flight };
                 return self.refuse(session, ctx, &err, true).await;
@@ -395,7 +407,7 @@ impl ProxyHttp for Router {
         if expects_continue(session) {
             session.write_continue_response().await?;
         }
-        let deadline = self.settings.body_read_timeout;
+        let deadline = self.settings.load().body_read_timeout;
         let read = body::read(session, limit, declared, ticket);
         let body = match tokio::time::timeout(deadline, read).await {
             Ok(read) => read?,
@@ -425,7 +437,7 @@ impl ProxyHttp for Router {
         // A retry after the response-head deadline would start already late.
         if ctx
             .first_attempt
-            .is_some_and(|t| t.elapsed() >= self.settings.response_header_timeout)
+            .is_some_and(|t| t.elapsed() >= self.settings.load().response_header_timeout)
         {
             ctx.error = Some(RouterError::UpstreamTimeout { replica: None });
             return Error::e_explain(ErrorType::HTTPStatus(504), "response head deadline passed");
@@ -457,16 +469,17 @@ impl ProxyHttp for Router {
                 ctx.tried.push(replica.id);
                 continue;
             }
-            let tls = &self.settings.tls;
+            let s = self.settings.load();
+            let tls = &s.tls;
             let mut peer = HttpPeer::new(replica.addr, tls.enabled, tls.sni.clone());
             let o = &mut peer.options;
             o.verify_cert = tls.verify;
             o.verify_hostname = tls.verify_hostname();
-            o.connection_timeout = Some(self.settings.connect_timeout);
-            o.total_connection_timeout = Some(self.settings.connect_timeout);
-            o.read_timeout = Some(self.settings.read_timeout);
-            o.write_timeout = Some(self.settings.write_timeout);
-            o.idle_timeout = Some(self.settings.idle_timeout);
+            o.connection_timeout = Some(s.connect_timeout);
+            o.total_connection_timeout = Some(s.connect_timeout);
+            o.read_timeout = Some(s.read_timeout);
+            o.write_timeout = Some(s.write_timeout);
+            o.idle_timeout = Some(s.idle_timeout);
             if panic {
                 METRICS.panic_routed.inc();
             }
@@ -615,7 +628,7 @@ impl ProxyHttp for Router {
             if let Some(t) = ctx.ticket.as_mut() {
                 t.release_bytes();
             }
-            if self.settings.placement_headers {
+            if self.settings.load().placement_headers {
                 upstream_response.insert_header(REPLICA_HEADER, r.name.as_str())?;
                 upstream_response.insert_header(DECISION_HEADER, d.reason.as_str())?;
             }

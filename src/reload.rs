@@ -1,6 +1,13 @@
-//! Hot reload: file -> parse -> validate -> swap the replica set. An invalid
-//! file (an emptied one too: it lists no replica) is logged and counted, and the
-//! previous set stays in force. A changed file is read twice, [`SETTLE`] apart,
+//! Hot reload: file -> parse -> validate -> apply. Every key that can change
+//! safely applies at once: the replica set, the policy and its parameters,
+//! the proxy's timeouts and limits, the health check's path, outlier rules.
+//! The others (listeners, threads, the index's shape, services started once;
+//! [`Config::reloaded`]) keep their running values and are logged as needing
+//! a restart, by name, and shown by `prefix_router_config_restart_pending`.
+//! An invalid file (an emptied one too: it lists no replica) is logged and
+//! counted, and the previous configuration stays in force. The file is read
+//! by path every tick, so a symlink swapped atomically (a Kubernetes
+//! ConfigMap) is followed. A changed file is read twice, [`SETTLE`] apart,
 //! and judged only when both reads agree, so a writer caught mid-write (`cat
 //! new > file` truncates first) is judged once it has finished. Policy state
 //! (pins, counter) survives; pins to removed replicas are dropped so they move.
@@ -10,28 +17,40 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 
+use crate::admission::Admission;
 use crate::auth::{self, KeyFile, KeysError};
 use crate::config::{Config, ConfigError};
+use crate::fleet::HealthProbe;
 use crate::metrics::METRICS;
 use crate::policy::Policy;
+use crate::proxy::Settings;
 use crate::replicas::{Change, Replicas};
+
+/// What a reload changes in the running router.
+pub struct Live {
+    pub replicas: Arc<Replicas>,
+    pub policy: Arc<Policy>,
+    pub settings: Arc<ArcSwap<Settings>>,
+    pub admission: Arc<Admission>,
+    pub probe: Arc<HealthProbe>,
+    pub keys: Option<Arc<KeyFile>>,
+}
 
 /// Watches one config file.
 pub struct Reloader {
     pub path: PathBuf,
     pub interval: Duration,
     pub env_policy: Option<String>,
-    pub replicas: Arc<Replicas>,
-    pub policy: Arc<Policy>,
+    live: Live,
     /// The text last seen (applied or rejected), so a file is judged once.
     last: Mutex<Option<String>>,
-    /// The configuration in force, to flag edits that need a restart.
+    /// The configuration in force.
     running: Mutex<Config>,
-    keys: Option<Arc<KeyFile>>,
     /// The last error reading the keys file, so it is logged once.
     keys_error: Mutex<Option<String>>,
 }
@@ -60,24 +79,16 @@ async fn settled<E>(
 }
 
 impl Reloader {
-    pub fn new(
-        path: PathBuf,
-        running: Config,
-        env_policy: Option<String>,
-        replicas: Arc<Replicas>,
-        policy: Arc<Policy>,
-        keys: Option<Arc<KeyFile>>,
-    ) -> Self {
+    pub fn new(path: PathBuf, running: Config, env_policy: Option<String>, live: Live) -> Self {
         let last = std::fs::read_to_string(&path).ok();
+        METRICS.restart_pending.set(0);
         Self {
             interval: crate::config::ms(running.reload_interval_ms),
             path,
             env_policy,
-            replicas,
-            policy,
+            live,
             last: Mutex::new(last),
             running: Mutex::new(running),
-            keys,
             keys_error: Mutex::new(None),
         }
     }
@@ -126,30 +137,40 @@ impl Reloader {
     }
 
     fn apply(&self, cfg: Config) -> Change {
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let (cfg, pending) = running.reloaded(cfg);
+        if pending.is_empty() {
+            METRICS.restart_pending.set(0);
+        } else {
+            METRICS.restart_pending.set(1);
+            log::warn!(
+                "config: {} changed: needs restart (the running value stays in force until then)",
+                pending.join(", ")
+            );
+        }
         if let Some(why) = cfg.kv_room_inactive() {
             log::info!("{why}");
         }
-        let change = self.replicas.apply(&cfg.replicas);
+        let live = &self.live;
+        let change = live.replicas.apply(&cfg.replicas);
         for r in &change.removed {
-            self.policy.forget_replica(r.id);
-        }
-        for r in &change.removed {
+            live.policy.forget_replica(r.id);
             METRICS.forget_replica(&r.name);
         }
-        for r in self.replicas.snapshot().iter() {
+        for r in live.replicas.snapshot().iter() {
             METRICS.add_replica(r);
         }
-        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        let needs_restart = Config {
-            replicas: running.replicas.clone(),
-            ..cfg.clone()
-        } != *running;
-        if needs_restart {
-            log::warn!(
-                "config: only `replicas` is reloaded; other edits apply at the next restart"
-            );
+        live.policy.set_config(cfg.policy_config());
+        live.settings.store(Arc::new(Settings::from_config(&cfg)));
+        live.admission
+            .set_limits(cfg.limits.max_requests, cfg.limits.max_buffered_bytes);
+        if cfg.health_check.path != running.health_check.path {
+            // Validated by Config::parse: a path that is not a URI path is refused there.
+            if let Err(e) = live.probe.set_path(&cfg.health_check.path) {
+                log::error!("config: health_check.path: {e}");
+            }
         }
-        running.replicas = cfg.replicas;
+        *running = cfg;
         change
     }
 
@@ -165,7 +186,7 @@ impl Reloader {
                         .join(",")
                 };
                 log::info!(
-                    "config reloaded from {}: added [{}] (join after a passing health check), removed [{}] (draining)",
+                    "config reloaded from {}: settings applied; replicas added [{}] (join after a passing health check), removed [{}] (draining)",
                     self.path.display(),
                     names(&change.added),
                     names(&change.removed)
@@ -174,7 +195,7 @@ impl Reloader {
             Err(e) => {
                 METRICS.reloads.with_label_values(&["error"]).inc();
                 log::error!(
-                    "config reload rejected, previous replica list stays in force: {}: {e}",
+                    "config reload rejected, the previous configuration stays in force: {}: {e}",
                     self.path.display()
                 );
             }
@@ -185,7 +206,7 @@ impl Reloader {
 impl Reloader {
     /// Re-reads the API keys file the same way; a bad file keeps the old keys.
     async fn reload_keys(&self) {
-        let Some(keys) = &self.keys else { return };
+        let Some(keys) = &self.live.keys else { return };
         let last_error = || self.keys_error.lock().unwrap_or_else(|p| p.into_inner());
         let changed = |r: &Result<String, KeysError>| match r {
             Ok(t) => keys.changed(t),
@@ -231,17 +252,20 @@ impl BackgroundService for Reloader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::PolicyConfig;
 
     fn reloader(dir: &std::path::Path, yaml: &str) -> Reloader {
         let path = dir.join("router.yaml");
         std::fs::write(&path, yaml).unwrap();
         let cfg = Config::parse(yaml, None).unwrap();
-        let replicas = Arc::new(Replicas::new(&cfg.replicas));
-        let policy = Arc::new(Policy::new(PolicyConfig {
-            ..cfg.policy_config()
-        }));
-        Reloader::new(path, cfg, None, replicas, policy, None)
+        let live = Live {
+            replicas: Arc::new(Replicas::new(&cfg.replicas)),
+            policy: Arc::new(Policy::new(cfg.policy_config())),
+            settings: Arc::new(ArcSwap::from_pointee(Settings::from_config(&cfg))),
+            admission: Admission::new(1, 1),
+            probe: HealthProbe::new("/health", &cfg.replica_tls).unwrap(),
+            keys: None,
+        };
+        Reloader::new(path, cfg, None, live)
     }
 
     #[test]
@@ -252,7 +276,7 @@ mod tests {
         assert!(r.check().unwrap().is_none(), "unchanged file");
         std::fs::write(&r.path, "replicas:\n- {name: a, adr: \"127.0.0.1:1\"}\n").unwrap();
         assert!(r.check().unwrap_err().to_string().contains("adr"));
-        assert_eq!(r.replicas.snapshot().len(), 1);
+        assert_eq!(r.live.replicas.snapshot().len(), 1);
         std::fs::write(&r.path, "replicas:\n- {name: b, addr: \"127.0.0.1:2\"}\n").unwrap();
         let change = r.check().unwrap().unwrap();
         assert_eq!(change.added[0].name, "b");

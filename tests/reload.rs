@@ -91,3 +91,124 @@ fn an_invalid_file_is_rejected_and_the_previous_list_stays() {
         0.0
     );
 }
+
+/// Sends a two-turn conversation on `topic`; the decision of its second turn.
+fn second_turn(router: &Router, topic: &str) -> String {
+    let first = router.post("/v1/chat/completions", &conversation(topic, 1));
+    assert_eq!(first.status, 200, "{}", first.text());
+    let second = router.post("/v1/chat/completions", &conversation(topic, 2));
+    assert_eq!(second.status, 200, "{}", second.text());
+    second.decision().to_owned()
+}
+
+#[test]
+fn policy_limits_headers_and_health_path_apply_without_a_restart() {
+    let a = Sim::start("a", &[]);
+    let b = Sim::start("b", &[]);
+    let sims = [&a, &b];
+    let router = Router::start(&sims, &format!("{FAST_HEALTH}policy: roundrobin\n"));
+    assert_eq!(second_turn(&router, "before"), "spread");
+
+    router.rewrite(&Router::yaml(
+        &sims,
+        &format!("{FAST_HEALTH}policy: shape\n"),
+    ));
+    wait_reloads(&router, "ok", 1.0);
+    assert_eq!(
+        second_turn(&router, "after"),
+        "pin",
+        "the new policy is in force"
+    );
+
+    let big = json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(2000)}]});
+    assert_eq!(router.post("/v1/chat/completions", &big).status, 200);
+    router.rewrite(&Router::yaml(
+        &sims,
+        &format!("{FAST_HEALTH}policy: shape\nmax_body_bytes: 1000\nplacement_headers: false\n"),
+    ));
+    wait_reloads(&router, "ok", 2.0);
+    assert_eq!(router.post("/v1/chat/completions", &big).status, 413);
+    let small = router.post("/v1/chat/completions", &common::single("small"));
+    assert_eq!(small.status, 200);
+    assert_eq!(
+        small.header("x-prefix-router-replica"),
+        None,
+        "placement hidden"
+    );
+
+    // A health check path the replicas do not serve takes them down.
+    router.rewrite(&Router::yaml(
+        &sims,
+        "health_check: {interval_ms: 200, path: /not-served}\n",
+    ));
+    wait_reloads(&router, "ok", 3.0);
+    router.wait_replica_up("a", false);
+    router.wait_replica_up("b", false);
+    assert_eq!(router.metric("prefix_router_config_restart_pending"), 0.0);
+}
+
+#[test]
+fn keys_that_need_a_restart_are_named_and_the_rest_applies() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "policy: shape\nthreads: 2\n");
+    router.rewrite(&Router::yaml(
+        &[&a],
+        "policy: roundrobin\nthreads: 1\nprefix_index: {block_bytes: 512}\n",
+    ));
+    wait_reloads(&router, "ok", 1.0);
+    assert_eq!(router.metric("prefix_router_config_restart_pending"), 1.0);
+    let log = router.log();
+    assert!(
+        log.contains("threads, prefix_index.block_bytes changed: needs restart"),
+        "{log}"
+    );
+    assert_eq!(
+        second_turn(&router, "t"),
+        "spread",
+        "policy applied regardless"
+    );
+    router.rewrite(&Router::yaml(&[&a], "policy: shape\nthreads: 2\n"));
+    wait_reloads(&router, "ok", 2.0);
+    assert_eq!(router.metric("prefix_router_config_restart_pending"), 0.0);
+    assert_eq!(second_turn(&router, "u"), "pin");
+}
+
+#[test]
+fn a_config_symlink_swapped_atomically_is_followed() {
+    // Kubernetes mounts a ConfigMap as `file -> ..data/file`, `..data ->
+    // ..<timestamp>/`, and updates it by renaming a new `..data` link over
+    // the old one.
+    let a = Sim::start("a", &[]);
+    let b = Sim::start("b", &[]);
+    let router = Router::start(&[&a], FAST_HEALTH);
+    let dir = router.config.parent().expect("config dir").to_owned();
+    let text = |sims: &[&Sim]| {
+        format!(
+            "listen: \"{}\"\nmetrics_listen: \"{}\"\nreload_interval_ms: 100\n{}",
+            router.addr,
+            router.metrics_addr,
+            Router::yaml(sims, FAST_HEALTH)
+        )
+    };
+    let version = |name: &str, body: String| {
+        std::fs::create_dir_all(dir.join(name)).expect("version dir");
+        std::fs::write(dir.join(name).join("router.yaml"), body).expect("write");
+    };
+    let link = |target: &str, at: &str| {
+        let tmp = dir.join(format!("{at}.tmp"));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(target, &tmp).expect("symlink");
+        std::fs::rename(&tmp, dir.join(at)).expect("rename link");
+    };
+    version(
+        "..v1",
+        std::fs::read_to_string(&router.config).expect("config"),
+    );
+    link("..v1", "..data");
+    link("..data/router.yaml", "router.yaml");
+    version("..v2", text(&[&a, &b]));
+    link("..v2", "..data");
+    wait_reloads(&router, "ok", 1.0);
+    router.wait_replica_up("b", true);
+    assert!(router.singles(4, "after swap").contains(&"b".to_owned()));
+}

@@ -149,7 +149,7 @@ fn multi_message_rule_pins_shared_system_prompt_one_shots() {
     let system = "A very long shared system prompt. ".repeat(400);
     let p = Policy::new(PolicyConfig {
         continuation: ContinuationRule::MultiMessage,
-        ..*policy(Mode::Shape).config()
+        ..policy(Mode::Shape).config()
     });
     let rs = fleet(&[true, true]);
     let picks: Vec<_> = (0..6)

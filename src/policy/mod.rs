@@ -87,6 +87,9 @@ pub use prefix::PrefixChain;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 
 use shards::{Shards, Upsert};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -325,7 +328,8 @@ struct Match {
 /// happened yet, as they would a moment apart in the other order.
 #[derive(Debug)]
 pub struct Policy {
-    cfg: PolicyConfig,
+    /// Swapped whole on reload ([`Policy::set_config`]).
+    cfg: ArcSwap<PolicyConfig>,
     index: Shards,
     counter: AtomicU64,
     clock_s: AtomicU32,
@@ -339,7 +343,7 @@ impl Policy {
         };
         Self {
             index: Shards::new(cfg.max_entries),
-            cfg,
+            cfg: ArcSwap::from_pointee(cfg),
             counter: AtomicU64::new(0),
             clock_s: AtomicU32::new(0),
         }
@@ -360,7 +364,7 @@ impl Policy {
     pub fn working_set(&self, window_s: u32) -> Vec<(ReplicaId, WorkingSet)> {
         let since = self.clock_s.load(Relaxed).saturating_sub(window_s);
         let mut sets: HashMap<u32, WorkingSet> = HashMap::new();
-        let bytes = self.cfg.block_bytes as u64;
+        let bytes = self.config().block_bytes as u64;
         self.index.recent_blocks(since, |(r, pinned)| {
             let ws = sets.entry(r).or_default();
             ws.all += bytes;
@@ -369,8 +373,20 @@ impl Policy {
         sets.into_iter().map(|(r, ws)| (ReplicaId(r), ws)).collect()
     }
 
-    pub fn config(&self) -> &PolicyConfig {
-        &self.cfg
+    /// The parameters in force.
+    pub fn config(&self) -> PolicyConfig {
+        **self.cfg.load()
+    }
+
+    /// New parameters from a reload. The index keeps its shape: its block
+    /// size and cap stay as they were (they need a restart).
+    pub fn set_config(&self, cfg: PolicyConfig) {
+        let running = self.config();
+        self.cfg.store(Arc::new(PolicyConfig {
+            block_bytes: running.block_bytes,
+            max_entries: running.max_entries,
+            ..cfg
+        }));
     }
 
     /// Entries in the prefix index.
@@ -387,7 +403,7 @@ impl Policy {
     /// the counter (over the least loaded, with `least_loaded`).
     pub fn spread(&self, replicas: &[ReplicaState]) -> Decision {
         let live = live_sorted(replicas);
-        let replica = match self.cfg.mode {
+        let replica = match self.config().mode {
             Mode::RoundRobin => self.count(&live),
             _ => self.balance(&live),
         };
@@ -408,7 +424,7 @@ impl Policy {
         if req.chain.is_empty() && req.key.is_none() {
             return self.spread(replicas);
         }
-        if self.cfg.mode == Mode::RoundRobin {
+        if self.config().mode == Mode::RoundRobin {
             let shape = self.shape_of(req, false);
             return Decision {
                 shape,
@@ -439,7 +455,7 @@ impl Policy {
                 d.matched_bytes = m.pos;
                 d.matched_at = m.touched;
             }
-        } else if shape == Shape::Continuation || self.cfg.mode == Mode::Affinity {
+        } else if shape == Shape::Continuation || self.config().mode == Mode::Affinity {
             self.by_prefix(&req.chain, &matches, &live, &mut d);
             if keyed.is_some() {
                 d.reason = Reason::Fallback;
@@ -471,7 +487,7 @@ impl Policy {
     }
 
     fn shape_of(&self, req: &Request, extends: bool) -> Shape {
-        let rule = match self.cfg.continuation {
+        let rule = match self.config().continuation {
             ContinuationRule::ModelTurn => req.model_turn,
             ContinuationRule::MultiMessage => req.messages > 1,
         };
@@ -496,7 +512,7 @@ impl Policy {
             .iter()
             .position(|m| live.iter().any(|s| s.id == m.replica));
         let Some(i) = first_live else {
-            if self.cfg.mode == Mode::Affinity {
+            if self.config().mode == Mode::Affinity {
                 d.replica = rendezvous(head, live);
                 d.reason = Reason::Hash;
             } else {
@@ -514,7 +530,7 @@ impl Policy {
         } else {
             Reason::Fallback
         };
-        if let Some(limit) = self.cfg.load_guard {
+        if let Some(limit) = self.config().load_guard {
             let load = |r: ReplicaId| {
                 live.iter()
                     .find(|s| s.id == r)
@@ -624,7 +640,7 @@ impl Policy {
     /// A cold placement of a prompt of `bytes` (see `kv room`).
     fn cold(&self, live: &[ReplicaState], bytes: usize) -> Option<ReplicaId> {
         // Room is only comparable when every replica declares its capacity.
-        if self.cfg.kv_room == KvRoom::Off || live.iter().any(|s| s.room.is_none()) {
+        if self.config().kv_room == KvRoom::Off || live.iter().any(|s| s.room.is_none()) {
             return self.balance(live);
         }
         let bytes = bytes as i64;
@@ -637,7 +653,7 @@ impl Policy {
             return self.balance(&fits);
         }
         let protects = || live.iter().any(|s| s.room.is_some_and(|r| r.pinned > 0));
-        if self.cfg.kv_room == KvRoom::Pack && protects() {
+        if self.config().kv_room == KvRoom::Pack && protects() {
             // Room taken by singles in flight, not by the pinned set alone
             // (that is the capacity wall, where packing rescues nothing), on a
             // replica not already far busier than the least busy one.
@@ -662,7 +678,7 @@ impl Policy {
     /// of them, and of those the ones whose engines report the least KV in
     /// use (in steps of `KV_STEP_PERMILLE`, when all of them report it).
     fn balance(&self, live: &[ReplicaState]) -> Option<ReplicaId> {
-        if !self.cfg.least_loaded {
+        if !self.config().least_loaded {
             return self.count(live);
         }
         let least = live.iter().map(ReplicaState::load).min()?;
