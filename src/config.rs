@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::access_log::LogFormat;
+
 use crate::policy::{ContinuationRule, KvRoom, Mode, PolicyConfig};
 
 /// The configuration the router runs on when no `--config` is given: two
@@ -46,6 +48,8 @@ pub struct Config {
     pub listen: String,
     /// `GET /metrics` in Prometheus text format.
     pub metrics_listen: String,
+    /// A second, TLS listener for clients (requires `--features tls`).
+    pub listen_tls: Option<ListenTls>,
     pub policy: PolicyName,
     /// Which requests are continuations without a prefix match.
     pub continuation: ContinuationName,
@@ -100,6 +104,8 @@ pub struct Config {
     /// File of accepted client API keys, one SHA-256 hex digest per line
     /// (hot-reloaded). Unset: the listener accepts every client.
     pub api_keys_file: Option<String>,
+    /// `text` (default) or `json`: every log line one JSON object.
+    pub log_format: LogFormat,
     pub replicas: Vec<Replica>,
 }
 
@@ -141,6 +147,18 @@ pub struct ClientTimeouts {
     /// Longest wait for a client to accept response bytes; a client that
     /// stopped reading a stream is dropped and its replica request cancelled.
     pub write_ms: u64,
+}
+
+/// `listen_tls:` — client TLS, HTTP/2 by ALPN; the files are re-read when
+/// they change (renewals need no restart).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenTls {
+    pub addr: String,
+    /// PEM: the certificate, then its intermediates.
+    pub cert_file: String,
+    /// PEM private key of the certificate.
+    pub key_file: String,
 }
 
 /// `replica_tls:` — one setting for the whole fleet.
@@ -292,6 +310,7 @@ impl Default for Config {
         Self {
             listen: "0.0.0.0:8080".into(),
             metrics_listen: "0.0.0.0:9091".into(),
+            listen_tls: None,
             policy: PolicyName::Shape,
             continuation: ContinuationName::ModelTurn,
             max_body_bytes: 32 << 20,
@@ -314,6 +333,7 @@ impl Default for Config {
             client_timeouts: ClientTimeouts::default(),
             placement_headers: true,
             api_keys_file: None,
+            log_format: LogFormat::Text,
             replicas: Vec::new(),
         }
     }
@@ -507,6 +527,28 @@ impl Config {
                 "this build has no TLS support; build with `cargo build --features tls`",
             ));
         }
+        if let Some(t) = &self.listen_tls {
+            if !cfg!(feature = "tls") {
+                return Err(invalid(
+                    "listen_tls",
+                    "this build has no TLS support; build with `cargo build --features tls`",
+                ));
+            }
+            if t.addr.parse::<std::net::SocketAddr>().is_err() {
+                return Err(invalid("listen_tls.addr", "must be IP:port"));
+            }
+            if t.addr == self.listen || t.addr == self.metrics_listen {
+                return Err(invalid("listen_tls.addr", "is another listener's address"));
+            }
+            for (field, file) in [
+                ("listen_tls.cert_file", &t.cert_file),
+                ("listen_tls.key_file", &t.key_file),
+            ] {
+                if !Path::new(file).is_file() {
+                    return Err(invalid(field, format!("`{file}` is not a file")));
+                }
+            }
+        }
         if let Some(ca) = &self.replica_tls.ca_file {
             if !Path::new(ca).is_file() {
                 return Err(invalid(
@@ -595,6 +637,7 @@ impl Config {
             "prefix_index.block_bytes" => prefix_index.block_bytes;
             "prefix_index.max_entries" => prefix_index.max_entries;
             "replica_tls" => replica_tls;
+            "listen_tls" => listen_tls;
             "api_keys_file" => api_keys_file;
         }
         (next, pending)

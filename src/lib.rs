@@ -11,6 +11,7 @@
 //!   [`usage`]: the cache figures engines report in their responses.
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admission;
 pub mod auth;
 pub mod body;
@@ -20,6 +21,8 @@ pub mod drain;
 pub mod engine_load;
 pub mod errors;
 pub mod fleet;
+#[cfg(feature = "tls")]
+pub mod listen_tls;
 pub mod metrics;
 pub mod paths;
 pub mod policy;

@@ -50,7 +50,7 @@ struct Cli {
 }
 
 fn main() -> anyhow::Result<()> {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    prefix_router::access_log::init();
     let cli = Cli::parse();
     if let Some(url) = &cli.probe {
         match prefix_router::probes::probe(url, std::time::Duration::from_secs(2)) {
@@ -72,6 +72,7 @@ fn main() -> anyhow::Result<()> {
             Config::parse(EMBEDDED_DEFAULT, env_policy.as_deref()).context("embedded default")?
         }
     };
+    prefix_router::access_log::set_format(cfg.log_format);
     if cli.check {
         if let Some(f) = &cfg.api_keys_file {
             KeyFile::open(f.into()).with_context(|| format!("api_keys_file {f}"))?;
@@ -188,6 +189,12 @@ fn main() -> anyhow::Result<()> {
     );
     let mut proxy = pingora_proxy::http_proxy_service(&server.configuration, router);
     proxy.add_tcp(&cfg.listen);
+    #[cfg(feature = "tls")]
+    if let Some(t) = &cfg.listen_tls {
+        let tls =
+            prefix_router::listen_tls::settings(&t.cert_file, &t.key_file).context("listen_tls")?;
+        proxy.add_tls_with_settings(&t.addr, None, tls);
+    }
     let mut metrics = prefix_router::probes::service(Arc::clone(&replicas));
     metrics.add_tcp(&cfg.metrics_listen);
 

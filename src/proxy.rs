@@ -39,6 +39,7 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use arc_swap::ArcSwap;
 
+use crate::access_log;
 use crate::admission::{Admission, Ticket};
 use crate::auth::KeyFile;
 use crate::body;
@@ -150,8 +151,8 @@ pub struct Ctx {
     /// The engine was not told to skip its cache: what it reports reusing
     /// is evidence of what the replica holds.
     evidence: bool,
-    /// The first response body bytes of the routed attempt have been timed.
-    first_byte_timed: bool,
+    /// When the routed attempt's first response body bytes came (from `started`).
+    first_byte: Option<Duration>,
 }
 
 /// Whether the client has seen the start of a final response (a `100
@@ -340,7 +341,7 @@ impl ProxyHttp for Router {
             error: None,
             usage: None,
             evidence: false,
-            first_byte_timed: false,
+            first_byte: None,
         }
     }
 
@@ -650,13 +651,13 @@ impl ProxyHttp for Router {
         end_of_stream: bool,
         ctx: &mut Ctx,
     ) -> Result<Option<Duration>> {
-        if !ctx.first_byte_timed && (end_of_stream || body.as_ref().is_some_and(|b| !b.is_empty()))
+        if ctx.first_byte.is_none()
+            && (end_of_stream || body.as_ref().is_some_and(|b| !b.is_empty()))
         {
             if let (Some(a), Some(d)) = (&ctx.attempt, &ctx.decision) {
-                ctx.first_byte_timed = true;
-                a.replica()
-                    .counters
-                    .first_byte(d.reason, ctx.started.elapsed());
+                let at = ctx.started.elapsed();
+                ctx.first_byte = Some(at);
+                a.replica().counters.first_byte(d.reason, at);
             }
         }
         if let Some(u) = ctx.usage.as_mut() {
@@ -724,25 +725,24 @@ impl ProxyHttp for Router {
             .filter(|r| !r.status.is_informational())
             .map_or(0, |r| r.status.as_u16());
         let attempt = ctx.attempt.take();
-        let replica = attempt.as_ref().map(|a| a.replica().name.as_str());
         let d = ctx.decision.as_ref();
-        if let (Some(a), Some(d), true) = (&attempt, d, ctx.first_byte_timed) {
-            a.replica()
-                .counters
-                .duration(d.reason, ctx.started.elapsed());
+        let duration = ctx.started.elapsed();
+        if let (Some(a), Some(d), Some(_)) = (&attempt, d, ctx.first_byte) {
+            a.replica().counters.duration(d.reason, duration);
         }
-        log::info!(
-            "{} {} status={} replica={} decision={} shape={} matched_bytes={} tried={} ms={}{}",
-            session.req_header().method,
-            session.req_header().uri.path(),
+        let req = session.req_header();
+        access_log::write(&access_log::Entry {
+            method: req.method.as_str(),
+            path: req.uri.path(),
             status,
-            replica.unwrap_or("-"),
-            d.map_or("-", |d| d.reason.as_str()),
-            d.map_or("-", |d| d.shape.as_str()),
-            d.map_or(0, |d| d.matched_bytes),
-            ctx.tried.len(),
-            ctx.started.elapsed().as_millis(),
-            e.map(|e| format!(" error=\"{e}\"")).unwrap_or_default()
-        );
+            replica: attempt.as_ref().map(|a| a.replica().name.as_str()),
+            decision: d.map(|d| d.reason.as_str()),
+            shape: d.map(|d| d.shape.as_str()),
+            matched_bytes: d.map_or(0, |d| d.matched_bytes),
+            tried: ctx.tried.len(),
+            first_byte: ctx.first_byte,
+            duration,
+            error: e.map(|e| e as &dyn std::fmt::Display),
+        });
     }
 }

@@ -161,6 +161,7 @@ impl Reloader {
             METRICS.add_replica(r);
         }
         live.policy.set_config(cfg.policy_config());
+        crate::access_log::set_format(cfg.log_format);
         live.settings.store(Arc::new(Settings::from_config(&cfg)));
         live.admission
             .set_limits(cfg.limits.max_requests, cfg.limits.max_buffered_bytes);

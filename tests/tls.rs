@@ -1,6 +1,8 @@
-//! TLS to replicas (`--features tls`): the router talks HTTPS to a replica
+//! TLS (`--features tls`). To replicas: the router talks HTTPS to a replica
 //! behind a TLS terminator (socat) and verifies its certificate against
-//! `replica_tls.ca_file`; a wrong server name fails verification.
+//! `replica_tls.ca_file`; a wrong server name fails verification. At the
+//! edge: `listen_tls` serves clients (curl) over HTTP/2 and HTTP/1.1, and a
+//! renewed certificate is served without a restart.
 #![cfg(feature = "tls")]
 
 mod common;
@@ -13,7 +15,15 @@ use common::{free_addr, single, wait_for, Router, Sim};
 
 /// A self-signed certificate for `localhost` in `dir`: (cert, key).
 fn certificate(dir: &Path) -> (String, String) {
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    certificate_named(dir, "")
+}
+
+/// Another self-signed `localhost` certificate, files named with `tag`.
+fn certificate_named(dir: &Path, tag: &str) -> (String, String) {
+    let (cert, key) = (
+        dir.join(format!("cert{tag}.pem")),
+        dir.join(format!("key{tag}.pem")),
+    );
     let status = Command::new("openssl")
         .args([
             "req",
@@ -95,5 +105,94 @@ fn requests_reach_a_tls_replica_with_a_verified_certificate() {
     let r = wrong.post("/v1/chat/completions", &single("should not pass"));
     assert_eq!(r.status, 503);
     assert_eq!(sim.stats()["requests"], 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `curl` over TLS to `localhost:port` trusting `ca`; (HTTP version, status)
+/// or curl's error.
+fn curl(port: u16, ca: &str, version: &str) -> Result<(String, String), String> {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", version, "--cacert", ca])
+        .args(["--resolve", &format!("localhost:{port}:127.0.0.1")])
+        .args(["-o", "/dev/null", "-w", "%{http_version} %{http_code}"])
+        .args(["-H", "content-type: application/json", "--data"])
+        .arg(serde_json::to_string(&single("over tls")).expect("json"))
+        .arg(format!("https://localhost:{port}/v1/chat/completions"))
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let (v, s) = text.split_once(' ').unwrap_or((&text, ""));
+    Ok((v.to_owned(), s.to_owned()))
+}
+
+#[test]
+fn clients_speak_h2_and_http1_over_listen_tls_and_a_renewal_needs_no_restart() {
+    let dir = std::env::temp_dir().join(format!("prefix-router-edge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = certificate(&dir);
+    let (renewed_cert, renewed_key) = certificate_named(&dir, "-renewed");
+    let (_, stranger_key) = certificate_named(&dir, "-stranger");
+    let live_cert = dir.join("live-cert.pem");
+    let live_key = dir.join("live-key.pem");
+    std::fs::copy(&cert, &live_cert).unwrap();
+    std::fs::copy(&key, &live_key).unwrap();
+    let a = Sim::start("a", &[]);
+    let tls_addr = free_addr();
+    let router = Router::start(
+        &[&a],
+        &format!(
+            "listen_tls: {{addr: \"{tls_addr}\", cert_file: \"{}\", key_file: \"{}\"}}\n",
+            live_cert.display(),
+            live_key.display()
+        ),
+    );
+    let port = tls_addr.port();
+    assert_eq!(curl(port, &cert, "--http2"), Ok(("2".into(), "200".into())));
+    assert_eq!(
+        curl(port, &cert, "--http1.1"),
+        Ok(("1.1".into(), "200".into()))
+    );
+    assert!(
+        curl(port, &renewed_cert, "--http2").is_err(),
+        "not renewed yet"
+    );
+
+    // A renewal half done (a key that is not the certificate's) is not used.
+    let replace = |from: &str, to: &Path| {
+        let tmp = to.with_extension("tmp");
+        std::fs::copy(from, &tmp).unwrap();
+        std::fs::rename(&tmp, to).unwrap();
+    };
+    replace(&renewed_cert, &live_cert);
+    replace(&stranger_key, &live_key);
+    // The files are looked at during handshakes (at most once a second).
+    wait_for(
+        "the half renewal to be refused",
+        Duration::from_secs(10),
+        || {
+            let _ = curl(port, &cert, "--http2");
+            router
+                .log()
+                .contains("keeping the previous certificate")
+                .then_some(())
+        },
+    );
+    assert_eq!(curl(port, &cert, "--http2"), Ok(("2".into(), "200".into())));
+    // Complete: the renewed certificate is served, no restart.
+    replace(&renewed_key, &live_key);
+    wait_for("the renewed certificate", Duration::from_secs(10), || {
+        curl(port, &renewed_cert, "--http2").ok()
+    });
+    assert_eq!(
+        curl(port, &renewed_cert, "--http1.1"),
+        Ok(("1.1".into(), "200".into()))
+    );
+    assert!(
+        curl(port, &cert, "--http2").is_err(),
+        "the old certificate is gone"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

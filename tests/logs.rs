@@ -1,0 +1,67 @@
+//! The log: `log_format: json` makes every line one JSON object, the access
+//! line per request carries placement and timings, and no line carries a
+//! query string, a credential or prompt text. Real processes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::http::request;
+use common::{single, wait_for, Router, Sim};
+
+#[test]
+fn json_lines_carry_the_access_fields_and_never_secrets() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start_with_env(&[&a], "log_format: json\n", &[("RUST_LOG", "info")]);
+    let body = serde_json::to_vec(&single("SECRET-PROMPT please")).expect("json");
+    let r = request(
+        router.addr,
+        "POST",
+        "/v1/chat/completions?api_key=SECRET-QUERY",
+        &[("authorization", "Bearer SECRET-HEADER")],
+        &body,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let access = wait_for("the access line", Duration::from_secs(10), || {
+        let log = router.log();
+        let lines: Vec<serde_json::Value> = log
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect();
+        lines.into_iter().find(|l| l["target"] == "access")
+    });
+    assert_eq!(access["method"], "POST");
+    assert_eq!(access["path"], "/v1/chat/completions");
+    assert_eq!(access["status"], 200);
+    assert_eq!(access["replica"], "a");
+    assert_eq!(access["decision"], "spread");
+    assert_eq!(access["level"], "INFO");
+    assert!(
+        access["ts"].as_str().is_some_and(|t| t.ends_with('Z')),
+        "{access}"
+    );
+    let first = access["first_byte_ms"].as_f64().expect("first_byte_ms");
+    let total = access["ms"].as_f64().expect("ms");
+    assert!(first > 0.0 && first <= total, "{access}");
+    let log = router.log();
+    for secret in ["SECRET-PROMPT", "SECRET-QUERY", "SECRET-HEADER"] {
+        assert!(!log.contains(secret), "{secret} reached the log:\n{log}");
+    }
+
+    // The format is reloadable: back to text.
+    router.rewrite(&Router::yaml(&[&a], "log_format: text\n"));
+    wait_for("the reload", Duration::from_secs(10), || {
+        (router.metric("prefix_router_config_reloads_total{result=\"ok\"}") == 1.0).then_some(())
+    });
+    assert_eq!(
+        router.post("/v1/chat/completions", &single("again")).status,
+        200
+    );
+    wait_for("a text access line", Duration::from_secs(10), || {
+        router
+            .log()
+            .lines()
+            .any(|l| l.contains(" INFO  access] POST /v1/chat/completions status=200 replica=a"))
+            .then_some(())
+    });
+}
