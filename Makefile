@@ -1,5 +1,5 @@
 # The two commands of the README, plus the benchmarks.
-.PHONY: run test bench bench-proxy bench-sse bench-memory results soak prepare
+.PHONY: run test bench bench-proxy bench-sse bench-memory results soak prepare container-check
 
 prepare:
 	scripts/prepare.sh
@@ -77,3 +77,11 @@ results: prepare
 soak: prepare
 	cargo build --release --bins
 	scripts/soak.py --doc docs/reliability.md
+
+# The Dockerfile verified without Docker: its build stage run on the host as
+# written (a release build), its runtime stage replayed in a debootstrapped
+# bookworm minbase (cached in bench-out/container-rootfs, ~400 MB), the router
+# run there as the image's non-root user, the HEALTHCHECK command run (~1 min
+# the first time, then seconds). Needs root.
+container-check:
+	scripts/container-check.sh
