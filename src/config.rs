@@ -83,8 +83,9 @@ pub struct Config {
     /// own (Kubernetes: 30 s).
     pub shutdown_grace_s: u64,
     /// Unix socket over which a running router hands its listeners to a new
-    /// one started with `-u` (zero-downtime upgrade). Default: one per
-    /// `listen` address under /tmp, so two routers on one host do not collide.
+    /// one started with `-u` (zero-downtime upgrade); its directory must be
+    /// private to the router's user. Default: `upgrade-<listen>.sock` in
+    /// `$RUNTIME_DIRECTORY`, else in `/tmp/prefix-router-<uid>/` (see `upgrade`).
     pub upgrade_sock: Option<String>,
     /// How often the config file is checked for changes.
     pub reload_interval_ms: u64,
@@ -641,18 +642,6 @@ impl Config {
             "api_keys_file" => api_keys_file;
         }
         (next, pending)
-    }
-
-    /// The upgrade socket in force: `upgrade_sock`, else one named after `listen`.
-    pub fn upgrade_sock(&self) -> String {
-        self.upgrade_sock.clone().unwrap_or_else(|| {
-            let name: String = self
-                .listen
-                .chars()
-                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-                .collect();
-            format!("/tmp/prefix-router-upgrade-{name}.sock")
-        })
     }
 
     /// Why `kv_room` cannot act with this replica list, if it cannot: it

@@ -84,6 +84,9 @@ fn http_check(path: &str, tls: &ReplicaTls) -> Result<HttpHealthCheck> {
     Ok(http)
 }
 
+/// A whole health check: connect (1 s) plus the answer.
+const CHECK_DEADLINE: Duration = Duration::from_secs(3);
+
 /// The peer settings (its address a placeholder) and connector of the
 /// router's own requests to replicas, health checks and engine metrics:
 /// replica TLS as configured, a 1 s connect timeout.
@@ -147,7 +150,14 @@ struct ReplicaHealth {
 impl HealthCheck for ReplicaHealth {
     async fn check(&self, target: &Backend) -> Result<()> {
         let http = self.probe.check.load_full();
-        let result = http.check(target).await;
+        // Pingora bounds each read, not the check: a replica trickling its
+        // /health body would hold the whole (parallel) round.
+        let result = match tokio::time::timeout(CHECK_DEADLINE, http.check(target)).await {
+            Ok(result) => result,
+            Err(_) => {
+                pingora_core::Error::e_explain(ErrorType::ReadTimedout, "health check deadline")
+            }
+        };
         if let Some(r) = target.addr.as_inet().and_then(|a| self.replicas.by_addr(a)) {
             let timed_out = result.as_ref().err().is_some_and(|e| {
                 matches!(

@@ -31,4 +31,5 @@ pub mod proxy;
 pub mod reload;
 pub mod replicas;
 pub mod request;
+pub mod upgrade;
 pub mod usage;

@@ -1,15 +1,18 @@
 //! The client-facing TLS listener (`listen_tls`, builds with `--features
 //! tls`): HTTP/2 and HTTP/1.1 offered by ALPN, the certificate chain and key
-//! supplied per handshake from files that are re-read when they change (a
-//! renewal needs no restart). A changed pair is checked before use: a key
-//! that does not match its certificate (a renewal half written) keeps the
-//! last good pair in force, and is tried again a second later.
+//! supplied per handshake from files that a thread of its own re-reads when
+//! they change (a renewal needs no restart; a slow or hung filesystem never
+//! stalls a handshake). A changed pair is checked before use: a key that does
+//! not match its certificate (a renewal half written) keeps the last good
+//! pair in force, logged once per version of the files, and is tried again a
+//! second later.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora_core::listeners::tls::TlsSettings;
 use pingora_core::listeners::TlsAccept;
@@ -45,18 +48,10 @@ struct Pair {
     key: PKey<Private>,
 }
 
-struct State {
-    checked_at: Instant,
-    /// The files' stamp last judged (loaded, or refused and logged).
-    stamp: Stamp,
-    pair: Arc<Pair>,
-}
-
-/// Supplies the current certificate pair to every handshake.
+/// Supplies the current certificate pair to every handshake; the watch
+/// thread holds a weak handle on the same pair.
 pub struct Certificates {
-    cert: PathBuf,
-    key: PathBuf,
-    state: Mutex<State>,
+    pair: Arc<ArcSwap<Pair>>,
 }
 
 fn stamp(cert: &Path, key: &Path) -> Stamp {
@@ -90,50 +85,46 @@ fn load(cert: &Path, key: &Path) -> Result<Pair, CertError> {
 }
 
 impl Certificates {
-    /// Loads the pair now: a bad pair stops the start, naming the file.
+    /// Loads the pair now (a bad pair stops the start, naming the file), and
+    /// starts the thread that watches the files for as long as it is in use.
     pub fn new(cert: &str, key: &str) -> Result<Self, CertError> {
         let (cert, key) = (PathBuf::from(cert), PathBuf::from(key));
-        let stamp = stamp(&cert, &key);
-        let pair = Arc::new(load(&cert, &key)?);
-        Ok(Self {
-            state: Mutex::new(State {
-                checked_at: Instant::now(),
-                stamp,
-                pair,
-            }),
-            cert,
-            key,
-        })
+        let seen = stamp(&cert, &key);
+        let pair = Arc::new(ArcSwap::from_pointee(load(&cert, &key)?));
+        let weak = Arc::downgrade(&pair);
+        std::thread::Builder::new()
+            .name("listen_tls certificates".into())
+            .spawn(move || watch(weak, cert, key, seen))
+            .map_err(|e| CertError::Settings(e.to_string()))?;
+        Ok(Self { pair })
     }
+}
 
-    /// The pair in force, re-read first when the files changed.
-    fn current(&self) -> Arc<Pair> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if state.checked_at.elapsed() < RECHECK {
-            return Arc::clone(&state.pair);
+/// Re-reads the files every [`RECHECK`] while the pair is in use.
+fn watch(current: Weak<ArcSwap<Pair>>, cert: PathBuf, key: PathBuf, mut loaded: Stamp) {
+    let mut refused = None;
+    loop {
+        std::thread::sleep(RECHECK);
+        let Some(current) = current.upgrade() else {
+            return;
+        };
+        let now = stamp(&cert, &key);
+        if now == loaded {
+            continue;
         }
-        state.checked_at = Instant::now();
-        let now = stamp(&self.cert, &self.key);
-        if now != state.stamp {
-            match load(&self.cert, &self.key) {
-                Ok(pair) => {
-                    log::info!(
-                        "listen_tls: certificate reloaded from {}",
-                        self.cert.display()
-                    );
-                    state.pair = Arc::new(pair);
-                    state.stamp = now;
-                }
-                // Logged once per version of the files; tried again each second
-                // (the other file of a renewal may still be on its way).
-                Err(e) if state.stamp != [None, None] => {
-                    log::warn!("listen_tls: keeping the previous certificate: {e}");
-                    state.stamp = [None, None];
-                }
-                Err(_) => {}
+        match load(&cert, &key) {
+            Ok(pair) => {
+                current.store(Arc::new(pair));
+                loaded = now;
+                refused = None;
+                log::info!("listen_tls: certificate reloaded from {}", cert.display());
             }
+            Err(e) if refused != Some(now) => {
+                log::warn!("listen_tls: keeping the previous certificate: {e}");
+                refused = Some(now);
+            }
+            Err(_) => {}
         }
-        Arc::clone(&state.pair)
     }
 }
 
@@ -151,8 +142,7 @@ fn use_pair(ssl: &mut TlsRef, pair: &Pair) -> Result<(), ErrorStack> {
 #[async_trait]
 impl TlsAccept for Certificates {
     async fn certificate_callback(&self, ssl: &mut TlsRef) -> () {
-        let pair = self.current();
-        if let Err(e) = use_pair(ssl, &pair) {
+        if let Err(e) = use_pair(ssl, &self.pair.load()) {
             log::error!("listen_tls: could not use the certificate: {e}");
         }
     }

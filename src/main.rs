@@ -73,16 +73,47 @@ fn main() -> anyhow::Result<()> {
         }
     };
     prefix_router::access_log::set_format(cfg.log_format);
+    // Everything that can fail comes before Pingora's bootstrap: under `-u`
+    // the old router hands its sockets over once that has run, so a failure
+    // after it would leave no router at all.
+    let keys = match &cfg.api_keys_file {
+        Some(f) => Some(Arc::new(
+            KeyFile::open(f.into()).with_context(|| format!("api_keys_file {f}"))?,
+        )),
+        None => None,
+    };
+    #[cfg(feature = "tls")]
+    let listen_tls = match &cfg.listen_tls {
+        Some(t) => Some((
+            t.addr.clone(),
+            prefix_router::listen_tls::settings(&t.cert_file, &t.key_file).context("listen_tls")?,
+        )),
+        None => None,
+    };
+    let probe =
+        HealthProbe::new(&cfg.health_check.path, &cfg.replica_tls).context("health check")?;
+    let replicas = Arc::new(Replicas::new(&cfg.replicas));
+    let engine_load = match &cfg.engine_load {
+        Some(e) => Some(
+            EngineLoadWatch::new(
+                Arc::clone(&replicas),
+                &e.path,
+                own_host(&cfg.replica_tls),
+                prefix_router::config::ms(e.interval_ms),
+                own_requests(&cfg.replica_tls),
+            )
+            .context("engine_load")?,
+        ),
+        None => None,
+    };
+    let upgrade_sock = prefix_router::upgrade::socket(&cfg);
     if cli.check {
-        if let Some(f) = &cfg.api_keys_file {
-            KeyFile::open(f.into()).with_context(|| format!("api_keys_file {f}"))?;
-        }
         let source = cli
             .config
             .as_ref()
             .map_or("embedded default".to_owned(), |p| p.display().to_string());
         println!(
-            "{source}: ok: {} replicas ({}), policy {}, listen {}, metrics {}{}",
+            "{source}: ok: {} replicas ({}), policy {}, listen {}, metrics {}, upgrade socket {}{}",
             cfg.replicas.len(),
             cfg.replicas
                 .iter()
@@ -92,6 +123,7 @@ fn main() -> anyhow::Result<()> {
             cfg.policy.as_str(),
             cfg.listen,
             cfg.metrics_listen,
+            upgrade_sock.display(),
             cfg.kv_room_inactive()
                 .map(|why| format!("; {why}"))
                 .unwrap_or_default()
@@ -121,6 +153,13 @@ fn main() -> anyhow::Result<()> {
             cfg.timeouts.idle_ms
         );
     }
+    // A receiving router insists on a private socket directory; a running one
+    // disables the hand-over rather than send its sockets somewhere unsafe.
+    let upgrade_sock = if cli.upgrade {
+        prefix_router::upgrade::checked(&upgrade_sock).context("upgrade_sock")?
+    } else {
+        prefix_router::upgrade::socket_or_disabled(&upgrade_sock)
+    };
     let conf = ServerConf {
         threads: cfg.threads,
         // Pingora's fast timers stay registered until their deadline even when
@@ -138,7 +177,7 @@ fn main() -> anyhow::Result<()> {
         ca_file: cfg.replica_tls.ca_file.clone(),
         // SIGQUIT hands the listeners to a router started with `-u` on this
         // socket, then stops like SIGTERM (after Pingora's 5 s of overlap).
-        upgrade_sock: cfg.upgrade_sock(),
+        upgrade_sock: upgrade_sock.display().to_string(),
         ..ServerConf::default()
     };
     let opt = Opt {
@@ -146,16 +185,12 @@ fn main() -> anyhow::Result<()> {
         ..Opt::default()
     };
     let mut server = Server::new_with_opt_and_conf(Some(opt), conf);
-    server.bootstrap();
 
-    let replicas = Arc::new(Replicas::new(&cfg.replicas));
     METRICS.init();
     for r in replicas.snapshot().iter() {
         METRICS.add_replica(r);
     }
     let policy = Arc::new(Policy::new(cfg.policy_config()));
-    let probe =
-        HealthProbe::new(&cfg.health_check.path, &cfg.replica_tls).context("health check")?;
     let fleet_service = background_service(
         "replicas",
         fleet(
@@ -165,12 +200,6 @@ fn main() -> anyhow::Result<()> {
             prefix_router::config::ms(cfg.health_check.interval_ms),
         ),
     );
-    let keys = match &cfg.api_keys_file {
-        Some(f) => Some(Arc::new(
-            KeyFile::open(f.into()).with_context(|| format!("api_keys_file {f}"))?,
-        )),
-        None => None,
-    };
     let settings = Arc::new(arc_swap::ArcSwap::from_pointee(Settings::from_config(&cfg)));
     let admission = Admission::new(cfg.limits.max_requests, cfg.limits.max_buffered_bytes);
     let router = Router {
@@ -190,31 +219,20 @@ fn main() -> anyhow::Result<()> {
     let mut proxy = pingora_proxy::http_proxy_service(&server.configuration, router);
     proxy.add_tcp(&cfg.listen);
     #[cfg(feature = "tls")]
-    if let Some(t) = &cfg.listen_tls {
-        let tls =
-            prefix_router::listen_tls::settings(&t.cert_file, &t.key_file).context("listen_tls")?;
-        proxy.add_tls_with_settings(&t.addr, None, tls);
+    if let Some((addr, tls)) = listen_tls {
+        proxy.add_tls_with_settings(&addr, None, tls);
     }
     let mut metrics = prefix_router::probes::service(Arc::clone(&replicas));
     metrics.add_tcp(&cfg.metrics_listen);
 
-    if let Some(e) = &cfg.engine_load {
-        let watch = EngineLoadWatch::new(
-            Arc::clone(&replicas),
-            &e.path,
-            own_host(&cfg.replica_tls),
-            prefix_router::config::ms(e.interval_ms),
-            own_requests(&cfg.replica_tls),
-        )
-        .context("engine_load")?;
+    if let Some(watch) = engine_load {
         server.add_service(background_service("engine load", watch));
     }
     let gate = server.add_service(background_service(
         "ready gate",
         prefix_router::probes::ReadyGate {
             replicas: Arc::clone(&replicas),
-            max_wait: prefix_router::config::ms(cfg.health_check.interval_ms)
-                + std::time::Duration::from_secs(3),
+            max_wait: prefix_router::probes::READY_GATE_MAX_WAIT,
         },
     ));
     if let Some(path) = cli.config {
@@ -234,5 +252,7 @@ fn main() -> anyhow::Result<()> {
     server.add_service(fleet_service);
     server.add_service(proxy).add_dependency(&gate);
     server.add_service(metrics);
+    // Under `-u`: receive the listening sockets (waits ~6 s for them).
+    server.bootstrap();
     server.run_forever()
 }

@@ -96,15 +96,34 @@ pub fn probe(url: &str, timeout: Duration) -> Result<String, ProbeError> {
     let rest = url
         .strip_prefix("http://")
         .ok_or_else(|| ProbeError::Url(url.to_owned()))?;
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let path = if path.is_empty() { "/" } else { path };
-    let addr = authority
+    let (authority, path) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let path = match path {
+        "" => "/".to_owned(),
+        p if p.starts_with('?') => format!("/{p}"),
+        p => p.to_owned(),
+    };
+    let addrs: Vec<_> = authority
         .to_socket_addrs()
         .map_err(|_| ProbeError::Url(url.to_owned()))?
-        .next()
-        .ok_or_else(|| ProbeError::Url(url.to_owned()))?;
+        .collect();
     let deadline = Instant::now() + timeout;
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    // Every address a name resolves to (`localhost`: ::1, then 127.0.0.1).
+    let mut last = None;
+    let mut stream = None;
+    for addr in &addrs {
+        match TcpStream::connect_timeout(addr, timeout) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let mut stream = match (stream, last) {
+        (Some(s), _) => s,
+        (None, Some(e)) => return Err(e.into()),
+        (None, None) => return Err(ProbeError::Url(url.to_owned())),
+    };
     let left = || {
         deadline
             .saturating_duration_since(Instant::now())
@@ -128,11 +147,15 @@ pub fn probe(url: &str, timeout: Duration) -> Result<String, ProbeError> {
     let text = String::from_utf8_lossy(&head);
     let line = text.lines().next().unwrap_or_default().to_owned();
     match line.split(' ').nth(1).map(|c| c.as_bytes()) {
-        Some([b'2', _, _]) if line.starts_with("HTTP/1.") => Ok(line),
+        Some([b'2', b'0'..=b'9', b'0'..=b'9']) if line.starts_with("HTTP/1.") => Ok(line),
         Some(_) if line.starts_with("HTTP/1.") => Err(ProbeError::Status(line)),
         _ => Err(ProbeError::Answer(line)),
     }
 }
+
+/// How long the proxy's listener may wait for the first health checks: under
+/// Pingora's 5 s in which an old router (`-u`) still accepts beside the new.
+pub const READY_GATE_MAX_WAIT: Duration = Duration::from_secs(4);
 
 /// Holds the proxy's listener (a Pingora dependency) until every replica has
 /// had its first health check, or `max_wait` passes: a router that has just

@@ -168,7 +168,7 @@ fn clients_speak_h2_and_http1_over_listen_tls_and_a_renewal_needs_no_restart() {
     };
     replace(&renewed_cert, &live_cert);
     replace(&stranger_key, &live_key);
-    // The files are looked at during handshakes (at most once a second).
+    // The router looks at the files once a second.
     wait_for(
         "the half renewal to be refused",
         Duration::from_secs(10),

@@ -6,6 +6,8 @@
 
 mod common;
 
+use std::os::unix::fs::DirBuilderExt;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,15 +15,27 @@ use std::time::Duration;
 use common::http::{try_request, EventStream};
 use common::{single, streaming, wait_for, Router, Sim};
 
+/// A fresh directory only this user can enter (the upgrade socket's must be).
+fn private_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "prefix-router-upgrade-{tag}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .expect("private dir");
+    dir
+}
+
 #[test]
 fn a_new_binary_takes_the_listeners_over_without_a_failed_request() {
     // 20 tokens a second: a one-shot takes 0.1 s, the stream below 10 s,
     // past Pingora's 5 s of overlap and into the old process's drain.
     let a = Sim::start("a", &["--decode-tps", "20"]);
     let b = Sim::start("b", &["--decode-tps", "20"]);
-    let sock =
-        std::env::temp_dir().join(format!("prefix-router-upgrade-{}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&sock);
+    let sock = private_dir("handover").join("upgrade.sock");
     let mut old = Router::start(
         &[&a, &b],
         &format!(
@@ -51,7 +65,10 @@ fn a_new_binary_takes_the_listeners_over_without_a_failed_request() {
     wait_for(
         "the new router's upgrade socket",
         Duration::from_secs(10),
-        || sock.exists().then_some(()),
+        || {
+            assert!(new.running(), "the new router exited:\n{}", new.log());
+            sock.exists().then_some(())
+        },
     );
     old.signal("QUIT");
     let mut events = 0;
@@ -104,4 +121,23 @@ fn a_new_binary_takes_the_listeners_over_without_a_failed_request() {
     assert!(events > 200, "every token arrived: {events} events");
     assert!(status.success(), "old router exit {status:?}");
     assert!(new.running(), "the new router runs on");
+}
+
+#[test]
+fn a_new_binary_that_cannot_start_leaves_the_old_one_serving() {
+    let a = Sim::start("a", &[]);
+    let sock = private_dir("broken").join("upgrade.sock");
+    let old = Router::start(&[&a], &format!("upgrade_sock: \"{}\"\n", sock.display()));
+    // The new binary's config names an API keys file that is not there.
+    let mut new =
+        old.start_upgrade_with(|yaml| format!("api_keys_file: /nonexistent/keys\n{yaml}"));
+    let status = new.exit_status(Duration::from_secs(10));
+    assert!(!status.success(), "the new binary failed: {status:?}");
+    assert!(new.log().contains("api_keys_file"), "{}", new.log());
+    assert!(!sock.exists(), "it failed before taking the sockets over");
+    assert_eq!(
+        old.post("/v1/chat/completions", &single("still here"))
+            .status,
+        200
+    );
 }

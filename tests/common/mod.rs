@@ -344,10 +344,16 @@ impl Router {
     /// Starts a second router on this one's config with `-u` (it waits to
     /// receive the listening sockets; send this one SIGQUIT to hand them over).
     pub fn start_upgrade(&self) -> Router {
+        self.start_upgrade_with(|yaml| yaml.to_owned())
+    }
+
+    /// [`Router::start_upgrade`] with this router's config changed by `edit`.
+    pub fn start_upgrade_with(&self, edit: impl Fn(&str) -> String) -> Router {
         let dir = self.dir.with_extension("upgrade");
         std::fs::create_dir_all(&dir).expect("temp dir");
         let config = dir.join("router.yaml");
-        std::fs::copy(&self.config, &config).expect("copy config");
+        let yaml = std::fs::read_to_string(&self.config).expect("read config");
+        std::fs::write(&config, edit(&yaml)).expect("write config");
         let child = Command::new(env!("CARGO_BIN_EXE_prefix-router"))
             .args(["-u", "--config"])
             .arg(&config)
