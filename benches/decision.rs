@@ -117,6 +117,7 @@ fn lookup_vs_tracked(c: &mut Criterion) {
                 messages: 1,
                 key: None,
                 cache_bypass: false,
+                model: None,
             };
             p.place(&req, &rs);
         }

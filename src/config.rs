@@ -304,7 +304,15 @@ pub struct Replica {
     /// KV cache capacity in tokens, for the capacity gauges.
     #[serde(default)]
     pub kv_tokens: Option<u64>,
+    /// The models it serves (the `model` of requests it may get). Unset: as
+    /// its own `GET /v1/models` lists them, read at each passing health check
+    /// (until read, or when it lists none: any model).
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
 }
+
+/// Longest model name the router keeps (names are metric label values).
+pub const MAX_MODEL_NAME: usize = 256;
 
 impl Default for Config {
     fn default() -> Self {
@@ -594,6 +602,14 @@ impl Config {
                     field("addr"),
                     format!("`{}` is used twice", r.addr),
                 ));
+            }
+            for m in r.models.iter().flatten() {
+                if m.is_empty() || m.len() > MAX_MODEL_NAME {
+                    return Err(invalid(
+                        field("models"),
+                        format!("model names are 1 to {MAX_MODEL_NAME} bytes"),
+                    ));
+                }
             }
         }
         Ok(())

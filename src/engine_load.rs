@@ -17,8 +17,8 @@ use pingora_core::connectors::http::Connector as HttpConnector;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use pingora_core::upstreams::peer::HttpPeer;
-use pingora_http::RequestHeader;
 
+use crate::fleet::OwnGet;
 use crate::metrics::METRICS;
 use crate::policy::{EngineLoad, ReplicaId};
 use crate::replicas::{Replica, Replicas};
@@ -142,11 +142,7 @@ pub struct EngineLoadWatch {
 /// What one read needs; shared by the concurrent reads of a round.
 struct Reader {
     replicas: Arc<Replicas>,
-    connector: HttpConnector,
-    peer: HttpPeer,
-    request: RequestHeader,
-    /// A pooled connection is kept this long between reads.
-    idle: Duration,
+    page: OwnGet,
     /// Reads in a row that gave nothing, per replica.
     misses: Mutex<HashMap<ReplicaId, u32>>,
 }
@@ -162,16 +158,12 @@ impl EngineLoadWatch {
         interval: Duration,
         (peer, connector): (HttpPeer, HttpConnector),
     ) -> pingora_core::Result<Self> {
-        let mut request = RequestHeader::build("GET", path.as_bytes(), None)?;
-        request.insert_header("Host", host)?;
+        // A pooled connection is kept under the engines' own keep-alive (uvicorn: 5 s).
+        let idle = (interval * 2).min(Duration::from_secs(4));
         Ok(Self {
             reader: Arc::new(Reader {
                 replicas,
-                connector,
-                peer,
-                request,
-                // Under the engines' own keep-alive (uvicorn: 5 s).
-                idle: (interval * 2).min(Duration::from_secs(4)),
+                page: OwnGet::new(path, host, (peer, connector), idle, MAX_PAGE_BYTES)?,
                 misses: Mutex::new(HashMap::new()),
             }),
             interval,
@@ -204,36 +196,7 @@ impl EngineLoadWatch {
 
 impl Reader {
     async fn read(&self, replica: &Replica) -> pingora_core::Result<Vec<u8>> {
-        let mut peer = self.peer.clone();
-        peer._address = pingora_core::protocols::l4::socket::SocketAddr::Inet(replica.addr);
-        let (mut session, _) = self.connector.get_http_session(&peer).await?;
-        session
-            .write_request_header(Box::new(self.request.clone()))
-            .await?;
-        session.finish_request_body().await?;
-        session.read_response_header().await?;
-        let status = session.response_header().map(|h| h.status.as_u16());
-        if status != Some(200) {
-            return pingora_core::Error::e_explain(
-                pingora_core::ErrorType::HTTPStatus(status.unwrap_or(0)),
-                "engine metrics",
-            );
-        }
-        let mut page = Vec::new();
-        while let Some(chunk) = session.read_response_body().await? {
-            if page.len() + chunk.len() > MAX_PAGE_BYTES {
-                // A cut page could end inside a figure: no reading at all.
-                return pingora_core::Error::e_explain(
-                    pingora_core::ErrorType::InvalidHTTPHeader,
-                    "engine metrics page over the size cap",
-                );
-            }
-            page.extend_from_slice(&chunk);
-        }
-        self.connector
-            .release_http_session(session, &peer, Some(self.idle))
-            .await;
-        Ok(page)
+        self.page.get(replica.addr).await
     }
 
     /// Hands a read's result (the figures, and the router's own requests

@@ -25,6 +25,8 @@ pub enum RouterError {
     Saturated { in_flight: u32 },
     #[error("invalid API key: send `Authorization: Bearer <key>` with a key this router accepts")]
     Unauthorized,
+    #[error("the model `{model}` is not served by any replica")]
+    ModelNotFound { model: String },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -39,7 +41,7 @@ fn named(replica: &Option<String>) -> String {
 
 impl RouterError {
     /// Every `code`, for pre-registering metric labels.
-    pub const CODES: [&'static str; 9] = [
+    pub const CODES: [&'static str; 10] = [
         "no_replica",
         "body_too_large",
         "body_timeout",
@@ -48,6 +50,7 @@ impl RouterError {
         "overloaded",
         "replicas_saturated",
         "invalid_api_key",
+        "model_not_found",
         "internal_error",
     ];
 
@@ -62,6 +65,7 @@ impl RouterError {
             RouterError::Overloaded { .. } => 503,
             RouterError::Saturated { .. } => 429,
             RouterError::Unauthorized => 401,
+            RouterError::ModelNotFound { .. } => 404,
             RouterError::Internal(_) => 500,
         }
     }
@@ -77,6 +81,7 @@ impl RouterError {
             RouterError::Overloaded { .. } => "overloaded",
             RouterError::Saturated { .. } => "replicas_saturated",
             RouterError::Unauthorized => "invalid_api_key",
+            RouterError::ModelNotFound { .. } => "model_not_found",
             RouterError::Internal(_) => "internal_error",
         }
     }
@@ -157,6 +162,7 @@ mod tests {
             RouterError::Overloaded { what: "requests" },
             RouterError::Saturated { in_flight: 4 },
             RouterError::Unauthorized,
+            RouterError::ModelNotFound { model: "m".into() },
             RouterError::Internal("x".into()),
         ] {
             assert!(RouterError::CODES.contains(&e.code()), "{e:?}");

@@ -20,6 +20,7 @@ use pingora_load_balancing::{Backend, LoadBalancer};
 use pingora_core::connectors::http::Connector as HttpConnector;
 use pingora_core::connectors::ConnectorOptions;
 use pingora_core::upstreams::peer::HttpPeer;
+use pingora_http::RequestHeader;
 
 use crate::config::ReplicaTls;
 use crate::metrics::{Repair, METRICS};
@@ -51,18 +52,53 @@ pub fn fleet(
     lb
 }
 
-/// The health check's request; `health_check.path` is swapped on reload.
+/// The health check's request (`health_check.path` is swapped on reload),
+/// and the `GET /v1/models` that follows each pass, from which a replica's
+/// models are learned (unless the config declares them).
 pub struct HealthProbe {
     check: ArcSwap<HttpHealthCheck>,
+    models: OwnGet,
     tls: ReplicaTls,
 }
+
+/// Model lists are small; a larger answer is not taken.
+const MAX_MODELS_BYTES: usize = 1 << 20;
+const MAX_MODELS: usize = 256;
 
 impl HealthProbe {
     pub fn new(path: &str, tls: &ReplicaTls) -> Result<Arc<Self>> {
         Ok(Arc::new(Self {
             check: ArcSwap::from_pointee(http_check(path, tls)?),
+            models: OwnGet::new(
+                "/v1/models",
+                own_host(tls),
+                own_requests(tls),
+                Duration::from_secs(4),
+                MAX_MODELS_BYTES,
+            )?,
             tls: tls.clone(),
         }))
+    }
+
+    /// The ids a replica's `/v1/models` lists (OpenAI's list format); `None`
+    /// when it does not answer one.
+    async fn models_of(&self, addr: std::net::SocketAddr) -> Option<Vec<String>> {
+        let body = tokio::time::timeout(CHECK_DEADLINE, self.models.get(addr))
+            .await
+            .ok()?
+            .ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+        let ids = v
+            .get("data")?
+            .as_array()?
+            .iter()
+            .filter_map(|m| m.get("id")?.as_str());
+        Some(
+            ids.filter(|id| !id.is_empty() && id.len() <= crate::config::MAX_MODEL_NAME)
+                .take(MAX_MODELS)
+                .map(str::to_owned)
+                .collect(),
+        )
     }
 
     /// Checks `path` from the next round on.
@@ -82,6 +118,72 @@ fn http_check(path: &str, tls: &ReplicaTls) -> Result<HttpHealthCheck> {
             .map_err(|_| pingora_core::Error::new_str("invalid health_check.path"))?,
     );
     Ok(http)
+}
+
+/// A GET the router sends replicas itself (engine metrics, model lists):
+/// replica TLS and `Host` as the health checks, a pooled connection, the
+/// answer's body capped.
+pub struct OwnGet {
+    connector: HttpConnector,
+    peer: HttpPeer,
+    request: RequestHeader,
+    /// A pooled connection is kept this long between requests.
+    idle: Duration,
+    max_bytes: usize,
+}
+
+impl OwnGet {
+    pub fn new(
+        path: &str,
+        host: &str,
+        (peer, connector): (HttpPeer, HttpConnector),
+        idle: Duration,
+        max_bytes: usize,
+    ) -> Result<Self> {
+        let mut request = RequestHeader::build("GET", path.as_bytes(), None)?;
+        request.insert_header("Host", host)?;
+        Ok(Self {
+            connector,
+            peer,
+            request,
+            idle,
+            max_bytes,
+        })
+    }
+
+    /// The body of a 200 answer from `addr`; an error for any other status
+    /// or a body over the cap (a cut body could end inside a figure).
+    pub async fn get(&self, addr: std::net::SocketAddr) -> Result<Vec<u8>> {
+        let mut peer = self.peer.clone();
+        peer._address = pingora_core::protocols::l4::socket::SocketAddr::Inet(addr);
+        let (mut session, _) = self.connector.get_http_session(&peer).await?;
+        session
+            .write_request_header(Box::new(self.request.clone()))
+            .await?;
+        session.finish_request_body().await?;
+        session.read_response_header().await?;
+        let status = session.response_header().map(|h| h.status.as_u16());
+        if status != Some(200) {
+            return pingora_core::Error::e_explain(
+                ErrorType::HTTPStatus(status.unwrap_or(0)),
+                "status",
+            );
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = session.read_response_body().await? {
+            if body.len() + chunk.len() > self.max_bytes {
+                return pingora_core::Error::e_explain(
+                    ErrorType::InvalidHTTPHeader,
+                    "body over the size cap",
+                );
+            }
+            body.extend_from_slice(&chunk);
+        }
+        self.connector
+            .release_http_session(session, &peer, Some(self.idle))
+            .await;
+        Ok(body)
+    }
 }
 
 /// A whole health check: connect (1 s) plus the answer.
@@ -169,6 +271,14 @@ impl HealthCheck for ReplicaHealth {
                 let forgotten = self.policy.forget_replica(r.id);
                 if forgotten > 0 {
                     METRICS.repaired(&r.name, Repair::Restart, forgotten);
+                }
+            }
+            if result.is_ok() && !r.declares_models() {
+                if let Some(list) = self.probe.models_of(r.addr).await {
+                    let shown = list.join(", ");
+                    if r.learn_models(list) {
+                        log::info!("replica {} serves models [{shown}]", r.name);
+                    }
                 }
             }
             if r.on_check(result.is_ok(), std::time::Instant::now()) {

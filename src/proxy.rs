@@ -134,6 +134,8 @@ pub struct Ctx {
     /// is chosen (it holds a canonical copy of the prompt), and read again
     /// from `body` if the request has to be placed again (`reparse`).
     request: Option<Request>,
+    /// The body's `model`: only replicas serving it are offered.
+    model: Option<String>,
     reparse: bool,
     decision: Option<Decision>,
     /// The replica of the current attempt.
@@ -178,6 +180,9 @@ impl Router {
         let parsed_bytes = request.as_ref().map_or(0, |r| r.chain.heap_bytes());
         if !ctx.ticket.as_mut().is_some_and(|t| t.reserve(parsed_bytes)) {
             return false;
+        }
+        if let Some(r) = &request {
+            ctx.model.clone_from(&r.model);
         }
         ctx.request = request;
         true
@@ -262,6 +267,40 @@ impl Router {
         Ok(true)
     }
 
+    /// The router's own answer to `GET /v1/models` (the union of the live
+    /// replicas' models, in OpenAI's list format) and `GET /v1/models/{id}`,
+    /// when every live replica's models are known; `None`: forward it.
+    fn models_answer(&self, path: &str) -> Option<std::result::Result<Vec<u8>, RouterError>> {
+        let id = match path.strip_prefix("/v1/models") {
+            Some("" | "/") => None,
+            Some(rest) => Some(rest.strip_prefix('/')?),
+            None => return None,
+        };
+        let list = self.replicas.snapshot();
+        let mut models = std::collections::BTreeSet::new();
+        let mut any_live = false;
+        for r in list.iter().filter(|r| r.live()) {
+            any_live = true;
+            models.extend(r.models()?.iter().cloned());
+        }
+        if !any_live {
+            return None;
+        }
+        let object = |m: &str| serde_json::json!({"id": m, "object": "model", "created": 0, "owned_by": "prefix-router"});
+        Some(match id {
+            None => {
+                let data: Vec<_> = models.iter().map(|m| object(m)).collect();
+                Ok(serde_json::json!({"object": "list", "data": data})
+                    .to_string()
+                    .into_bytes())
+            }
+            Some(id) if models.contains(id) => Ok(object(id).to_string().into_bytes()),
+            Some(id) => Err(RouterError::ModelNotFound {
+                model: id.chars().take(crate::config::MAX_MODEL_NAME).collect(),
+            }),
+        })
+    }
+
     /// How much of a refused body is read and discarded at most.
     fn drain_bytes(&self) -> usize {
         self.settings
@@ -302,6 +341,16 @@ async fn respond(session: &mut Session, err: &RouterError) -> Result<()> {
     session.write_response_body(Some(body), true).await
 }
 
+/// A JSON answer of the router's own.
+async fn respond_json(session: &mut Session, status: u16, body: Vec<u8>) -> Result<()> {
+    let body = Bytes::from(body);
+    let mut resp = ResponseHeader::build(status, Some(2))?;
+    resp.insert_header("content-type", "application/json")?;
+    resp.insert_header("content-length", body.len().to_string())?;
+    session.write_response_header(Box::new(resp), false).await?;
+    session.write_response_body(Some(body), true).await
+}
+
 fn header<'a>(session: &'a Session, name: &str) -> Option<&'a str> {
     session
         .req_header()
@@ -333,6 +382,7 @@ impl ProxyHttp for Router {
             ticket: None,
             body: None,
             request: None,
+            model: None,
             reparse: false,
             decision: None,
             attempt: None,
@@ -370,6 +420,17 @@ impl ProxyHttp for Router {
                 .await;
         }
         let req = session.req_header();
+        if req.method == http::Method::GET {
+            if let Some(answer) = self.models_answer(req.uri.path()) {
+                return match answer {
+                    Ok(body) => {
+                        respond_json(session, 200, body).await?;
+                        Ok(true)
+                    }
+                    Err(err) => self.refuse(session, ctx, &err, false).await,
+                };
+            }
+        }
         if req.method != http::Method::POST {
             return Ok(false);
         }
@@ -430,6 +491,14 @@ impl ProxyHttp for Router {
                 .refuse(session, ctx, &RouterError::OVER_BUDGET, false)
                 .await;
         }
+        if let Some(model) = ctx.model.as_deref() {
+            if self.replicas.nobody_serves(model) {
+                let err = RouterError::ModelNotFound {
+                    model: model.chars().take(crate::config::MAX_MODEL_NAME).collect(),
+                };
+                return self.refuse(session, ctx, &err, false).await;
+            }
+        }
         Ok(false)
     }
 
@@ -450,7 +519,7 @@ impl ProxyHttp for Router {
         }
         let list = self.replicas.snapshot();
         for _ in 0..=list.len() {
-            let (states, panic) = Replicas::states(&list, &ctx.tried);
+            let (states, panic) = Replicas::states(&list, &ctx.tried, ctx.model.as_deref());
             let decision = match &ctx.request {
                 Some(r) => self.policy.place(r, &states),
                 None => self.policy.spread(&states),

@@ -20,6 +20,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwapOption;
+
 use crate::capacity::BYTES_PER_TOKEN;
 use crate::config;
 use crate::metrics::ReplicaCounters;
@@ -33,6 +35,10 @@ pub struct Replica {
     pub addr: SocketAddr,
     /// KV capacity in tokens; 0 when not declared. Reloadable.
     kv_tokens: AtomicU64,
+    /// The models it serves; `None`: unknown, any model.
+    models: ArcSwapOption<Vec<String>>,
+    /// `models` comes from the config (else from the replica's /v1/models).
+    declared_models: AtomicBool,
     in_flight: AtomicU32,
     /// Pinned working set, bytes (the capacity watch refreshes it).
     pinned_bytes: AtomicU64,
@@ -110,6 +116,45 @@ impl Replica {
     /// Its last health check passed (ejected or not).
     pub fn checked(&self) -> bool {
         self.checked.load(Relaxed)
+    }
+
+    /// Whether it may get a request for `model` (any, while its models are unknown).
+    pub fn serves(&self, model: &str) -> bool {
+        self.models
+            .load()
+            .as_ref()
+            .is_none_or(|list| list.iter().any(|m| m == model))
+    }
+
+    /// Its models come from the config, not its `/v1/models`.
+    pub fn declares_models(&self) -> bool {
+        self.declared_models.load(Relaxed)
+    }
+
+    /// The models it serves, when known.
+    pub fn models(&self) -> Option<Arc<Vec<String>>> {
+        self.models.load_full()
+    }
+
+    /// Takes the list its `/v1/models` gave, unless the config declares its
+    /// models; an empty list counts as unknown. Returns whether it changed.
+    pub fn learn_models(&self, list: Vec<String>) -> bool {
+        if self.declared_models.load(Relaxed) {
+            return false;
+        }
+        let next = Some(list).filter(|l| !l.is_empty());
+        if self.models.load().as_deref() == next.as_ref() {
+            return false;
+        }
+        self.models.store(next.map(Arc::new));
+        true
+    }
+
+    fn declare_models(&self, declared: &Option<Vec<String>>) {
+        let was = self.declared_models.swap(declared.is_some(), Relaxed);
+        if declared.is_some() || was {
+            self.models.store(declared.clone().map(Arc::new));
+        }
     }
 
     /// A health check has run since the replica joined, passed or not.
@@ -299,15 +344,21 @@ impl Replicas {
         Arc::clone(&self.current.read().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// The policy's view of the set, excluding replicas in `tried`. When no
-    /// replica is live, the ejected ones that pass their health check count as
-    /// live (panic mode, reported by the `bool`).
-    pub fn states(list: &[Arc<Replica>], tried: &[ReplicaId]) -> (Vec<ReplicaState>, bool) {
+    /// The policy's view of the set, excluding replicas in `tried` and those
+    /// that do not serve `model`. When no replica is live, the ejected ones
+    /// that pass their health check count as live (panic mode, reported by
+    /// the `bool`).
+    pub fn states(
+        list: &[Arc<Replica>],
+        tried: &[ReplicaId],
+        model: Option<&str>,
+    ) -> (Vec<ReplicaState>, bool) {
+        let offered = |r: &Replica| !tried.contains(&r.id) && model.is_none_or(|m| r.serves(m));
         let mut states: Vec<ReplicaState> = list
             .iter()
             .map(|r| {
                 let mut s = r.state();
-                s.live &= !tried.contains(&r.id);
+                s.live &= offered(r);
                 s
             })
             .collect();
@@ -316,10 +367,16 @@ impl Replicas {
         }
         let mut panic = false;
         for (s, r) in states.iter_mut().zip(list) {
-            s.live = r.checked() && !tried.contains(&r.id);
+            s.live = r.checked() && offered(r);
             panic |= s.live;
         }
         (states, panic)
+    }
+
+    /// No replica in the set serves `model` (each lists its models, and none
+    /// names it): a request for it is answered 404 at once.
+    pub fn nobody_serves(&self, model: &str) -> bool {
+        !self.snapshot().iter().any(|r| r.serves(model))
     }
 
     /// Records a failed request to `replica` at `now`; returns the ejection it
@@ -392,6 +449,7 @@ impl Replicas {
             let replica = match kept {
                 Some(r) => {
                     r.kv_tokens.store(c.kv_tokens.unwrap_or(0), Relaxed);
+                    r.declare_models(&c.models);
                     Arc::clone(r)
                 }
                 None => {
@@ -400,6 +458,8 @@ impl Replicas {
                         name: c.name.clone(),
                         addr,
                         kv_tokens: AtomicU64::new(c.kv_tokens.unwrap_or(0)),
+                        models: ArcSwapOption::new(c.models.clone().map(Arc::new)),
+                        declared_models: AtomicBool::new(c.models.is_some()),
                         in_flight: AtomicU32::new(0),
                         pinned_bytes: AtomicU64::new(0),
                         cold_bytes: AtomicU64::new(0),
@@ -440,6 +500,7 @@ mod tests {
                 name: n.to_string(),
                 addr: a.to_string(),
                 kv_tokens: None,
+                models: None,
             })
             .collect()
     }
@@ -637,15 +698,15 @@ mod tests {
             "50 % of two replicas is one"
         );
         assert!(list[1].live());
-        let (states, panic) = Replicas::states(&list, &[list[1].id]);
+        let (states, panic) = Replicas::states(&list, &[list[1].id], None);
         assert!(panic, "only the ejected replica is left");
         assert!(states[0].live && !states[1].live);
-        let (states, panic) = Replicas::states(&list, &[]);
+        let (states, panic) = Replicas::states(&list, &[], None);
         assert!(!panic);
         assert!(!states[0].live && states[1].live);
         // A replica failing its health check is never routed to, panic or not.
         list[0].on_check(false, now);
-        let (states, _) = Replicas::states(&list, &[list[1].id]);
+        let (states, _) = Replicas::states(&list, &[list[1].id], None);
         assert!(states.iter().all(|s| !s.live));
     }
 
@@ -691,6 +752,6 @@ mod tests {
         assert_eq!(a.in_flight(), 0);
         let tried = [a.id];
         a.on_check(true, Instant::now());
-        assert!(!Replicas::states(&set.snapshot(), &tried).0[0].live);
+        assert!(!Replicas::states(&set.snapshot(), &tried, None).0[0].live);
     }
 }

@@ -8,7 +8,8 @@
 //! a client escaped it, and most strings are copied as written, not unescaped. Anthropic's
 //! top-level `system` is a first `system` message wherever its key stands; a
 //! completions `prompt` is its text (strings of a list joined by `0x1E`, token
-//! ids as decimal numbers). Unknown fields are ignored, except vLLM's
+//! ids as decimal numbers). `model` is kept (it decides which replicas may
+//! serve the request). Unknown fields are ignored, except vLLM's
 //! `cache_salt`, which becomes part of the prefix identity (the engine shares
 //! cache only within one salt), and the engine options that skip its prefix
 //! cache (`cache_prompt: false`, `prompt_logprobs`), which are noted: such a
@@ -53,6 +54,8 @@ pub struct Prompt {
     pub key: Option<String>,
     /// `cache_salt` from the body: part of the prefix identity.
     pub salt: Option<String>,
+    /// `model` from the body: which replicas may serve it.
+    pub model: Option<String>,
     /// The body asks the engine not to reuse its prefix cache
     /// (`cache_prompt: false`, `prompt_logprobs`, a `cache_salt` that is not
     /// a string).
@@ -86,6 +89,7 @@ impl Prompt {
             messages: self.messages,
             key,
             cache_bypass: self.cache_bypass,
+            model: self.model,
         }
     }
 }
@@ -132,6 +136,8 @@ struct Fields {
     /// vLLM's `cache_salt` (a non-empty string): the engine shares cache only
     /// between requests of one salt, so the prefix identity includes it.
     salt: Option<String>,
+    /// `model` (a non-empty string).
+    model: Option<String>,
     /// A `cache_salt` that is not a string: what the engine does with it is
     /// unknown, so its reuse is no evidence.
     odd_salt: bool,
@@ -150,6 +156,7 @@ impl Fields {
         let mut prompt = Prompt {
             key: self.key,
             salt: self.salt,
+            model: self.model,
             cache_bypass: self.odd_salt || self.no_cache || self.logprobs,
             ..Prompt::default()
         };

@@ -19,7 +19,7 @@ fn agent(turns: usize) -> serde_json::Value {
         m.push(json!({"role": "assistant", "content": format!("result {t}")}));
     }
     m.push(json!({"role": "user", "content": format!("step {turns}")}));
-    json!({"model": "m", "max_tokens": 2, "messages": m})
+    json!({"model": "sim", "max_tokens": 2, "messages": m})
 }
 
 /// A series of the router's metrics, which must exist (a misspelt name

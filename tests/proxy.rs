@@ -71,8 +71,8 @@ fn bodies_reach_the_replica_byte_for_byte_at_every_size_and_framing() {
     let router = Router::start(&[&a], "max_body_bytes: 16777216\n");
     for size in [70 * 1024, 1 << 20, 8 << 20] {
         let filler = "x".repeat(size);
-        let body =
-            serde_json::to_vec(&json!({"model": "m", "max_tokens": 1, "prompt": filler})).unwrap();
+        let body = serde_json::to_vec(&json!({"model": "sim", "max_tokens": 1, "prompt": filler}))
+            .unwrap();
         let want = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&body));
         for framing in [Framing::ContentLength, Framing::Chunked(64 * 1024 + 7)] {
             let r = http::send(router.addr, "POST", "/v1/completions", &[], &body, framing)
@@ -238,11 +238,16 @@ fn a_body_that_stalls_gets_408_and_other_requests_are_unaffected() {
 fn other_paths_are_proxied_with_the_counter() {
     let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
     let router = Router::start(&[&a, &b], "");
-    let r1 = http::get(router.addr, "/v1/models");
-    let r2 = http::get(router.addr, "/v1/models");
+    let r1 = http::get(router.addr, "/metrics");
+    let r2 = http::get(router.addr, "/metrics");
     assert_eq!((r1.status, r2.status), (200, 200));
     assert_ne!(r1.replica(), r2.replica());
-    assert_eq!(r1.json()["data"][0]["id"], "sim");
+    assert!(r1.text().contains("vllm:num_requests_running"));
+    // The model list is the router's own answer, from what the replicas list.
+    let models = http::get(router.addr, "/v1/models");
+    assert_eq!(models.status, 200);
+    assert_eq!(models.header("x-prefix-router-replica"), None);
+    assert_eq!(models.json()["data"][0]["id"], "sim");
     let emb = router.post("/v1/embeddings", &json!({"input": "x".repeat(100_000)}));
     assert_eq!(emb.status, 200);
     assert!(emb.json()["x_body_bytes"].as_u64().unwrap() > 100_000);
@@ -315,7 +320,7 @@ fn singles_keep_off_a_replica_whose_kv_is_taken_by_a_pinned_context() {
     let router = Router::start(&[&a, &b], "");
     // An agent's context of ~6,500 bytes, pinned to one card.
     let context = "The failing test and the files it touches. ".repeat(150);
-    let agent = json!({"model": "m", "max_tokens": 2, "messages": [
+    let agent = json!({"model": "sim", "max_tokens": 2, "messages": [
         {"role": "system", "content": context},
         {"role": "user", "content": "fix it"},
         {"role": "assistant", "content": "looking"},

@@ -120,7 +120,7 @@ fn policy_limits_headers_and_health_path_apply_without_a_restart() {
         "the new policy is in force"
     );
 
-    let big = json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(2000)}]});
+    let big = json!({"model": "sim", "messages": [{"role": "user", "content": "x".repeat(2000)}]});
     assert_eq!(router.post("/v1/chat/completions", &big).status, 200);
     router.rewrite(&Router::yaml(
         &sims,

@@ -49,7 +49,7 @@ fn decide(
 }
 
 fn one_shot(system: &str, question: &str) -> serde_json::Value {
-    json!({"model": "m", "messages": [
+    json!({"model": "sim", "messages": [
         {"role": "system", "content": system},
         {"role": "user", "content": question}]})
 }
@@ -64,7 +64,7 @@ fn conversation(system: &str, topic: &str, turns: usize) -> serde_json::Value {
         );
     }
     messages.push(json!({"role": "user", "content": format!("{topic}: question {turns}")}));
-    json!({"model": "m", "messages": messages})
+    json!({"model": "sim", "messages": messages})
 }
 
 #[test]

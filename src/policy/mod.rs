@@ -63,8 +63,12 @@
 //!                 hash of the first block over live replicas             reason `hash`
 //! PARAMETERS      PolicyConfig: mode, continuation, block_bytes, max_entries, kv_room,
 //!                 load_guard, least_loaded
+//! MODELS          the caller offers (as live) only the replicas serving the request's
+//!                 `model`; every rule above runs within them. The counter is one per
+//!                 set of replicas counted over, so one model's replicas take turns
+//!                 whatever another model's traffic does in between.
 //! STATE           the prefix index (capped LRU, sharded by key, a lock per shard)
-//!                 and the counter; every placement is recorded, so a failover's
+//!                 and the counters; every placement is recorded, so a failover's
 //!                 re-placement moves the pin with it.
 //! REPAIR          the caller reports what engines say: a pin whose predicted prefix
 //!                 the engine reports (almost) all gone forgets what that replica held
@@ -225,6 +229,8 @@ pub struct Request {
     /// The request tells the engine not to reuse its prefix cache: its
     /// placement is as usual, but its reported reuse is no evidence.
     pub cache_bypass: bool,
+    /// The body's `model`: the caller offers only replicas serving it.
+    pub model: Option<String>,
 }
 
 /// The request's shape.
@@ -331,9 +337,13 @@ pub struct Policy {
     /// Swapped whole on reload ([`Policy::set_config`]).
     cfg: ArcSwap<PolicyConfig>,
     index: Shards,
-    counter: AtomicU64,
+    /// Spread counters, one per set of replicas (hashed; see `count`).
+    counters: [AtomicU64; COUNTERS],
     clock_s: AtomicU32,
 }
+
+/// Spread counters kept (sets hashing alike share one).
+const COUNTERS: usize = 64;
 
 impl Policy {
     pub fn new(cfg: PolicyConfig) -> Self {
@@ -344,7 +354,7 @@ impl Policy {
         Self {
             index: Shards::new(cfg.max_entries),
             cfg: ArcSwap::from_pointee(cfg),
-            counter: AtomicU64::new(0),
+            counters: std::array::from_fn(|_| AtomicU64::new(0)),
             clock_s: AtomicU32::new(0),
         }
     }
@@ -696,11 +706,19 @@ impl Policy {
         self.count(&idle)
     }
 
+    /// The counter of this set of replicas: each set its own, so the
+    /// replicas of one model (the caller offers only those) take turns
+    /// whatever other models' traffic does between.
     fn count(&self, live: &[ReplicaState]) -> Option<ReplicaId> {
         if live.is_empty() {
             return None;
         }
-        let i = (self.counter.fetch_add(1, Relaxed) % live.len() as u64) as usize;
+        let mut set = 0u64;
+        for s in live {
+            set = xxh3_64_with_seed(&s.id.0.to_le_bytes(), set);
+        }
+        let counter = &self.counters[(set % COUNTERS as u64) as usize];
+        let i = (counter.fetch_add(1, Relaxed) % live.len() as u64) as usize;
         Some(live[i].id)
     }
 }

@@ -37,6 +37,7 @@ fn req(text: &str, model_turn: bool) -> Request {
         messages: 1,
         key: None,
         cache_bypass: false,
+        model: None,
     }
 }
 

@@ -127,6 +127,11 @@ impl<'de> Visitor<'de> for Top<'_> {
                         .next_value::<Option<String>>()?
                         .filter(|k| !k.is_empty());
                 }
+                Field::Model => {
+                    f.model = map
+                        .next_value::<Option<String>>()?
+                        .filter(|k| !k.is_empty());
+                }
                 Field::CacheSalt => {
                     let raw = map.next_value::<Box<serde_json::value::RawValue>>()?;
                     f.salt = None;
@@ -160,6 +165,7 @@ enum Field {
     System,
     Prompt,
     CacheKey,
+    Model,
     CacheSalt,
     CachePrompt,
     PromptLogprobs,
@@ -182,6 +188,7 @@ impl<'de> serde::Deserialize<'de> for Field {
                     "system" => Field::System,
                     "prompt" => Field::Prompt,
                     "prompt_cache_key" => Field::CacheKey,
+                    "model" => Field::Model,
                     "cache_salt" => Field::CacheSalt,
                     "cache_prompt" => Field::CachePrompt,
                     "prompt_logprobs" => Field::PromptLogprobs,
@@ -471,6 +478,7 @@ mod tests {
                 ("system", content),
                 ("prompt", Value::clone),
                 ("prompt_cache_key", scalar),
+                ("model", scalar),
             ],
         )
     }
@@ -593,6 +601,11 @@ mod tests {
             r#"{"messages":[{"role":1}]}"#,
             r#"{"messages":[{"role":null,"content":5}]}"#,
             r#"{"messages":[{"content":"a","role":"tool","role":"user"}]}"#,
+            r#"{"model":"m","messages":[]}"#,
+            r#"{"model":5}"#,
+            r#"{"model":""}"#,
+            r#"{"model":"a","model":null}"#,
+            r#"{"model":["m"]}"#,
             r#"{"prompt_cache_key":1}"#,
             r#"{"prompt_cache_key":null}"#,
             r#"{"prompt_cache_key":"k","prompt_cache_key":null}"#,

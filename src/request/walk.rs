@@ -18,6 +18,7 @@ enum Field {
     System,
     Prompt,
     CacheKey,
+    Model,
     /// Engine options that skip its prefix cache (see `CacheBypass`).
     CacheSalt,
     CachePrompt,
@@ -35,6 +36,7 @@ fn field(key: &[u8]) -> Field {
         b"system" => Field::System,
         b"prompt" => Field::Prompt,
         b"prompt_cache_key" => Field::CacheKey,
+        b"model" => Field::Model,
         b"cache_salt" => Field::CacheSalt,
         b"cache_prompt" => Field::CachePrompt,
         b"prompt_logprobs" => Field::PromptLogprobs,
@@ -115,6 +117,7 @@ impl Walk<'_> {
                     f.prompt = Some(std::mem::take(&mut self.section));
                 }
                 Field::CacheKey => f.key = self.cache_key()?,
+                Field::Model => f.model = self.cache_key()?,
                 Field::CacheSalt if self.s.peek() == Some(b'"') => {
                     f.salt = self.cache_key()?;
                     f.odd_salt = false;

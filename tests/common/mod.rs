@@ -395,7 +395,7 @@ impl Drop for Router {
 
 /// A chat body of one user message.
 pub fn single(text: &str) -> serde_json::Value {
-    serde_json::json!({"model": "m", "max_tokens": 2,
+    serde_json::json!({"model": "sim", "max_tokens": 2,
         "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": text}]})
 }
 
@@ -415,7 +415,7 @@ pub fn conversation(topic: &str, turns: usize) -> serde_json::Value {
         m.push(serde_json::json!({"role": "assistant", "content": format!("{topic} result {t}")}));
     }
     m.push(serde_json::json!({"role": "user", "content": format!("{topic} step {turns}")}));
-    serde_json::json!({"model": "m", "max_tokens": 2, "messages": m})
+    serde_json::json!({"model": "sim", "max_tokens": 2, "messages": m})
 }
 
 /// A replica that passes `/health` and answers every other request with a
@@ -466,9 +466,14 @@ impl TricklingReplica {
             if reader.read_exact(&mut body).is_err() {
                 return;
             }
-            if head[0].starts_with("GET /health") {
-                let ok = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                if conn.write_all(ok.as_bytes()).is_err() {
+            if head[0].starts_with("GET /health") || head[0].starts_with("GET /v1/models") {
+                // Healthy; no model list (it serves any model).
+                let answer = if head[0].starts_with("GET /health") {
+                    "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                } else {
+                    "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
+                };
+                if conn.write_all(answer.as_bytes()).is_err() {
                     return;
                 }
                 continue;
@@ -486,7 +491,7 @@ impl TricklingReplica {
         }
     }
 
-    /// Requests other than health checks that arrived.
+    /// Requests other than health checks (and model lists) that arrived.
     pub fn received(&self) -> u64 {
         self.received.load(Ordering::Relaxed)
     }

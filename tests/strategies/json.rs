@@ -12,6 +12,7 @@ pub fn key() -> impl Strategy<Value = String> {
         Just("system".to_owned()),
         Just("prompt".to_owned()),
         Just("prompt_cache_key".to_owned()),
+        Just("model".to_owned()),
         Just("cache_salt".to_owned()),
         Just("cache_prompt".to_owned()),
         Just("prompt_logprobs".to_owned()),

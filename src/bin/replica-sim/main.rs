@@ -48,6 +48,11 @@ struct Cli {
     /// Name reported in `x-sim-replica` and as the model's owner.
     #[arg(long, default_value = "sim")]
     name: String,
+    /// The models served, comma-separated, listed by `GET /v1/models`; a
+    /// request naming another answers 404 as vLLM does (`POST /sim/models`
+    /// with a JSON list switches them at runtime).
+    #[arg(long, default_value = "sim", value_delimiter = ',')]
+    models: Vec<String>,
     /// KV cache capacity in tokens.
     #[arg(long, default_value_t = 122_636)]
     kv_tokens: u64,
@@ -116,6 +121,7 @@ struct Sim {
     arrived: Notify,
     next_id: AtomicU64,
     healthy: AtomicBool,
+    models: std::sync::Mutex<Vec<String>>,
     running: AtomicU64,
     cancelled: AtomicU64,
     /// Completion requests that arrived, answered or not.
@@ -179,10 +185,21 @@ impl Sim {
                     full(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "loading")
                 }
             }
-            (&Method::GET, "/v1/models") => json_response(
-                StatusCode::OK,
-                &json!({"object": "list", "data": [{"id": "sim", "object": "model", "owned_by": self.cli.name}]}),
-            ),
+            (&Method::GET, "/v1/models") => {
+                let models = self.models.lock().expect("models").clone();
+                let data: Vec<Value> = models
+                    .iter()
+                    .map(|m| json!({"id": m, "object": "model", "owned_by": self.cli.name}))
+                    .collect();
+                json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+            }
+            (&Method::POST, "/sim/models") => match serde_json::from_slice::<Vec<String>>(&body) {
+                Ok(list) => {
+                    *self.models.lock().expect("models") = list.clone();
+                    json_response(StatusCode::OK, &json!({"models": list}))
+                }
+                Err(e) => error(StatusCode::BAD_REQUEST, &e.to_string()),
+            },
             (&Method::GET, "/metrics") => {
                 full(StatusCode::OK, "text/plain; version=0.0.4", self.metrics())
             }
@@ -231,6 +248,25 @@ impl Sim {
                 )
             }
         };
+        // vLLM answers 404 for a model it does not serve.
+        if let Some(model) = req.get("model").and_then(Value::as_str) {
+            if !self
+                .models
+                .lock()
+                .expect("models")
+                .iter()
+                .any(|m| m == model)
+            {
+                return self.tag(
+                    json_response(
+                        StatusCode::NOT_FOUND,
+                        &json!({"error": {"message": format!("The model `{model}` does not exist."),
+                                "type": "NotFoundError", "param": "model", "code": 404}}),
+                    ),
+                    received,
+                );
+            }
+        }
         // vLLM refuses a salt that is not a non-empty string.
         if req
             .get("cache_salt")
@@ -540,6 +576,7 @@ async fn main() -> std::io::Result<()> {
         arrived: Notify::new(),
         next_id: AtomicU64::new(0),
         healthy: AtomicBool::new(loading.is_zero()),
+        models: std::sync::Mutex::new(cli.models.clone()),
         running: AtomicU64::new(0),
         cancelled: AtomicU64::new(0),
         received: AtomicU64::new(0),
