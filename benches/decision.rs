@@ -118,6 +118,8 @@ fn lookup_vs_tracked(c: &mut Criterion) {
                 key: None,
                 cache_bypass: false,
                 model: None,
+                previous_response_id: None,
+                store: true,
             };
             p.place(&req, &rs);
         }

@@ -103,13 +103,19 @@ pub async fn drain(session: &mut Session, max_bytes: usize) {
 /// forwarded as is and spread).
 pub async fn parse(
     body: Bytes,
+    path: &'static str,
     max_prompt_bytes: usize,
     block_bytes: usize,
     header_key: Option<String>,
 ) -> Option<Request> {
     let inline = body.len() <= INLINE_PARSE_BYTES;
     let parse = move || {
-        Prompt::parse(&body, max_prompt_bytes)
+        let prompt = if path == crate::paths::RESPONSES_PATH {
+            Prompt::parse_responses(&body, max_prompt_bytes)
+        } else {
+            Prompt::parse(&body, max_prompt_bytes)
+        };
+        prompt
             .ok()
             .map(|p| p.into_request(block_bytes, header_key.as_deref()))
     };

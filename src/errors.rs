@@ -27,6 +27,8 @@ pub enum RouterError {
     Unauthorized,
     #[error("the model `{model}` is not served by any replica")]
     ModelNotFound { model: String },
+    #[error("the replica holding response `{id}` is unavailable; retry shortly, or start a new response")]
+    ResponseUnavailable { id: String },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -41,7 +43,7 @@ fn named(replica: &Option<String>) -> String {
 
 impl RouterError {
     /// Every `code`, for pre-registering metric labels.
-    pub const CODES: [&'static str; 10] = [
+    pub const CODES: [&'static str; 11] = [
         "no_replica",
         "body_too_large",
         "body_timeout",
@@ -51,6 +53,7 @@ impl RouterError {
         "replicas_saturated",
         "invalid_api_key",
         "model_not_found",
+        "response_unavailable",
         "internal_error",
     ];
 
@@ -66,6 +69,7 @@ impl RouterError {
             RouterError::Saturated { .. } => 429,
             RouterError::Unauthorized => 401,
             RouterError::ModelNotFound { .. } => 404,
+            RouterError::ResponseUnavailable { .. } => 503,
             RouterError::Internal(_) => 500,
         }
     }
@@ -82,6 +86,7 @@ impl RouterError {
             RouterError::Saturated { .. } => "replicas_saturated",
             RouterError::Unauthorized => "invalid_api_key",
             RouterError::ModelNotFound { .. } => "model_not_found",
+            RouterError::ResponseUnavailable { .. } => "response_unavailable",
             RouterError::Internal(_) => "internal_error",
         }
     }
@@ -95,7 +100,10 @@ impl RouterError {
     pub fn retry_after_s(&self) -> Option<u32> {
         matches!(
             self,
-            RouterError::Overloaded { .. } | RouterError::Saturated { .. } | RouterError::NoReplica
+            RouterError::Overloaded { .. }
+                | RouterError::Saturated { .. }
+                | RouterError::NoReplica
+                | RouterError::ResponseUnavailable { .. }
         )
         .then_some(1)
     }
@@ -163,6 +171,7 @@ mod tests {
             RouterError::Saturated { in_flight: 4 },
             RouterError::Unauthorized,
             RouterError::ModelNotFound { model: "m".into() },
+            RouterError::ResponseUnavailable { id: "r".into() },
             RouterError::Internal("x".into()),
         ] {
             assert!(RouterError::CODES.contains(&e.code()), "{e:?}");

@@ -31,5 +31,6 @@ pub mod proxy;
 pub mod reload;
 pub mod replicas;
 pub mod request;
+pub mod responses;
 pub mod upgrade;
 pub mod usage;

@@ -25,6 +25,7 @@ use prefix_router::policy::Policy;
 use prefix_router::proxy::{Router, Settings};
 use prefix_router::reload::{Live, Reloader};
 use prefix_router::replicas::Replicas;
+use prefix_router::responses::ResponseIds;
 
 /// A load balancer for LLM replicas that routes by request shape.
 #[derive(Parser)]
@@ -201,6 +202,7 @@ fn main() -> anyhow::Result<()> {
         ),
     );
     let settings = Arc::new(arc_swap::ArcSwap::from_pointee(Settings::from_config(&cfg)));
+    let responses = Arc::new(ResponseIds::new(prefix_router::responses::DEFAULT_CAP));
     let admission = Admission::new(cfg.limits.max_requests, cfg.limits.max_buffered_bytes);
     let router = Router {
         settings: Arc::clone(&settings),
@@ -209,6 +211,7 @@ fn main() -> anyhow::Result<()> {
         fleet: fleet_service.task(),
         admission: Arc::clone(&admission),
         keys: keys.clone(),
+        responses: Arc::clone(&responses),
     };
     let capacity = CapacityWatch::new(
         cfg.working_set_window_s,

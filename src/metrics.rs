@@ -39,6 +39,8 @@ pub struct Metrics {
     pub key_reloads: IntCounterVec,
     /// 1 while the config file changes keys that need a restart.
     pub restart_pending: IntGauge,
+    /// Responses API ids whose replica the router knows.
+    pub response_ids: IntGauge,
     /// Entries and heap bytes of the prefix index.
     pub index_entries: IntGauge,
     pub index_bytes: IntGauge,
@@ -279,6 +281,11 @@ pub static METRICS: Lazy<Metrics> = Lazy::new(|| {
         "prefix_router_api_keys_reloads_total",
         "API keys file reloads, by result",
         &["result"]
+    )
+    .expect("register"),
+    response_ids: register_int_gauge!(
+        "prefix_router_response_ids",
+        "Responses API response ids whose replica the router knows (bounded, least recently used evicted)"
     )
     .expect("register"),
     restart_pending: register_int_gauge!(

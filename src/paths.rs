@@ -3,7 +3,23 @@
 //! routed path skips the body limit or placement.
 
 /// Paths whose body is read and routed by prompt.
-pub const ROUTED_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/messages"];
+pub const ROUTED_PATHS: [&str; 4] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    RESPONSES_PATH,
+];
+
+/// OpenAI's Responses API (its body is read by `request::responses`).
+pub const RESPONSES_PATH: &str = "/v1/responses";
+
+/// The response id a `GET`/`DELETE /v1/responses/{id}` (or a sub-path such
+/// as `/input_items` or `/cancel`) names.
+pub fn response_id(path: &str) -> Option<&str> {
+    let id = path.strip_prefix("/v1/responses/")?;
+    let id = id.split('/').next()?;
+    (!id.is_empty()).then_some(id)
+}
 
 /// The routed path that `path` (without query) names, if any, after the
 /// normalisation an engine's HTTP server may apply: percent-decoding, empty

@@ -48,9 +48,10 @@ use crate::config::{ms, Config};
 use crate::errors::RouterError;
 use crate::fleet::{addr_key, Fleet};
 use crate::metrics::{Repair, METRICS};
-use crate::paths::routed_path;
-use crate::policy::{Decision, Policy, ReplicaId, Request, Shape};
+use crate::paths::{response_id, routed_path, RESPONSES_PATH};
+use crate::policy::{Decision, Policy, Reason, ReplicaId, Request, Shape};
 use crate::replicas::{Failure, InFlight, OutlierRules, Replica, Replicas};
+use crate::responses::{IdScan, ResponseIds};
 use crate::usage::{Outcome, UsageScan};
 
 /// Response header naming the replica that served the request.
@@ -119,6 +120,8 @@ pub struct Router {
     pub admission: Arc<Admission>,
     /// Client API keys, when `api_keys_file` is set.
     pub keys: Option<Arc<KeyFile>>,
+    /// Which replica holds each Responses API response.
+    pub responses: Arc<ResponseIds>,
 }
 
 /// Per-request state.
@@ -136,6 +139,12 @@ pub struct Ctx {
     request: Option<Request>,
     /// The body's `model`: only replicas serving it are offered.
     model: Option<String>,
+    /// A Responses API response this request needs (`previous_response_id`,
+    /// `/v1/responses/{id}`), and the replica holding it when known: only
+    /// that one is offered.
+    response: Option<(String, Option<ReplicaId>)>,
+    /// Learn the id of the response this request produces (`store` not false).
+    learn_id: Option<IdScan>,
     reparse: bool,
     decision: Option<Decision>,
     /// The replica of the current attempt.
@@ -176,13 +185,20 @@ impl Router {
         };
         let key = header(session, SESSION_HEADER).map(str::to_owned);
         let s = self.settings.load();
-        let request = body::parse(body, s.max_prompt_bytes, s.block_bytes, key).await;
+        let path = ctx.routed.unwrap_or_default();
+        let request = body::parse(body, path, s.max_prompt_bytes, s.block_bytes, key).await;
         let parsed_bytes = request.as_ref().map_or(0, |r| r.chain.heap_bytes());
         if !ctx.ticket.as_mut().is_some_and(|t| t.reserve(parsed_bytes)) {
             return false;
         }
         if let Some(r) = &request {
             ctx.model.clone_from(&r.model);
+            if let Some(id) = &r.previous_response_id {
+                ctx.response = Some((id.clone(), self.responses.get(id)));
+            }
+            if path == RESPONSES_PATH && r.store {
+                ctx.learn_id = Some(IdScan::default());
+            }
         }
         ctx.request = request;
         true
@@ -383,6 +399,8 @@ impl ProxyHttp for Router {
             body: None,
             request: None,
             model: None,
+            response: None,
+            learn_id: None,
             reparse: false,
             decision: None,
             attempt: None,
@@ -420,6 +438,9 @@ impl ProxyHttp for Router {
                 .await;
         }
         let req = session.req_header();
+        if let Some(id) = response_id(req.uri.path()) {
+            ctx.response = Some((id.to_owned(), self.responses.get(id)));
+        }
         if req.method == http::Method::GET {
             if let Some(answer) = self.models_answer(req.uri.path()) {
                 return match answer {
@@ -518,12 +539,22 @@ impl ProxyHttp for Router {
             self.read_prompt(session, ctx).await;
         }
         let list = self.replicas.snapshot();
+        // A known response's replica, and no other: the state is there.
+        let holder = ctx.response.as_ref().and_then(|(_, h)| *h);
         for _ in 0..=list.len() {
-            let (states, panic) = Replicas::states(&list, &ctx.tried, ctx.model.as_deref());
-            let decision = match &ctx.request {
+            let mut excluded = ctx.tried.clone();
+            if let Some(h) = holder {
+                excluded.extend(list.iter().map(|r| r.id).filter(|id| *id != h));
+            }
+            let (states, panic) = Replicas::states(&list, &excluded, ctx.model.as_deref());
+            let mut decision = match &ctx.request {
                 Some(r) => self.policy.place(r, &states),
                 None => self.policy.spread(&states),
             };
+            if holder.is_some() && decision.replica.is_some() {
+                decision.reason = Reason::Key;
+                decision.shape = Shape::Continuation;
+            }
             let replica = decision
                 .replica
                 .and_then(|id| list.iter().find(|r| r.id == id));
@@ -570,6 +601,12 @@ impl ProxyHttp for Router {
             }
             ctx.first_attempt.get_or_insert_with(Instant::now);
             return Ok(Box::new(peer));
+        }
+        if let (Some((id, Some(_))), true) = (&ctx.response, holder.is_some()) {
+            ctx.error = Some(RouterError::ResponseUnavailable {
+                id: id.chars().take(crate::responses::MAX_ID).collect(),
+            });
+            return Error::e_explain(ErrorType::HTTPStatus(503), "response's replica down");
         }
         METRICS.no_replica.inc();
         ctx.error = Some(RouterError::NoReplica);
@@ -679,7 +716,7 @@ impl ProxyHttp for Router {
 
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_response: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
@@ -708,6 +745,16 @@ impl ProxyHttp for Router {
                 .observe(ctx.started.elapsed().as_secs_f64());
             if upstream_response.status.is_success() {
                 ctx.usage = Some(UsageScan::default());
+            } else {
+                ctx.learn_id = None;
+            }
+            if upstream_response.status.is_success()
+                && session.req_header().method == http::Method::DELETE
+            {
+                if let Some((id, _)) = &ctx.response {
+                    self.responses.remove(id);
+                    METRICS.response_ids.set(self.responses.len() as i64);
+                }
             }
         }
         Ok(())
@@ -727,6 +774,13 @@ impl ProxyHttp for Router {
                 let at = ctx.started.elapsed();
                 ctx.first_byte = Some(at);
                 a.replica().counters.first_byte(d.reason, at);
+            }
+        }
+        if let (Some(scan), Some(b), Some(a)) = (ctx.learn_id.as_mut(), body.as_ref(), &ctx.attempt)
+        {
+            if let Some(id) = scan.feed(b) {
+                self.responses.insert(&id, a.replica().id);
+                METRICS.response_ids.set(self.responses.len() as i64);
             }
         }
         if let Some(u) = ctx.usage.as_mut() {

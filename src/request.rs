@@ -24,6 +24,7 @@
 mod blocks;
 #[cfg(test)]
 mod reference;
+mod responses;
 mod scan;
 mod walk;
 
@@ -39,6 +40,8 @@ const MESSAGE_END: u8 = 0x1E;
 pub enum RequestError {
     #[error("request body is not a JSON object: {0}")]
     Json(#[from] JsonError),
+    #[error("request body is not a Responses API object: {0}")]
+    Responses(#[from] serde_json::Error),
 }
 
 /// The prompt of one request, canonicalised.
@@ -56,6 +59,10 @@ pub struct Prompt {
     pub salt: Option<String>,
     /// `model` from the body: which replicas may serve it.
     pub model: Option<String>,
+    /// Responses API: the response this request continues (its state is on
+    /// the replica that produced it), and `store: false`.
+    pub previous_response_id: Option<String>,
+    pub no_store: bool,
     /// The body asks the engine not to reuse its prefix cache
     /// (`cache_prompt: false`, `prompt_logprobs`, a `cache_salt` that is not
     /// a string).
@@ -70,6 +77,11 @@ impl Prompt {
     pub fn parse(body: &[u8], max_text_bytes: usize) -> Result<Self, RequestError> {
         let fields = walk::read(body, max_text_bytes)?;
         Ok(fields.assemble(max_text_bytes))
+    }
+
+    /// Parses an OpenAI Responses API body (see `responses`).
+    pub fn parse_responses(body: &[u8], max_text_bytes: usize) -> Result<Self, RequestError> {
+        Ok(responses::parse(body, max_text_bytes)?)
     }
 
     /// The policy's view: hashes the text; `header_key` (`x-session-id`) is used
@@ -90,6 +102,8 @@ impl Prompt {
             key,
             cache_bypass: self.cache_bypass,
             model: self.model,
+            previous_response_id: self.previous_response_id,
+            store: !self.no_store,
         }
     }
 }

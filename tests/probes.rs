@@ -83,9 +83,21 @@ fn slow_to_check(delay: Duration) -> std::net::SocketAddr {
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
             std::thread::spawn(move || {
+                // The whole request, so closing after the answer resets nothing.
                 let mut reader = BufReader::new(conn.try_clone().expect("clone"));
                 let mut line = String::new();
                 let _ = reader.read_line(&mut line);
+                let mut length = 0;
+                loop {
+                    let mut header = String::new();
+                    if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
+                }
+                let _ = std::io::Read::read_exact(&mut reader, &mut vec![0; length]);
                 if line.contains("/health") {
                     std::thread::sleep(delay);
                 }

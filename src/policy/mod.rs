@@ -231,6 +231,11 @@ pub struct Request {
     pub cache_bypass: bool,
     /// The body's `model`: the caller offers only replicas serving it.
     pub model: Option<String>,
+    /// Responses API, for the caller: the response this request continues
+    /// (the caller offers only the replica holding it), and whether the
+    /// engine keeps this one (`store`).
+    pub previous_response_id: Option<String>,
+    pub store: bool,
 }
 
 /// The request's shape.

@@ -38,6 +38,8 @@ fn req(text: &str, model_turn: bool) -> Request {
         key: None,
         cache_bypass: false,
         model: None,
+        previous_response_id: None,
+        store: true,
     }
 }
 

@@ -1,27 +1,50 @@
 //! The response shapes of each route: OpenAI chat and completions, Anthropic
-//! messages; whole JSON bodies and SSE events.
+//! messages, OpenAI responses; whole JSON bodies and SSE events.
 
 use serde_json::{json, Value};
 
 /// The response dialect of a route.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub enum Kind {
     Chat,
     Completion,
     Messages,
+    /// The Responses API, with this response's id.
+    Responses(String),
+}
+
+/// The Responses API's usage from chat's.
+fn responses_usage(usage: &Value) -> Value {
+    json!({"input_tokens": usage["prompt_tokens"],
+        "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]},
+        "output_tokens": usage["completion_tokens"], "total_tokens": usage["total_tokens"]})
 }
 
 impl Kind {
-    pub fn of(path: &str) -> Self {
+    /// The dialect of `path`; `id` names a Responses API response.
+    pub fn of(path: &str, id: impl FnOnce() -> String) -> Self {
         match path {
             "/v1/completions" => Kind::Completion,
             "/v1/messages" => Kind::Messages,
+            "/v1/responses" => Kind::Responses(id()),
             _ => Kind::Chat,
         }
     }
 
-    pub fn full(self, text: &str, usage: &Value) -> Value {
+    /// A Responses API response object.
+    pub fn response(id: &str, status: &str, text: Option<&str>, usage: Option<&Value>) -> Value {
+        let output: Vec<Value> = text
+            .map(|t| json!({"type": "message", "id": format!("msg_{id}"), "role": "assistant",
+                "status": "completed", "content": [{"type": "output_text", "text": t, "annotations": []}]}))
+            .into_iter()
+            .collect();
+        json!({"id": id, "object": "response", "created_at": 0, "model": "sim", "status": status,
+            "output": output, "usage": usage.map(responses_usage)})
+    }
+
+    pub fn full(&self, text: &str, usage: &Value) -> Value {
         match self {
+            Kind::Responses(id) => Self::response(id, "completed", Some(text), Some(usage)),
             Kind::Chat => json!({"id": "chatcmpl-sim", "object": "chat.completion", "model": "sim",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
                 "usage": usage}),
@@ -46,8 +69,13 @@ impl Kind {
         }
     }
 
-    pub fn first_event(self) -> String {
+    pub fn first_event(&self) -> String {
         match self {
+            Kind::Responses(id) => sse_named(
+                "response.created",
+                &json!({"type": "response.created", "sequence_number": 0,
+                    "response": Self::response(id, "in_progress", None, None)}),
+            ),
             Kind::Chat => sse(
                 &json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk", "model": "sim",
                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]}),
@@ -64,8 +92,13 @@ impl Kind {
         }
     }
 
-    pub fn delta_event(self, text: &str) -> String {
+    pub fn delta_event(&self, text: &str) -> String {
         match self {
+            Kind::Responses(_) => sse_named(
+                "response.output_text.delta",
+                &json!({"type": "response.output_text.delta", "output_index": 0,
+                    "content_index": 0, "delta": text}),
+            ),
             Kind::Chat => sse(
                 &json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk", "model": "sim",
                 "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]}),
@@ -82,8 +115,15 @@ impl Kind {
         }
     }
 
-    pub fn last_events(self, usage: Option<&Value>) -> Vec<String> {
+    /// The closing events; the Responses API always reports usage (`full`
+    /// is the whole usage and text, for its `response.completed`).
+    pub fn last_events(&self, usage: Option<&Value>, full: (&str, &Value)) -> Vec<String> {
         match self {
+            Kind::Responses(id) => vec![sse_named(
+                "response.completed",
+                &json!({"type": "response.completed",
+                    "response": Self::response(id, "completed", Some(full.0), Some(full.1))}),
+            )],
             Kind::Messages => vec![sse_named("message_stop", &json!({"type": "message_stop"}))],
             _ => {
                 let mut v = Vec::new();

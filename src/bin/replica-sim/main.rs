@@ -122,6 +122,10 @@ struct Sim {
     next_id: AtomicU64,
     healthy: AtomicBool,
     models: std::sync::Mutex<Vec<String>>,
+    /// Responses API: stored responses (id -> the conversation's text so
+    /// far, output included), as an engine keeps them for `previous_response_id`.
+    responses: std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>,
+    next_response: AtomicU64,
     running: AtomicU64,
     cancelled: AtomicU64,
     /// Completion requests that arrived, answered or not.
@@ -146,6 +150,15 @@ fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Respo
 
 fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
     full(status, "application/json", v.to_string())
+}
+
+/// vLLM's answer for a response id it does not hold.
+fn not_found_response(id: &str) -> Response<Body> {
+    json_response(
+        StatusCode::NOT_FOUND,
+        &json!({"error": {"message": format!("Response with id '{id}' not found."),
+            "type": "invalid_request_error", "param": "response_id", "code": 404}}),
+    )
 }
 
 fn error(status: StatusCode, message: &str) -> Response<Body> {
@@ -214,7 +227,29 @@ impl Sim {
                 self.accepting.send_replace(!paused);
                 json_response(StatusCode::OK, &json!({"accepting": !paused}))
             }
-            (&Method::POST, "/v1/chat/completions" | "/v1/completions" | "/v1/messages") => {
+            (&Method::GET | &Method::DELETE, p) if p.starts_with("/v1/responses/") => {
+                let id = &p["/v1/responses/".len()..];
+                let mut store = self.responses.lock().expect("responses");
+                let found = if parts.method == Method::DELETE {
+                    store.remove(id).is_some()
+                } else {
+                    store.contains_key(id)
+                };
+                match (found, &parts.method) {
+                    (false, _) => not_found_response(id),
+                    (true, &Method::DELETE) => json_response(
+                        StatusCode::OK,
+                        &json!({"id": id, "object": "response", "deleted": true}),
+                    ),
+                    (true, _) => {
+                        json_response(StatusCode::OK, &Kind::response(id, "completed", None, None))
+                    }
+                }
+            }
+            (
+                &Method::POST,
+                "/v1/chat/completions" | "/v1/completions" | "/v1/messages" | "/v1/responses",
+            ) => {
                 let n = self.received.fetch_add(1, Relaxed);
                 self.log_id(&parts.headers);
                 if self.cli.hang_after_requests.is_some_and(|h| n >= h) {
@@ -280,17 +315,38 @@ impl Sim {
                 received,
             );
         }
-        let (text, salt) = prefix_router::request::Prompt::parse(&body, usize::MAX)
+        let responses = path == "/v1/responses";
+        let parsed = if responses {
+            prefix_router::request::Prompt::parse_responses(&body, usize::MAX)
+        } else {
+            prefix_router::request::Prompt::parse(&body, usize::MAX)
+        };
+        let (mut text, salt, previous) = parsed
             .map(|p| {
                 let salt = p
                     .salt
                     .map_or(0, |s| xxhash_rust::xxh3::xxh3_64(s.as_bytes()));
-                (p.text, salt)
+                (p.text, salt, p.previous_response_id)
             })
             .unwrap_or_default();
+        // The Responses API continues a stored response: its conversation
+        // comes first (so its prefix is cached), or the id is unknown here.
+        if let Some(previous) = &previous {
+            match self.responses.lock().expect("responses").get(previous) {
+                Some(earlier) => text = [earlier.as_slice(), &text].concat(),
+                None => return self.tag(not_found_response(previous), received),
+            }
+        }
+        let store = responses && req.get("store") != Some(&Value::Bool(false));
+        let response_id = || {
+            let n = self.next_response.fetch_add(1, Relaxed);
+            format!("resp_{}_{n}", self.cli.name)
+        };
+        let kind = Kind::of(path, response_id);
         let max_tokens = req
             .get("max_tokens")
             .or_else(|| req.get("max_completion_tokens"))
+            .or_else(|| req.get("max_output_tokens"))
             .and_then(Value::as_u64)
             .unwrap_or(self.cli.default_max_tokens)
             .max(1);
@@ -299,7 +355,6 @@ impl Sim {
             .pointer("/stream_options/include_usage")
             .and_then(Value::as_bool)
             .unwrap_or(false);
-        let kind = Kind::of(path);
         let (mut running, mut events) = match Running::start(&self, &text, salt, max_tokens) {
             Ok(r) => r,
             Err(msg) => return self.tag(error(StatusCode::BAD_REQUEST, &msg), received),
@@ -324,6 +379,17 @@ impl Sim {
             "total_tokens": prompt_tokens + max_tokens,
             "prompt_tokens_details": {"cached_tokens": cached_tokens},
         });
+        let output = "tok ".repeat(max_tokens as usize).trim_end().to_owned();
+        if let (Kind::Responses(id), true) = (&kind, store) {
+            // Stored once the answer is known (the id is in its first bytes).
+            let mut conversation = text;
+            conversation.extend_from_slice(output.as_bytes());
+            conversation.extend_from_slice(b"\x1fassistant\x1e");
+            self.responses
+                .lock()
+                .expect("responses")
+                .insert(id.clone(), conversation);
+        }
         if !stream {
             while let Some(ev) = events.recv().await {
                 if ev == Event::Done {
@@ -331,9 +397,8 @@ impl Sim {
                 }
             }
             running.finish();
-            let text = "tok ".repeat(max_tokens as usize);
             return self.tag(
-                json_response(StatusCode::OK, &kind.full(text.trim_end(), &usage)),
+                json_response(StatusCode::OK, &kind.full(&output, &usage)),
                 received,
             );
         }
@@ -342,7 +407,8 @@ impl Sim {
             let mut pending = vec![kind.first_event(), kind.delta_event("tok")];
             let mut done = max_tokens == 1;
             if done {
-                pending.extend(kind.last_events(usage_in_stream.then_some(&usage)));
+                pending
+                    .extend(kind.last_events(usage_in_stream.then_some(&usage), (&output, &usage)));
             }
             loop {
                 for ev in pending.drain(..) {
@@ -357,7 +423,9 @@ impl Sim {
                     Some(Event::Token) => pending.push(kind.delta_event(" tok")),
                     Some(Event::Done) => {
                         pending.push(kind.delta_event(" tok"));
-                        pending.extend(kind.last_events(usage_in_stream.then_some(&usage)));
+                        pending.extend(
+                            kind.last_events(usage_in_stream.then_some(&usage), (&output, &usage)),
+                        );
                         done = true;
                     }
                     Some(Event::First { .. }) => {}
@@ -577,6 +645,8 @@ async fn main() -> std::io::Result<()> {
         next_id: AtomicU64::new(0),
         healthy: AtomicBool::new(loading.is_zero()),
         models: std::sync::Mutex::new(cli.models.clone()),
+        responses: std::sync::Mutex::new(std::collections::HashMap::new()),
+        next_response: AtomicU64::new(0),
         running: AtomicU64::new(0),
         cancelled: AtomicU64::new(0),
         received: AtomicU64::new(0),
