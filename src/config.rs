@@ -603,6 +603,12 @@ impl Config {
                     format!("`{}` is used twice", r.addr),
                 ));
             }
+            if r.models.as_ref().is_some_and(Vec::is_empty) {
+                return Err(invalid(
+                    field("models"),
+                    "lists no model (leave it out to read the replica's own list)",
+                ));
+            }
             for m in r.models.iter().flatten() {
                 if m.is_empty() || m.len() > MAX_MODEL_NAME {
                     return Err(invalid(

@@ -80,10 +80,10 @@ impl HealthProbe {
         }))
     }
 
-    /// The ids a replica's `/v1/models` lists (OpenAI's list format); `None`
-    /// when it does not answer one.
-    async fn models_of(&self, addr: std::net::SocketAddr) -> Option<Vec<String>> {
-        let body = tokio::time::timeout(CHECK_DEADLINE, self.models.get(addr))
+    /// The ids a replica's `/v1/models` lists (OpenAI's list format; the
+    /// first `MAX_MODELS`); `None` when it does not answer one within `within`.
+    async fn models_of(&self, addr: std::net::SocketAddr, within: Duration) -> Option<Vec<String>> {
+        let body = tokio::time::timeout(within, self.models.get(addr))
             .await
             .ok()?
             .ok()?;
@@ -186,7 +186,8 @@ impl OwnGet {
     }
 }
 
-/// A whole health check: connect (1 s) plus the answer.
+/// A whole health check: connect (1 s) plus the answer, and the model list
+/// read after a pass.
 const CHECK_DEADLINE: Duration = Duration::from_secs(3);
 
 /// The peer settings (its address a placeholder) and connector of the
@@ -251,6 +252,7 @@ struct ReplicaHealth {
 #[async_trait]
 impl HealthCheck for ReplicaHealth {
     async fn check(&self, target: &Backend) -> Result<()> {
+        let started = std::time::Instant::now();
         let http = self.probe.check.load_full();
         // Pingora bounds each read, not the check: a replica trickling its
         // /health body would hold the whole (parallel) round.
@@ -274,7 +276,8 @@ impl HealthCheck for ReplicaHealth {
                 }
             }
             if result.is_ok() && !r.declares_models() {
-                if let Some(list) = self.probe.models_of(r.addr).await {
+                let left = CHECK_DEADLINE.saturating_sub(started.elapsed());
+                if let Some(list) = self.probe.models_of(r.addr, left).await {
                     let shown = list.join(", ");
                     if r.learn_models(list) {
                         log::info!("replica {} serves models [{shown}]", r.name);

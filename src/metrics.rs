@@ -41,6 +41,10 @@ pub struct Metrics {
     pub restart_pending: IntGauge,
     /// Responses API ids whose replica the router knows.
     pub response_ids: IntGauge,
+    /// Routed requests by model and decision.
+    pub model_requests: IntCounterVec,
+    /// `model_requests` handles by model, resolved once per model.
+    models: std::sync::RwLock<std::collections::HashMap<String, Vec<IntCounter>>>,
     /// Entries and heap bytes of the prefix index.
     pub index_entries: IntGauge,
     pub index_bytes: IntGauge,
@@ -283,6 +287,13 @@ pub static METRICS: Lazy<Metrics> = Lazy::new(|| {
         &["result"]
     )
     .expect("register"),
+    model_requests: register_int_counter_vec!(
+        "prefix_router_model_requests_total",
+        "Routed requests by model (as a replica lists it; `unlisted` for a model no replica lists, `none` without one) and decision",
+        &["model", "decision"]
+    )
+    .expect("register"),
+    models: std::sync::RwLock::new(std::collections::HashMap::new()),
     response_ids: register_int_gauge!(
         "prefix_router_response_ids",
         "Responses API response ids whose replica the router knows (bounded, least recently used evicted)"
@@ -481,6 +492,35 @@ impl Metrics {
             }
         };
         log::info!("replica {replica}: forgot {forgotten} prefix index entries: {why}");
+    }
+
+    /// Counts a routed request under its model: `listed` when a replica's
+    /// model list names it (other values never become labels).
+    pub fn model_routed(&self, model: Option<&str>, listed: bool, reason: Reason) {
+        let label = match model {
+            None => "none",
+            Some(m) if listed => m,
+            Some(_) => "unlisted",
+        };
+        let Some(i) = Reason::ALL.iter().position(|&r| r == reason) else {
+            return;
+        };
+        let read = self.models.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = read.get(label).and_then(|v| v.get(i)) {
+            c.inc();
+            return;
+        }
+        drop(read);
+        let mut write = self.models.write().unwrap_or_else(|p| p.into_inner());
+        let counters = write.entry(label.to_owned()).or_insert_with(|| {
+            Reason::ALL
+                .iter()
+                .map(|r| self.model_requests.with_label_values(&[label, r.as_str()]))
+                .collect()
+        });
+        if let Some(c) = counters.get(i) {
+            c.inc();
+        }
     }
 
     /// Counts one ejection.

@@ -137,8 +137,10 @@ pub struct Ctx {
     /// is chosen (it holds a canonical copy of the prompt), and read again
     /// from `body` if the request has to be placed again (`reparse`).
     request: Option<Request>,
-    /// The body's `model`: only replicas serving it are offered.
+    /// The body's `model`; when the fleet routes by model (`by_model`), only
+    /// replicas serving it are offered.
     model: Option<String>,
+    by_model: bool,
     /// A Responses API response this request needs (`previous_response_id`,
     /// `/v1/responses/{id}`), and the replica holding it when known: only
     /// that one is offered.
@@ -193,6 +195,7 @@ impl Router {
         }
         if let Some(r) = &request {
             ctx.model.clone_from(&r.model);
+            ctx.by_model = r.model.is_some() && self.replicas.routes_by_model();
             if let Some(id) = &r.previous_response_id {
                 ctx.response = Some((id.clone(), self.responses.get(id)));
             }
@@ -287,6 +290,9 @@ impl Router {
     /// replicas' models, in OpenAI's list format) and `GET /v1/models/{id}`,
     /// when every live replica's models are known; `None`: forward it.
     fn models_answer(&self, path: &str) -> Option<std::result::Result<Vec<u8>, RouterError>> {
+        if !self.replicas.routes_by_model() {
+            return None;
+        }
         let id = match path.strip_prefix("/v1/models") {
             Some("" | "/") => None,
             Some(rest) => Some(rest.strip_prefix('/')?),
@@ -297,7 +303,7 @@ impl Router {
         let mut any_live = false;
         for r in list.iter().filter(|r| r.live()) {
             any_live = true;
-            models.extend(r.models()?.iter().cloned());
+            models.extend(r.models().iter().flat_map(|l| l.iter().cloned()));
         }
         if !any_live {
             return None;
@@ -399,6 +405,7 @@ impl ProxyHttp for Router {
             body: None,
             request: None,
             model: None,
+            by_model: false,
             response: None,
             learn_id: None,
             reparse: false,
@@ -512,7 +519,7 @@ impl ProxyHttp for Router {
                 .refuse(session, ctx, &RouterError::OVER_BUDGET, false)
                 .await;
         }
-        if let Some(model) = ctx.model.as_deref() {
+        if let Some(model) = ctx.model.as_deref().filter(|_| ctx.by_model) {
             if self.replicas.nobody_serves(model) {
                 let err = RouterError::ModelNotFound {
                     model: model.chars().take(crate::config::MAX_MODEL_NAME).collect(),
@@ -539,14 +546,26 @@ impl ProxyHttp for Router {
             self.read_prompt(session, ctx).await;
         }
         let list = self.replicas.snapshot();
-        // A known response's replica, and no other: the state is there.
-        let holder = ctx.response.as_ref().and_then(|(_, h)| *h);
+        // A known response's replica, and no other: the state is there (a
+        // replica that left the set took it along: the id is forgotten).
+        let mut holder = ctx.response.as_ref().and_then(|(_, h)| *h);
+        if let (Some(h), Some((id, _))) = (holder, &ctx.response) {
+            if !list.iter().any(|r| r.id == h) {
+                self.responses.remove(id);
+                holder = None;
+            }
+        }
+        // The holder is offered whatever `model` says: the engine answers.
+        let model = ctx
+            .model
+            .as_deref()
+            .filter(|_| ctx.by_model && holder.is_none());
         for _ in 0..=list.len() {
             let mut excluded = ctx.tried.clone();
             if let Some(h) = holder {
                 excluded.extend(list.iter().map(|r| r.id).filter(|id| *id != h));
             }
-            let (states, panic) = Replicas::states(&list, &excluded, ctx.model.as_deref());
+            let (states, panic) = Replicas::states(&list, &excluded, model);
             let mut decision = match &ctx.request {
                 Some(r) => self.policy.place(r, &states),
                 None => self.policy.spread(&states),
@@ -740,6 +759,9 @@ impl ProxyHttp for Router {
                 upstream_response.insert_header(DECISION_HEADER, d.reason.as_str())?;
             }
             r.counters.routed(d.reason, d.shape);
+            let model = ctx.model.as_deref();
+            let listed = model.is_some_and(|m| self.replicas.lists(m));
+            METRICS.model_routed(model, listed, d.reason);
             METRICS
                 .upstream_header_seconds
                 .observe(ctx.started.elapsed().as_secs_f64());

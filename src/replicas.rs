@@ -373,6 +373,25 @@ impl Replicas {
         (states, panic)
     }
 
+    /// Model routing acts: replicas' known model lists differ (a fleet whose
+    /// replicas all serve the same models leaves `model` to the engines, as
+    /// llama.cpp, which accepts any name, expects).
+    pub fn routes_by_model(&self) -> bool {
+        let list = self.snapshot();
+        let mut known = list.iter().filter_map(|r| r.models());
+        let Some(first) = known.next() else {
+            return false;
+        };
+        known.any(|l| *l != *first)
+    }
+
+    /// Some replica's model list names `model`.
+    pub fn lists(&self, model: &str) -> bool {
+        self.snapshot()
+            .iter()
+            .any(|r| r.models().is_some_and(|l| l.iter().any(|m| m == model)))
+    }
+
     /// No replica in the set serves `model` (each lists its models, and none
     /// names it): a request for it is answered 404 at once.
     pub fn nobody_serves(&self, model: &str) -> bool {

@@ -2,97 +2,92 @@
 //! response id, learned from the response as it passes (the first `"id"` of
 //! a JSON body, or of a stream's `response.created` event), so a request that
 //! names it (`previous_response_id`, `GET`/`DELETE /v1/responses/{id}`) goes
-//! to that replica and no other. Bounded: least recently used ids go first.
+//! to that replica and no other. An id is never moved to another replica
+//! once known (vLLM takes a client's `request_id` as the response id: a
+//! client must not take over another's). Bounded: two generations of ids,
+//! the older dropped whole when the newer fills half the cap, so ids not
+//! used for a while go first.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::policy::ReplicaId;
 
-/// Response ids kept by default (~150 bytes each).
+/// Response ids kept by default (about 100 bytes each with a 40-byte id).
 pub const DEFAULT_CAP: usize = 1 << 18;
 
 /// Longest id kept (OpenAI's and vLLM's are ~50 bytes).
 pub const MAX_ID: usize = 256;
 
-/// Response id -> the replica holding it, least recently used evicted.
+/// Response id -> the replica holding it.
 pub struct ResponseIds {
-    inner: Mutex<Lru>,
-}
-
-struct Lru {
     cap: usize,
-    /// Id -> (replica, stamp of its latest use).
-    map: HashMap<String, (ReplicaId, u64)>,
-    /// Uses, oldest first; entries whose stamp is stale are skipped.
-    order: VecDeque<(u64, String)>,
-    stamp: u64,
+    inner: Mutex<Generations>,
 }
 
-impl Lru {
-    fn touch(&mut self, id: &str) -> u64 {
-        self.stamp += 1;
-        self.order.push_back((self.stamp, id.to_owned()));
-        if self.order.len() > 2 * self.cap.max(8) {
-            let map = &self.map;
-            self.order
-                .retain(|(s, id)| map.get(id).is_some_and(|e| e.1 == *s));
+#[derive(Default)]
+struct Generations {
+    new: HashMap<String, ReplicaId>,
+    old: HashMap<String, ReplicaId>,
+}
+
+impl Generations {
+    /// Moves `id` to the new generation (a use), rotating when it is full.
+    fn promote(&mut self, id: &str, replica: ReplicaId, half: usize) {
+        if self.new.len() >= half {
+            self.old = std::mem::take(&mut self.new);
         }
-        self.stamp
+        self.old.remove(id);
+        self.new.insert(id.to_owned(), replica);
     }
 }
 
 impl ResponseIds {
     pub fn new(cap: usize) -> Self {
         Self {
-            inner: Mutex::new(Lru {
-                cap: cap.max(1),
-                map: HashMap::new(),
-                order: VecDeque::new(),
-                stamp: 0,
-            }),
+            cap: cap.max(2),
+            inner: Mutex::new(Generations::default()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Lru> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Generations> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records that `replica` holds response `id`.
+    /// Records that `replica` holds response `id`, unless another replica
+    /// is known to hold it.
     pub fn insert(&self, id: &str, replica: ReplicaId) {
         if id.is_empty() || id.len() > MAX_ID {
             return;
         }
-        let mut l = self.lock();
-        let stamp = l.touch(id);
-        l.map.insert(id.to_owned(), (replica, stamp));
-        while l.map.len() > l.cap {
-            let Some((s, old)) = l.order.pop_front() else {
-                break;
-            };
-            if l.map.get(&old).is_some_and(|e| e.1 == s) {
-                l.map.remove(&old);
-            }
+        let mut g = self.lock();
+        let known = g.new.get(id).or_else(|| g.old.get(id)).copied();
+        if known.is_some_and(|r| r != replica) {
+            return;
         }
+        g.promote(id, replica, self.cap / 2);
     }
 
     /// The replica holding `id`, if known (a use: it is kept longer).
     pub fn get(&self, id: &str) -> Option<ReplicaId> {
-        let mut l = self.lock();
-        let replica = l.map.get(id)?.0;
-        let stamp = l.touch(id);
-        if let Some(e) = l.map.get_mut(id) {
-            e.1 = stamp;
+        let mut g = self.lock();
+        if let Some(r) = g.new.get(id) {
+            return Some(*r);
         }
-        Some(replica)
+        let r = *g.old.get(id)?;
+        g.promote(id, r, self.cap / 2);
+        Some(r)
     }
 
     pub fn remove(&self, id: &str) {
-        self.lock().map.remove(id);
+        let mut g = self.lock();
+        g.new.remove(id);
+        g.old.remove(id);
     }
 
     pub fn len(&self) -> usize {
-        self.lock().map.len()
+        let g = self.lock();
+        g.new.len() + g.old.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -105,10 +100,21 @@ impl ResponseIds {
 #[derive(Debug, Default)]
 pub struct IdScan {
     seen: Vec<u8>,
+    /// Where the next search starts (each byte is searched about once).
+    from: usize,
     done: bool,
 }
 
 const SCAN_BYTES: usize = 64 << 10;
+
+/// What the bytes so far say of the first `"id"`.
+enum Scan {
+    Found(String),
+    /// Not complete yet: more bytes may tell.
+    NotYet,
+    /// The first `"id"` is not a usable string.
+    Never,
+}
 
 impl IdScan {
     /// Feeds the next piece; the id once found (returned once).
@@ -118,29 +124,50 @@ impl IdScan {
         }
         let room = SCAN_BYTES.saturating_sub(self.seen.len());
         self.seen.extend_from_slice(&piece[..piece.len().min(room)]);
-        let found = first_id(&self.seen);
-        if found.is_some() || self.seen.len() >= SCAN_BYTES {
-            self.done = true;
-            self.seen = Vec::new();
-        }
+        let found = match first_id(&self.seen[self.from..]) {
+            Scan::Found(id) => Some(id),
+            Scan::Never => None,
+            Scan::NotYet if self.seen.len() < SCAN_BYTES => {
+                // An `"id": "...` not yet complete began within this many bytes.
+                self.from = self.seen.len().saturating_sub(MAX_ID + 16);
+                return None;
+            }
+            Scan::NotYet => None,
+        };
+        self.done = true;
+        self.seen = Vec::new();
         found
     }
 }
 
-/// The value of the first `"id": "..."` (no escapes inside, as ids have none).
-fn first_id(text: &[u8]) -> Option<String> {
-    let at = memchr::memmem::find(text, b"\"id\"")?;
-    let rest = &text[at + 4..];
-    let rest = rest
-        .trim_ascii_start()
-        .strip_prefix(b":")?
-        .trim_ascii_start();
-    let rest = rest.strip_prefix(b"\"")?;
-    let end = memchr::memchr2(b'"', b'\\', rest)?;
-    if rest[end] != b'"' || end == 0 || end > MAX_ID {
-        return None;
+/// The value of the first `"id": "..."` (ids hold no escapes).
+fn first_id(text: &[u8]) -> Scan {
+    let Some(at) = memchr::memmem::find(text, b"\"id\"") else {
+        return Scan::NotYet;
+    };
+    let rest = text[at + 4..].trim_ascii_start();
+    let Some(rest) = rest.strip_prefix(b":") else {
+        return if rest.is_empty() {
+            Scan::NotYet
+        } else {
+            Scan::Never
+        };
+    };
+    let rest = rest.trim_ascii_start();
+    let Some(rest) = rest.strip_prefix(b"\"") else {
+        return if rest.is_empty() {
+            Scan::NotYet
+        } else {
+            Scan::Never
+        };
+    };
+    match memchr::memchr2(b'"', b'\\', rest) {
+        None if rest.len() <= MAX_ID => Scan::NotYet,
+        Some(end) if rest[end] == b'"' && end > 0 && end <= MAX_ID => {
+            String::from_utf8(rest[..end].to_vec()).map_or(Scan::Never, Scan::Found)
+        }
+        _ => Scan::Never,
     }
-    String::from_utf8(rest[..end].to_vec()).ok()
 }
 
 #[cfg(test)]
@@ -189,5 +216,12 @@ mod tests {
         let mut scan = IdScan::default();
         assert_eq!(scan.feed(&vec![b' '; SCAN_BYTES]), None);
         assert_eq!(scan.feed(br#"{"id":"too late"}"#), None);
+        let mut scan = IdScan::default();
+        assert_eq!(
+            scan.feed(br#"{"id":5,"x":{"id":"inner"}}"#),
+            None,
+            "the first id is not a string"
+        );
+        assert_eq!(scan.feed(br#"{"id":"later"}"#), None);
     }
 }

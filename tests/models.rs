@@ -80,6 +80,16 @@ fn requests_go_only_to_replicas_serving_their_model_each_model_spread_evenly() {
         &json!({"max_tokens": 2, "messages": [{"role": "user", "content": "whoever"}]}),
     );
     assert_eq!(r.status, 200, "{}", r.text());
+
+    // Counted by model: label values only from the replicas' lists.
+    let by = |model: &str, decision: &str| {
+        router.metric(&format!(
+            "prefix_router_model_requests_total{{decision=\"{decision}\",model=\"{model}\"}}"
+        ))
+    };
+    assert_eq!((by("alpha", "spread"), by("beta", "spread")), (9.0, 8.0));
+    assert_eq!((by("alpha", "pin"), by("none", "spread")), (1.0, 1.0));
+    assert_eq!(by("gamma", "spread"), 0.0, "refused, and not a label");
 }
 
 #[test]
@@ -141,4 +151,24 @@ fn models_declared_in_the_config_override_the_replicas_list() {
         .collect();
     assert!(replicas.iter().all(|r| r == "a"), "{replicas:?}");
     assert_eq!(models_listed(&router), ["alpha", "beta"]);
+}
+
+#[test]
+fn a_fleet_serving_one_model_leaves_the_model_name_to_the_engines() {
+    let a = Sim::start("a", &[]);
+    let b = Sim::start("b", &[]);
+    let router = Router::start(&[&a, &b], "");
+    // Both list `sim`: a request naming another model reaches an engine,
+    // which answers for itself (llama.cpp would serve it).
+    let r = router.post("/v1/chat/completions", &single("other", "hello"));
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(
+        r.json()["error"]["type"],
+        "NotFoundError",
+        "the engine's answer"
+    );
+    assert!(r.header("x-prefix-router-replica").is_some());
+    // And its own model list is the engine's, forwarded.
+    let models = get(router.addr, "/v1/models");
+    assert!(models.header("x-prefix-router-replica").is_some());
 }

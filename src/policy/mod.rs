@@ -348,7 +348,7 @@ pub struct Policy {
 }
 
 /// Spread counters kept (sets hashing alike share one).
-const COUNTERS: usize = 64;
+const COUNTERS: usize = 1024;
 
 impl Policy {
     pub fn new(cfg: PolicyConfig) -> Self {

@@ -12,107 +12,240 @@
 //! Parsed with `serde_json` (not the chat path's scanner): Responses bodies
 //! that name a previous response carry only the new items.
 
-use serde_json::Value;
+use std::borrow::Cow;
+use std::fmt;
 
-use super::{Prompt, Section};
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-/// A Responses API request as the router reads it.
+use super::{Fields, Prompt, Section};
+
+/// A Responses API request as the router reads it. Items are read one at a
+/// time into the canonical text, never held as a tree: memory stays about
+/// the body's size whatever its shape.
 pub fn parse(body: &[u8], max: usize) -> Result<Prompt, serde_json::Error> {
-    let v: Value = serde_json::from_slice(body)?;
-    let Value::Object(top) = v else {
-        return Err(serde::de::Error::custom("expected a JSON object"));
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let prompt = Top { max }.deserialize(&mut de)?;
+    de.end()?;
+    Ok(prompt)
+}
+
+macro_rules! expecting {
+    ($what:literal) => {
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str($what)
+        }
     };
-    let mut s = Section::default();
-    let string = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_owned);
-    if let Some(instructions) = top.get("instructions").and_then(Value::as_str) {
-        append_str(&mut s, instructions, max);
-        s.end_message(b"system", max);
-    }
-    match top.get("input") {
-        Some(Value::String(text)) => {
-            append_str(&mut s, text, max);
-            s.end_message(b"user", max);
-        }
-        Some(Value::Array(items)) => {
-            for item in items {
-                self::item(&mut s, item, max);
-            }
-        }
-        _ => {}
-    }
-    let previous = top.get("previous_response_id").and_then(string);
-    Ok(Prompt {
-        model_turn: s.model_turn || previous.is_some(),
-        messages: s.messages,
-        text: s.text,
-        message_ends: s.message_ends,
-        key: top.get("prompt_cache_key").and_then(string),
-        model: top.get("model").and_then(string),
-        previous_response_id: previous,
-        no_store: top.get("store") == Some(&Value::Bool(false)),
-        ..Prompt::default()
-    })
 }
 
-/// One item of `input`.
-fn item(s: &mut Section, item: &Value, max: usize) {
-    let kind = item.get("type").and_then(Value::as_str);
-    let role = item.get("role").and_then(Value::as_str);
-    match (kind, role) {
-        (Some("message") | None, Some(role)) => {
-            match item.get("content") {
-                Some(Value::String(text)) => append_str(s, text, max),
-                Some(Value::Array(parts)) => {
-                    for text in parts.iter().filter_map(|p| p.get("text")?.as_str()) {
-                        append_str(s, text, max);
-                    }
+fn nonempty(s: Option<Cow<'_, str>>) -> Option<String> {
+    s.filter(|s| !s.is_empty()).map(Cow::into_owned)
+}
+
+struct Top {
+    max: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for Top {
+    type Value = Prompt;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Prompt, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Top {
+    type Value = Prompt;
+    expecting!("a JSON object");
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Prompt, A::Error> {
+        let max = self.max;
+        let mut f = Fields::default();
+        let (mut previous, mut no_store) = (None, false);
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            match key.as_ref() {
+                "instructions" => {
+                    f.system = map.next_value::<Option<Cow<str>>>()?.map(|text| {
+                        let mut s = Section::default();
+                        append(&mut s.text, &text, max);
+                        s.end_message(b"system", max);
+                        s
+                    });
                 }
-                _ => {}
-            }
-            s.end_message(role.as_bytes(), max);
-        }
-        (Some(kind @ "function_call"), _) => {
-            for field in ["name", "arguments"] {
-                if let Some(text) = item.get(field).and_then(Value::as_str) {
-                    append_str(s, text, max);
+                "input" => {
+                    let mut s = Section::default();
+                    map.next_value_seed(Input { s: &mut s, max })?;
+                    f.messages = Some(s);
+                }
+                "model" => f.model = nonempty(map.next_value()?),
+                "prompt_cache_key" => f.key = nonempty(map.next_value()?),
+                "previous_response_id" => previous = nonempty(map.next_value()?),
+                "store" => no_store = map.next_value::<Option<bool>>()? == Some(false),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
                 }
             }
-            model_turn(s, kind, max);
         }
-        (Some(kind @ "function_call_output"), _) => {
-            match item.get("output") {
-                Some(Value::String(text)) => append_str(s, text, max),
-                Some(other) => append_str(s, &other.to_string(), max),
-                None => {}
-            }
-            model_turn(s, kind, max);
-        }
-        (Some(kind @ "reasoning"), _) => {
-            let summary = item.get("summary").and_then(Value::as_array);
-            for text in summary
-                .into_iter()
-                .flatten()
-                .filter_map(|p| p.get("text")?.as_str())
-            {
-                append_str(s, text, max);
-            }
-            model_turn(s, kind, max);
-        }
-        _ => {}
+        let mut prompt = f.assemble(max);
+        prompt.model_turn |= previous.is_some();
+        prompt.previous_response_id = previous;
+        prompt.no_store = no_store;
+        Ok(prompt)
     }
 }
 
-fn model_turn(s: &mut Section, kind: &str, max: usize) {
-    s.end_message(kind.as_bytes(), max);
-    s.model_turn = true;
+/// `input`: a string (one `user` message) or a list of items.
+struct Input<'s> {
+    s: &'s mut Section,
+    max: usize,
 }
 
-/// Appends a string in `serde_json`'s escaped form, within `max` bytes.
-fn append_str(s: &mut Section, text: &str, max: usize) {
-    let escaped = Value::from(text).to_string();
+impl<'de> DeserializeSeed<'de> for Input<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Input<'_> {
+    type Value = ();
+    expecting!("a string or a list of items");
+
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        append(&mut self.s.text, v, self.max);
+        self.s.end_message(b"user", self.max);
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(item) = seq.next_element::<Item>()? {
+            item.close(self.s, self.max);
+        }
+        Ok(())
+    }
+}
+
+/// One item of `input`, its text gathered (in the escaped form) as it is read.
+#[derive(Default)]
+struct Item {
+    kind: Option<String>,
+    role: Option<String>,
+    /// `content` (messages), `summary` (reasoning), `output` (tool output).
+    text: Vec<u8>,
+    name: Vec<u8>,
+    arguments: Vec<u8>,
+}
+
+impl Item {
+    /// Appends the item to the canonical text, closed by its role or type.
+    fn close(self, s: &mut Section, max: usize) {
+        let role = match (self.kind.as_deref(), self.role) {
+            (Some("message") | None, Some(role)) => role,
+            (Some(kind @ ("function_call" | "function_call_output" | "reasoning")), _) => {
+                s.model_turn = true;
+                kind.to_owned()
+            }
+            _ => return,
+        };
+        for part in [&self.name, &self.arguments, &self.text] {
+            let room = max.saturating_sub(s.text.len());
+            s.text.extend_from_slice(&part[..part.len().min(room)]);
+        }
+        s.end_message(role.as_bytes(), max);
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Item {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Item, D::Error> {
+        d.deserialize_map(ItemVisitor)
+    }
+}
+
+struct ItemVisitor;
+
+impl<'de> Visitor<'de> for ItemVisitor {
+    type Value = Item;
+    expecting!("an input item object");
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Item, A::Error> {
+        let mut item = Item::default();
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            match key.as_ref() {
+                "type" => item.kind = nonempty(map.next_value()?),
+                "role" => item.role = nonempty(map.next_value()?),
+                "content" | "summary" | "output" => map.next_value_seed(Texts(&mut item.text))?,
+                "name" => map.next_value_seed(Texts(&mut item.name))?,
+                "arguments" => map.next_value_seed(Texts(&mut item.arguments))?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(item)
+    }
+}
+
+/// Text: a string, or the `text` of each part of a list (or of one part);
+/// anything else holds none.
+struct Texts<'b>(&'b mut Vec<u8>);
+
+impl<'de> DeserializeSeed<'de> for Texts<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Texts<'_> {
+    type Value = ();
+    expecting!("text");
+
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        append(self.0, v, usize::MAX);
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Texts(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if key == "text" {
+                map.next_value_seed(Texts(&mut *self.0))?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+}
+
+/// Appends a string in `serde_json`'s escaped form, up to `max` bytes in all.
+fn append(out: &mut Vec<u8>, text: &str, max: usize) {
+    let escaped = serde_json::Value::from(text).to_string();
     let inner = &escaped.as_bytes()[1..escaped.len() - 1];
-    let room = max.saturating_sub(s.text.len());
-    s.text.extend_from_slice(&inner[..inner.len().min(room)]);
+    let room = max.saturating_sub(out.len());
+    out.extend_from_slice(&inner[..inner.len().min(room)]);
 }
 
 #[cfg(test)]
