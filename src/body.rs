@@ -112,8 +112,10 @@ pub async fn parse(
     let parse = move || {
         let prompt = if path == crate::paths::RESPONSES_PATH {
             Prompt::parse_responses(&body, max_prompt_bytes)
-        } else {
+        } else if crate::paths::carries_prompt(path) {
             Prompt::parse(&body, max_prompt_bytes)
+        } else {
+            Prompt::parse_model(&body)
         };
         prompt
             .ok()

@@ -1,14 +1,39 @@
-//! Which request paths carry a prompt the router reads and routes by, after
-//! the normalisation an engine's HTTP server may apply, so no spelling of a
-//! routed path skips the body limit or placement.
+//! Which request paths the router reads the body of, after the normalisation
+//! an engine's HTTP server may apply, so no spelling of a routed path skips
+//! the body limit or placement: the prompt paths (placed by prompt and
+//! model), and the engines' other JSON paths (placed by model only).
 
 /// Paths whose body is read and routed by prompt.
-pub const ROUTED_PATHS: [&str; 4] = [
+const PROMPT_PATHS: [&str; 4] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/messages",
     RESPONSES_PATH,
 ];
+
+/// Every routed path: the prompt paths, then the JSON paths of vLLM and
+/// SGLang whose body is read for its `model` only (spread within the
+/// model's replicas).
+pub const ROUTED_PATHS: [&str; 13] = [
+    PROMPT_PATHS[0],
+    PROMPT_PATHS[1],
+    PROMPT_PATHS[2],
+    PROMPT_PATHS[3],
+    "/v1/embeddings",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/rerank",
+    "/v1/score",
+    "/score",
+    "/tokenize",
+    "/detokenize",
+    "/pooling",
+];
+
+/// A routed path whose body carries a prompt (else only its `model` is read).
+pub fn carries_prompt(routed: &str) -> bool {
+    PROMPT_PATHS.contains(&routed)
+}
 
 /// OpenAI's Responses API (its body is read by `request::responses`).
 pub const RESPONSES_PATH: &str = "/v1/responses";
@@ -88,6 +113,8 @@ mod tests {
             assert_eq!(routed_path(p), Some("/v1/chat/completions"), "{p}");
         }
         assert_eq!(routed_path("/v1/messages/"), Some("/v1/messages"));
+        assert_eq!(routed_path("/v1//embeddings"), Some("/v1/embeddings"));
+        assert!(carries_prompt("/v1/responses") && !carries_prompt("/v1/embeddings"));
         for p in [
             "/v1/models",
             "/v1/chat/completionsx",

@@ -48,7 +48,7 @@ use crate::config::{ms, Config};
 use crate::errors::RouterError;
 use crate::fleet::{addr_key, Fleet};
 use crate::metrics::{Repair, METRICS};
-use crate::paths::{response_id, routed_path, RESPONSES_PATH};
+use crate::paths::{carries_prompt, response_id, routed_path, RESPONSES_PATH};
 use crate::policy::{Decision, Policy, Reason, ReplicaId, Request, Shape};
 use crate::replicas::{Failure, InFlight, OutlierRules, Replica, Replicas};
 use crate::responses::{IdScan, ResponseIds};
@@ -765,7 +765,7 @@ impl ProxyHttp for Router {
             METRICS
                 .upstream_header_seconds
                 .observe(ctx.started.elapsed().as_secs_f64());
-            if upstream_response.status.is_success() {
+            if upstream_response.status.is_success() && ctx.routed.is_some_and(carries_prompt) {
                 ctx.usage = Some(UsageScan::default());
             } else {
                 ctx.learn_id = None;

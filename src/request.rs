@@ -40,8 +40,8 @@ const MESSAGE_END: u8 = 0x1E;
 pub enum RequestError {
     #[error("request body is not a JSON object: {0}")]
     Json(#[from] JsonError),
-    #[error("request body is not a Responses API object: {0}")]
-    Responses(#[from] serde_json::Error),
+    #[error("request body is not a JSON object of the expected shape: {0}")]
+    Shape(#[from] serde_json::Error),
 }
 
 /// The prompt of one request, canonicalised.
@@ -77,6 +77,21 @@ impl Prompt {
     pub fn parse(body: &[u8], max_text_bytes: usize) -> Result<Self, RequestError> {
         let fields = walk::read(body, max_text_bytes)?;
         Ok(fields.assemble(max_text_bytes))
+    }
+
+    /// Reads only the `model` of a JSON body (embeddings, rerank, tokenize):
+    /// no prompt, so the request is spread within the model's replicas.
+    pub fn parse_model(body: &[u8]) -> Result<Self, RequestError> {
+        #[derive(serde::Deserialize)]
+        struct ModelOnly<'a> {
+            #[serde(borrow)]
+            model: Option<std::borrow::Cow<'a, str>>,
+        }
+        let m: ModelOnly = serde_json::from_slice(body)?;
+        Ok(Self {
+            model: m.model.filter(|m| !m.is_empty()).map(|m| m.into_owned()),
+            ..Self::default()
+        })
     }
 
     /// Parses an OpenAI Responses API body (see `responses`).

@@ -172,3 +172,20 @@ fn a_fleet_serving_one_model_leaves_the_model_name_to_the_engines() {
     let models = get(router.addr, "/v1/models");
     assert!(models.header("x-prefix-router-replica").is_some());
 }
+
+#[test]
+fn embeddings_and_other_json_paths_go_to_their_models_replicas() {
+    let a = Sim::start("a", &["--models", "chat-model"]);
+    let b = Sim::start("b", &["--models", "embed-model"]);
+    let router = Router::start(&[&a, &b], "");
+    for i in 0..4 {
+        let r = router.post(
+            "/v1/embeddings",
+            &json!({"model": "embed-model", "input": format!("text {i}")}),
+        );
+        assert_eq!((r.status, r.replica()), (200, "b"), "{}", r.text());
+    }
+    let r = router.post("/v1/embeddings", &json!({"model": "nobody", "input": "x"}));
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["error"]["code"], "model_not_found");
+}

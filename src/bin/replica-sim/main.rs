@@ -152,6 +152,15 @@ fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
     full(status, "application/json", v.to_string())
 }
 
+/// vLLM's answer for a model it does not serve.
+fn model_not_found(model: &str) -> Response<Body> {
+    json_response(
+        StatusCode::NOT_FOUND,
+        &json!({"error": {"message": format!("The model `{model}` does not exist."),
+                "type": "NotFoundError", "param": "model", "code": 404}}),
+    )
+}
+
 /// vLLM's answer for a response id it does not hold.
 fn not_found_response(id: &str) -> Response<Body> {
     json_response(
@@ -263,11 +272,21 @@ impl Sim {
                 }
                 self.complete(&path, body).await
             }
-            (&Method::POST, "/v1/embeddings") => json_response(
-                StatusCode::OK,
-                &json!({"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.0, 1.0]}],
-                        "x_body_bytes": body.len()}),
-            ),
+            (&Method::POST, "/v1/embeddings") => {
+                let model = serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .and_then(|v| v.get("model")?.as_str().map(str::to_owned));
+                match model {
+                    Some(m) if !self.models.lock().expect("models").contains(&m) => {
+                        model_not_found(&m)
+                    }
+                    _ => json_response(
+                        StatusCode::OK,
+                        &json!({"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.0, 1.0]}],
+                                "x_body_bytes": body.len()}),
+                    ),
+                }
+            }
             _ => error(StatusCode::NOT_FOUND, &format!("no route {path}")),
         }
     }
@@ -292,14 +311,7 @@ impl Sim {
                 .iter()
                 .any(|m| m == model)
             {
-                return self.tag(
-                    json_response(
-                        StatusCode::NOT_FOUND,
-                        &json!({"error": {"message": format!("The model `{model}` does not exist."),
-                                "type": "NotFoundError", "param": "model", "code": 404}}),
-                    ),
-                    received,
-                );
+                return self.tag(model_not_found(model), received);
             }
         }
         // vLLM refuses a salt that is not a non-empty string.
