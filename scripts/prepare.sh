@@ -4,6 +4,7 @@
 #   apt is usable, else the PyPI wheel;
 # - socat and openssl, which the TLS test uses as a TLS terminator, and
 #   prometheus (with promtool), which tests/dashboard.rs runs (Debian).
+# - the OpenAI Python SDK in .sdk/venv (PyPI), which tests/sdk.rs drives.
 # The patched Pingora crates are committed in vendor/ (scripts/prepare-pingora.sh).
 # Idempotent and fast when already done.
 #   scripts/prepare.sh
@@ -31,3 +32,9 @@ for tool in socat openssl prometheus; do
     fi
   fi
 done
+
+# The SDK version tests/sdk.rs was written against.
+if [ ! -x .sdk/venv/bin/python ] || ! .sdk/venv/bin/python -c 'import openai' 2>/dev/null; then
+  python3 -m venv .sdk/venv
+  .sdk/venv/bin/pip install --quiet 'openai==3.57.0'
+fi
