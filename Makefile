@@ -44,7 +44,8 @@ bench-memory: prepare
 
 # The policies, `shape` before kv_room (`shape+kv_room=off`) and the peer SMG
 # side by side, on simulated cards (3 salts, ~13 min; then engine_load and the
-# load guard on `unseen-load`, ~6 min, and the capacity wall's levers, ~5 min)
+# load guard on `unseen-load`, ~6 min, the capacity wall's levers, ~5 min, and
+# agent loops on the Responses API, ~3 min)
 # and on two real llama.cpp replicas (~12 min); rewrites docs/results.md and
 # its plots. SMG is installed
 # from PyPI into bench-out/venv on first use.
@@ -65,11 +66,15 @@ results: prepare
 	  --sim-arg=--max-num-seqs=1 --policies shape,shape+kv_room=off \
 	  --label "simulated replicas running one request at a time, the capacity wall (replica-sim --max-num-seqs 1)" \
 	  --out bench-out/capacity-one --results bench-out/results-capacity-one.md
+	target/release/routebench compare --time-scale 10 --salts 3 --peer smg \
+	  --scenario agent-loop --scenario responses-loop --policies shape,roundrobin \
+	  --label "simulated replicas, agent loops on chat and on the Responses API (replica-sim)" \
+	  --out bench-out/responses --results bench-out/results-responses.md
 	scripts/real-engine.sh compare
 	cat docs/results-preface.md bench-out/results-sim.md bench-out/results-unseen.md \
 	  bench-out/results-capacity.md bench-out/results-capacity-one.md \
-	  bench-out/results-real.md > docs/results.md
-	cp bench-out/results-sim.svg bench-out/results-real.svg docs/
+	  bench-out/results-responses.md bench-out/results-real.md > docs/results.md
+	cp bench-out/results-sim.svg bench-out/results-responses.svg bench-out/results-real.svg docs/
 
 # A bounded soak (~4 min): 256 concurrent clients, a replica killed and
 # restarted, a reload; every request accounted for, duplicates counted, RSS

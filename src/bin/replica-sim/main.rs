@@ -328,26 +328,33 @@ impl Sim {
             );
         }
         let responses = path == "/v1/responses";
-        let parsed = if responses {
-            prefix_router::request::Prompt::parse_responses(&body, usize::MAX)
-        } else {
-            prefix_router::request::Prompt::parse(&body, usize::MAX)
-        };
-        let (mut text, salt, previous) = parsed
+        let (mut text, salt) = prefix_router::request::Prompt::parse(&body, usize::MAX)
             .map(|p| {
                 let salt = p
                     .salt
                     .map_or(0, |s| xxhash_rust::xxh3::xxh3_64(s.as_bytes()));
-                (p.text, salt, p.previous_response_id)
+                (p.text, salt)
             })
             .unwrap_or_default();
-        // The Responses API continues a stored response: its conversation
-        // comes first (so its prefix is cached), or the id is unknown here.
-        if let Some(previous) = &previous {
-            match self.responses.lock().expect("responses").get(previous) {
-                Some(earlier) => text = [earlier.as_slice(), &text].concat(),
-                None => return self.tag(not_found_response(previous), received),
+        // The Responses API: this request's instructions, then the stored
+        // conversation it continues (so its prefix is cached; the earlier
+        // instructions are not carried over), then its new items.
+        let mut history = Vec::new();
+        if responses {
+            let part = |v: Value| {
+                prefix_router::request::Prompt::parse_responses(v.to_string().as_bytes(), usize::MAX)
+                    .map(|p| p.text)
+                    .unwrap_or_default()
+            };
+            let instructions = part(json!({"instructions": req.get("instructions")}));
+            if let Some(previous) = req.get("previous_response_id").and_then(Value::as_str) {
+                match self.responses.lock().expect("responses").get(previous) {
+                    Some(earlier) => history.clone_from(earlier),
+                    None => return self.tag(not_found_response(previous), received),
+                }
             }
+            history.extend(part(json!({"input": req.get("input")})));
+            text = [instructions.as_slice(), &history].concat();
         }
         let store = responses && req.get("store") != Some(&Value::Bool(false));
         let response_id = || {
@@ -394,13 +401,12 @@ impl Sim {
         let output = "tok ".repeat(max_tokens as usize).trim_end().to_owned();
         if let (Kind::Responses(id), true) = (&kind, store) {
             // Stored once the answer is known (the id is in its first bytes).
-            let mut conversation = text;
-            conversation.extend_from_slice(output.as_bytes());
-            conversation.extend_from_slice(b"\x1fassistant\x1e");
+            history.extend_from_slice(output.as_bytes());
+            history.extend_from_slice(b"\x1fassistant\x1e");
             self.responses
                 .lock()
                 .expect("responses")
-                .insert(id.clone(), conversation);
+                .insert(id.clone(), history);
         }
         if !stream {
             while let Some(ev) = events.recv().await {

@@ -1,7 +1,8 @@
-//! A plain OpenAI client that times one streamed chat completion: time to the
-//! first streamed event (TTFT) and to the end, with what the response says
-//! about placement (`x-prefix-router-*` headers, when present) and caching
-//! (`usage.prompt_tokens_details.cached_tokens`, or llama.cpp's `timings.cache_n`).
+//! A plain OpenAI client that times one streamed chat completion or Responses
+//! API response: time to the first streamed token (TTFT) and to the end, with
+//! what the response says about placement (`x-prefix-router-*` headers, when
+//! present) and caching (`usage.prompt_tokens_details.cached_tokens`,
+//! `input_tokens_details.cached_tokens`, or llama.cpp's `timings.cache_n`).
 
 use std::time::Instant;
 
@@ -79,6 +80,77 @@ impl Client {
             "stream": true,
             "stream_options": {"include_usage": true},
         });
+        let (mut s, events) = self
+            .stream("/v1/chat/completions", body, group, turn, b"data:")
+            .await;
+        for v in events {
+            if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+                s.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
+                s.cached_tokens = u
+                    .pointer("/prompt_tokens_details/cached_tokens")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
+            }
+            if let Some(n) = v.pointer("/timings/cache_n").and_then(Value::as_u64) {
+                s.cached_tokens = s.cached_tokens.max(n);
+            }
+        }
+        s
+    }
+
+    /// Streams `/v1/responses` (`input` items, continuing `previous` when
+    /// given) and times it to the first output text; also the response's id.
+    pub async fn responses(
+        &self,
+        group: &str,
+        turn: usize,
+        instructions: Option<&str>,
+        input: &[Value],
+        previous: Option<&str>,
+        max_tokens: u64,
+    ) -> (Sample, Option<String>) {
+        let mut body = json!({
+            "model": self.model,
+            "input": input,
+            "max_output_tokens": max_tokens,
+            "temperature": 0,
+            "stream": true,
+        });
+        if let Some(i) = instructions {
+            body["instructions"] = json!(i);
+        }
+        if let Some(p) = previous {
+            body["previous_response_id"] = json!(p);
+        }
+        let (mut s, events) = self
+            .stream("/v1/responses", body, group, turn, b"output_text.delta")
+            .await;
+        let mut id = None;
+        for v in events {
+            if let Some(r) = v.get("response") {
+                id = id.or_else(|| r["id"].as_str().map(str::to_owned));
+                if let Some(u) = r.get("usage").filter(|u| !u.is_null()) {
+                    s.prompt_tokens = u["input_tokens"].as_u64().unwrap_or(0);
+                    s.cached_tokens = u
+                        .pointer("/input_tokens_details/cached_tokens")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0);
+                }
+            }
+        }
+        (s, id)
+    }
+
+    /// POSTs `body` to `path` as a stream and times it: TTFT when `first`
+    /// first appears in the body; the `data:` events parsed as JSON.
+    async fn stream(
+        &self,
+        path: &str,
+        body: Value,
+        group: &str,
+        turn: usize,
+        first: &[u8],
+    ) -> (Sample, Vec<Value>) {
         let mut s = Sample {
             group: group.to_owned(),
             turn,
@@ -87,7 +159,7 @@ impl Client {
         };
         let body = Bytes::from(body.to_string());
         let send = || {
-            let req = Request::post(format!("{}/v1/chat/completions", self.base))
+            let req = Request::post(format!("{}{path}", self.base))
                 .header("content-type", "application/json")
                 .body(Full::new(body.clone()));
             async move {
@@ -109,7 +181,7 @@ impl Client {
             Ok(r) => r,
             Err(e) => {
                 log::warn!("request failed: {e}");
-                return s;
+                return (s, Vec::new());
             }
         };
         s.status = resp.status().as_u16();
@@ -129,30 +201,16 @@ impl Client {
             let Some(data) = frame.data_ref() else {
                 continue;
             };
-            if s.ttft_s == 0.0 && data.windows(5).any(|w| w == b"data:") {
+            if s.ttft_s == 0.0 && data.windows(first.len()).any(|w| w == first) {
                 s.ttft_s = started.elapsed().as_secs_f64() * self.scale;
             }
             buf.extend_from_slice(data);
         }
         s.total_s = started.elapsed().as_secs_f64() * self.scale;
-        for line in String::from_utf8_lossy(&buf).lines() {
-            let Some(v) = line
-                .strip_prefix("data: ")
-                .and_then(|d| serde_json::from_str::<Value>(d).ok())
-            else {
-                continue;
-            };
-            if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
-                s.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
-                s.cached_tokens = u
-                    .pointer("/prompt_tokens_details/cached_tokens")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(0);
-            }
-            if let Some(n) = v.pointer("/timings/cache_n").and_then(Value::as_u64) {
-                s.cached_tokens = s.cached_tokens.max(n);
-            }
-        }
-        s
+        let events = String::from_utf8_lossy(&buf)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l.strip_prefix("data: ")?).ok())
+            .collect();
+        (s, events)
     }
 }

@@ -5,8 +5,10 @@
 //! tokens), `burst` (16 distinct cold prompts at once), `mixed` (both at once),
 //! `probe` (the same long prompt twice on one idle replica, then varying tails),
 //! `capacity` (three 50-80k-token families on two cards), and on request
-//! `overload` (more one-shot clients than the cards hold) and `unseen-load`
-//! (`mixed` while other clients load one replica past the router). Every run salts its
+//! `overload` (more one-shot clients than the cards hold), `unseen-load`
+//! (`mixed` while other clients load one replica past the router) and
+//! `responses-loop` (`agent-loop` on the Responses API, chained by
+//! `previous_response_id`, so each turn sends only its new items). Every run salts its
 //! prompts; every median comes with its p90 and sample size. Times are model
 //! seconds: wall seconds times `--time-scale` (the simulators' own; 1 for real engines).
 //!   cargo run --release --bin routebench -- run --url http://127.0.0.1:8080 --probe-url http://127.0.0.1:8001
@@ -26,7 +28,7 @@ use clap::{Parser, Subcommand};
 use client::{Client, Sample};
 use scenarios::Sizes;
 
-const ALL: [&str; 7] = [
+const ALL: [&str; 8] = [
     "agent-loop",
     "burst",
     "mixed",
@@ -34,8 +36,9 @@ const ALL: [&str; 7] = [
     "capacity",
     "overload",
     "unseen-load",
+    "responses-loop",
 ];
-/// Run when no `--scenario` is given (`overload` and `unseen-load` are asked for by name).
+/// Run when no `--scenario` is given (the others are asked for by name).
 const DEFAULT: usize = 5;
 /// What the router logs when a working set exceeds a replica's KV.
 const WARNING: &str = "exceeds its KV capacity";
@@ -164,6 +167,7 @@ async fn scenario(name: &str, c: &Client, probe: &Client, s: &Sizes) -> Vec<Samp
         "capacity" => scenarios::capacity(c, &salt, s).await,
         "overload" => scenarios::overload(c, &salt, s).await,
         "unseen-load" => scenarios::unseen_load(c, probe, &salt, s).await,
+        "responses-loop" => scenarios::responses_loop(c, &salt, s).await,
         _ => Vec::new(),
     }
 }

@@ -102,7 +102,7 @@ pub fn summarize(scenario: &str, samples: &[Sample]) -> Cells {
     };
     let mut row = Vec::new();
     match scenario {
-        "agent-loop" => {
+        "agent-loop" | "responses-loop" => {
             row.push(("cold first turn TTFT".into(), ttft(&|s| s.turn == 0).show()));
             row.push(("warm turn TTFT".into(), ttft(&|s| s.turn > 0).show()));
             row.push((
@@ -259,6 +259,7 @@ pub fn headline(scenario: &str, samples: &[Sample]) -> Vec<(&'static str, f64)> 
     };
     match scenario {
         "agent-loop" => vec![(AGENT_LOOP, warm(&|_| true))],
+        "responses-loop" => vec![(RESPONSES_LOOP, warm(&|_| true))],
         "burst" => vec![(BURST, makespan(ok(samples)))],
         "mixed" => vec![
             (MIXED_AGENT, warm(&|s| s.group.starts_with("agent"))),
@@ -274,6 +275,7 @@ pub fn headline(scenario: &str, samples: &[Sample]) -> Vec<(&'static str, f64)> 
 }
 
 const AGENT_LOOP: &str = "agent-loop warm-turn TTFT (median)";
+const RESPONSES_LOOP: &str = "responses-loop warm-turn TTFT (median)";
 const BURST: &str = "burst makespan";
 const MIXED_AGENT: &str = "agent warm TTFT amid bursts (median)";
 const MIXED_BURST: &str = "burst makespan amid agents (median of bursts)";

@@ -146,6 +146,55 @@ pub async fn agent(c: &Client, salt: &str, name: &str, s: &Sizes, pause_s: f64) 
     out
 }
 
+/// One agent on the Responses API, its state kept by the engine: each turn
+/// sends only the new tool output and names the previous response.
+async fn responses_agent(
+    c: &Client,
+    salt: &str,
+    name: &str,
+    s: &Sizes,
+    pause_s: f64,
+) -> Vec<Sample> {
+    let instructions = format!(
+        "{salt} {name}: you are a coding agent.\n{}",
+        filler(name, s.agent_initial_tokens)
+    );
+    let mut input =
+        vec![json!({"role": "user", "content": format!("{name}: fix the failing test")})];
+    let mut previous: Option<String> = None;
+    let mut out = Vec::new();
+    for turn in 0..s.turns {
+        let (sample, id) = c
+            .responses(
+                name,
+                turn,
+                Some(&instructions),
+                &input,
+                previous.as_deref(),
+                s.agent_max_tokens,
+            )
+            .await;
+        out.push(sample);
+        let Some(id) = id else { break };
+        previous = Some(id);
+        input = vec![
+            json!({"type": "function_call_output", "call_id": format!("call{turn}"),
+            "output": filler(&format!("{name} tool output {turn}"), s.agent_growth_tokens)}),
+        ];
+        sleep_model(c, pause_s * (1.0 + turn as f64 % 3.0)).await;
+    }
+    out
+}
+
+/// `agent-loop` on the Responses API: `previous_response_id` chains.
+pub async fn responses_loop(c: &Client, salt: &str, s: &Sizes) -> Vec<Sample> {
+    let runs = (0..s.agents).map(|i| {
+        let name = format!("agent{i}");
+        async move { responses_agent(c, salt, &name, s, 0.2 + 1.3 * i as f64).await }
+    });
+    join_all(runs).await.into_iter().flatten().collect()
+}
+
 /// `agents` conversations side by side, each a sequential-turn client.
 pub async fn agent_loop(c: &Client, salt: &str, s: &Sizes) -> Vec<Sample> {
     // Different tool times per conversation, so their turns do not arrive in
