@@ -44,6 +44,10 @@ ROWS = [
          "pinned replica down; key: explicit conversation key; guard: load guard moved it; "
          "hash: affinity mode with no match.",
          [q('sum by (decision) (rate(prefix_router_requests_total[1m]))', '{{decision}}')]),
+        ("Requests/s by model", "reqps",
+         "Routed requests by the model they named (as the replicas list it; `unlisted`: a model "
+         "no replica lists, `none`: no model field).",
+         [q('sum by (model) (rate(prefix_router_model_requests_total[1m]))', '{{model}}')]),
         ("Continuations pinned (share)", "percentunit",
          "Share of continuations that went to the replica holding their prefix (pin or key).",
          [q('sum(rate(prefix_router_requests_total{shape="continuation",decision=~"pin|key"}[5m])) '
@@ -121,10 +125,12 @@ ROWS = [
          "Reloads of the config file and the API keys file, by result.",
          [q('sum by (result) (increase(prefix_router_config_reloads_total[1h]))', 'config {{result}}'),
           q('sum by (result) (increase(prefix_router_api_keys_reloads_total[1h]))', 'keys {{result}}')]),
-        ("Prefix index", "short",
-         "Entries (1 KiB blocks, prompt ends, keys) and heap bytes of the prefix index.",
+        ("Prefix index and response ids", "short",
+         "Entries (1 KiB blocks, prompt ends, keys) and heap bytes of the prefix index; "
+         "Responses API ids whose replica the router knows.",
          [q('prefix_router_prefix_index_entries', 'entries'),
-          q('prefix_router_prefix_index_bytes', 'bytes')]),
+          q('prefix_router_prefix_index_bytes', 'bytes'),
+          q('prefix_router_response_ids', 'response ids')]),
         ("Request body size (p50, p95)", "bytes",
          "Body bytes of routed requests.",
          [q(f'histogram_quantile({p}, sum by (le) (rate(prefix_router_request_body_bytes_bucket[5m])))',

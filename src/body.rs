@@ -114,6 +114,8 @@ pub async fn parse(
             Prompt::parse_responses(&body, max_prompt_bytes)
         } else if crate::paths::carries_prompt(path) {
             Prompt::parse(&body, max_prompt_bytes)
+        } else if crate::paths::AUDIO_PATHS.contains(&path) {
+            Ok(Prompt::parse_form_model(&body))
         } else {
             Prompt::parse_model(&body)
         };

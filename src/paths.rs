@@ -14,7 +14,7 @@ const PROMPT_PATHS: [&str; 4] = [
 /// Every routed path: the prompt paths, then the JSON paths of vLLM and
 /// SGLang whose body is read for its `model` only (spread within the
 /// model's replicas).
-pub const ROUTED_PATHS: [&str; 13] = [
+pub const ROUTED_PATHS: [&str; 15] = [
     PROMPT_PATHS[0],
     PROMPT_PATHS[1],
     PROMPT_PATHS[2],
@@ -28,7 +28,12 @@ pub const ROUTED_PATHS: [&str; 13] = [
     "/tokenize",
     "/detokenize",
     "/pooling",
+    AUDIO_PATHS[0],
+    AUDIO_PATHS[1],
 ];
+
+/// Audio paths: multipart form bodies, whose `model` field is read.
+pub const AUDIO_PATHS: [&str; 2] = ["/v1/audio/transcriptions", "/v1/audio/translations"];
 
 /// A routed path whose body carries a prompt (else only its `model` is read).
 pub fn carries_prompt(routed: &str) -> bool {

@@ -137,10 +137,8 @@ pub struct Ctx {
     /// is chosen (it holds a canonical copy of the prompt), and read again
     /// from `body` if the request has to be placed again (`reparse`).
     request: Option<Request>,
-    /// The body's `model`; when the fleet routes by model (`by_model`), only
-    /// replicas serving it are offered.
+    /// The body's `model`: only replicas serving it are offered.
     model: Option<String>,
-    by_model: bool,
     /// A Responses API response this request needs (`previous_response_id`,
     /// `/v1/responses/{id}`), and the replica holding it when known: only
     /// that one is offered.
@@ -195,7 +193,6 @@ impl Router {
         }
         if let Some(r) = &request {
             ctx.model.clone_from(&r.model);
-            ctx.by_model = r.model.is_some() && self.replicas.routes_by_model();
             if let Some(id) = &r.previous_response_id {
                 ctx.response = Some((id.clone(), self.responses.get(id)));
             }
@@ -290,9 +287,6 @@ impl Router {
     /// replicas' models, in OpenAI's list format) and `GET /v1/models/{id}`,
     /// when every live replica's models are known; `None`: forward it.
     fn models_answer(&self, path: &str) -> Option<std::result::Result<Vec<u8>, RouterError>> {
-        if !self.replicas.routes_by_model() {
-            return None;
-        }
         let id = match path.strip_prefix("/v1/models") {
             Some("" | "/") => None,
             Some(rest) => Some(rest.strip_prefix('/')?),
@@ -405,7 +399,6 @@ impl ProxyHttp for Router {
             body: None,
             request: None,
             model: None,
-            by_model: false,
             response: None,
             learn_id: None,
             reparse: false,
@@ -519,7 +512,7 @@ impl ProxyHttp for Router {
                 .refuse(session, ctx, &RouterError::OVER_BUDGET, false)
                 .await;
         }
-        if let Some(model) = ctx.model.as_deref().filter(|_| ctx.by_model) {
+        if let Some(model) = ctx.model.as_deref() {
             if self.replicas.nobody_serves(model) {
                 let err = RouterError::ModelNotFound {
                     model: model.chars().take(crate::config::MAX_MODEL_NAME).collect(),
@@ -556,10 +549,7 @@ impl ProxyHttp for Router {
             }
         }
         // The holder is offered whatever `model` says: the engine answers.
-        let model = ctx
-            .model
-            .as_deref()
-            .filter(|_| ctx.by_model && holder.is_none());
+        let model = ctx.model.as_deref().filter(|_| holder.is_none());
         for _ in 0..=list.len() {
             let mut excluded = ctx.tried.clone();
             if let Some(h) = holder {

@@ -373,18 +373,6 @@ impl Replicas {
         (states, panic)
     }
 
-    /// Model routing acts: replicas' known model lists differ (a fleet whose
-    /// replicas all serve the same models leaves `model` to the engines, as
-    /// llama.cpp, which accepts any name, expects).
-    pub fn routes_by_model(&self) -> bool {
-        let list = self.snapshot();
-        let mut known = list.iter().filter_map(|r| r.models());
-        let Some(first) = known.next() else {
-            return false;
-        };
-        known.any(|l| *l != *first)
-    }
-
     /// Some replica's model list names `model`.
     pub fn lists(&self, model: &str) -> bool {
         self.snapshot()

@@ -94,6 +94,26 @@ impl Prompt {
         })
     }
 
+    /// Reads only the `model` field of a `multipart/form-data` body (audio
+    /// transcriptions): the value of the part named `model`, up to the next
+    /// delimiter line (every delimiter starts `\r\n--`, whatever the boundary).
+    pub fn parse_form_model(body: &[u8]) -> Self {
+        let model = (|| {
+            let at = memchr::memmem::find(body, b"name=\"model\"")?;
+            let rest = &body[at..];
+            let start = memchr::memmem::find(rest, b"\r\n\r\n")? + 4;
+            let value = &rest[start..];
+            let end = memchr::memmem::find(value, b"\r\n--")?;
+            let model = std::str::from_utf8(&value[..end]).ok()?.trim();
+            (!model.is_empty() && model.len() <= crate::config::MAX_MODEL_NAME)
+                .then(|| model.to_owned())
+        })();
+        Self {
+            model,
+            ..Self::default()
+        }
+    }
+
     /// Parses an OpenAI Responses API body (see `responses`).
     pub fn parse_responses(body: &[u8], max_text_bytes: usize) -> Result<Self, RequestError> {
         Ok(responses::parse(body, max_text_bytes)?)
@@ -224,6 +244,18 @@ mod tests {
 
     fn parse(s: &str) -> Prompt {
         Prompt::parse(s.as_bytes(), usize::MAX).expect("valid body")
+    }
+
+    #[test]
+    fn the_model_of_a_form_body_is_its_model_part() {
+        let body = b"--b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nRIFF\x00\x01\r\n--b0undary\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-large\r\n--b0undary--\r\n";
+        assert_eq!(
+            Prompt::parse_form_model(body).model.as_deref(),
+            Some("whisper-large")
+        );
+        assert_eq!(Prompt::parse_form_model(b"no form").model, None);
+        let empty = b"--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n\r\n--b--";
+        assert_eq!(Prompt::parse_form_model(empty).model, None);
     }
 
     #[test]

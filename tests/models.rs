@@ -154,23 +154,23 @@ fn models_declared_in_the_config_override_the_replicas_list() {
 }
 
 #[test]
-fn a_fleet_serving_one_model_leaves_the_model_name_to_the_engines() {
+fn a_one_model_fleet_refuses_other_names_itself_and_lists_its_model() {
     let a = Sim::start("a", &[]);
     let b = Sim::start("b", &[]);
     let router = Router::start(&[&a, &b], "");
-    // Both list `sim`: a request naming another model reaches an engine,
-    // which answers for itself (llama.cpp would serve it).
     let r = router.post("/v1/chat/completions", &single("other", "hello"));
     assert_eq!(r.status, 404, "{}", r.text());
     assert_eq!(
-        r.json()["error"]["type"],
-        "NotFoundError",
-        "the engine's answer"
+        r.json()["error"]["code"],
+        "model_not_found",
+        "the router's answer"
     );
-    assert!(r.header("x-prefix-router-replica").is_some());
-    // And its own model list is the engine's, forwarded.
-    let models = get(router.addr, "/v1/models");
-    assert!(models.header("x-prefix-router-replica").is_some());
+    assert_eq!(a.received() + b.received(), 0);
+    assert_eq!(models_listed(&router), ["sim"]);
+    assert_eq!(
+        get(router.addr, "/v1/models").header("x-prefix-router-replica"),
+        None
+    );
 }
 
 #[test]
@@ -186,6 +186,49 @@ fn embeddings_and_other_json_paths_go_to_their_models_replicas() {
         assert_eq!((r.status, r.replica()), (200, "b"), "{}", r.text());
     }
     let r = router.post("/v1/embeddings", &json!({"model": "nobody", "input": "x"}));
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["error"]["code"], "model_not_found");
+}
+
+#[test]
+fn audio_forms_go_to_the_replicas_of_their_model() {
+    let a = Sim::start("a", &["--models", "chat-model"]);
+    let b = Sim::start("b", &["--models", "whisper"]);
+    let router = Router::start(&[&a, &b], "");
+    let form = |model: &str| {
+        let mut body =
+            b"--xyz\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\
+            Content-Type: audio/wav\r\n\r\n"
+                .to_vec();
+        body.extend(std::iter::repeat_n(7u8, 200_000));
+        body.extend_from_slice(
+            format!("\r\n--xyz\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n{model}\r\n--xyz--\r\n")
+                .as_bytes(),
+        );
+        body
+    };
+    let headers = [("content-type", "multipart/form-data; boundary=xyz")];
+    for _ in 0..3 {
+        let r = common::http::request(
+            router.addr,
+            "POST",
+            "/v1/audio/transcriptions",
+            &headers,
+            &form("whisper"),
+        );
+        assert_eq!((r.status, r.replica()), (200, "b"), "{}", r.text());
+        assert_eq!(
+            r.json()["x_body_bytes"].as_u64(),
+            Some(form("whisper").len() as u64)
+        );
+    }
+    let r = common::http::request(
+        router.addr,
+        "POST",
+        "/v1/audio/transcriptions",
+        &headers,
+        &form("nobody"),
+    );
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"]["code"], "model_not_found");
 }

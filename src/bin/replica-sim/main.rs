@@ -272,6 +272,17 @@ impl Sim {
                 }
                 self.complete(&path, body).await
             }
+            (&Method::POST, "/v1/audio/transcriptions" | "/v1/audio/translations") => {
+                match prefix_router::request::Prompt::parse_form_model(&body).model {
+                    Some(m) if !self.models.lock().expect("models").contains(&m) => {
+                        model_not_found(&m)
+                    }
+                    _ => json_response(
+                        StatusCode::OK,
+                        &json!({"text": "tok tok", "x_body_bytes": body.len()}),
+                    ),
+                }
+            }
             (&Method::POST, "/v1/embeddings") => {
                 let model = serde_json::from_slice::<Value>(&body)
                     .ok()
@@ -342,9 +353,12 @@ impl Sim {
         let mut history = Vec::new();
         if responses {
             let part = |v: Value| {
-                prefix_router::request::Prompt::parse_responses(v.to_string().as_bytes(), usize::MAX)
-                    .map(|p| p.text)
-                    .unwrap_or_default()
+                prefix_router::request::Prompt::parse_responses(
+                    v.to_string().as_bytes(),
+                    usize::MAX,
+                )
+                .map(|p| p.text)
+                .unwrap_or_default()
             };
             let instructions = part(json!({"instructions": req.get("instructions")}));
             if let Some(previous) = req.get("previous_response_id").and_then(Value::as_str) {
