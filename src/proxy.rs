@@ -285,7 +285,7 @@ impl Router {
 
     /// The router's own answer to `GET /v1/models` (the union of the live
     /// replicas' models, in OpenAI's list format) and `GET /v1/models/{id}`,
-    /// when every live replica's models are known; `None`: forward it.
+    /// when every live replica's list is known; `None`: forward it.
     fn models_answer(&self, path: &str) -> Option<std::result::Result<Vec<u8>, RouterError>> {
         let id = match path.strip_prefix("/v1/models") {
             Some("" | "/") => None,
@@ -297,7 +297,9 @@ impl Router {
         let mut any_live = false;
         for r in list.iter().filter(|r| r.live()) {
             any_live = true;
-            models.extend(r.models().iter().flat_map(|l| l.iter().cloned()));
+            // A list that cannot be read (an engine behind its own API key):
+            // the union would be a guess.
+            models.extend(r.models()?.iter().cloned());
         }
         if !any_live {
             return None;
