@@ -553,11 +553,19 @@ impl ProxyHttp for Router {
         // The holder is offered whatever `model` says: the engine answers.
         let model = ctx.model.as_deref().filter(|_| holder.is_none());
         for _ in 0..=list.len() {
-            let mut excluded = ctx.tried.clone();
-            if let Some(h) = holder {
-                excluded.extend(list.iter().map(|r| r.id).filter(|id| *id != h));
-            }
-            let (states, panic) = Replicas::states(&list, &excluded, model);
+            // Only a response's holder is offered; other requests exclude
+            // just the replicas tried (no copy of the list on that path).
+            let others: Vec<ReplicaId>;
+            let excluded = match holder {
+                Some(h) => {
+                    others = (ctx.tried.iter().copied())
+                        .chain(list.iter().map(|r| r.id).filter(|id| *id != h))
+                        .collect();
+                    &others
+                }
+                None => &ctx.tried,
+            };
+            let (states, panic) = Replicas::states(&list, excluded, model);
             let mut decision = match &ctx.request {
                 Some(r) => self.policy.place(r, &states),
                 None => self.policy.spread(&states),

@@ -77,7 +77,7 @@ fn the_probe_mode_exits_zero_only_on_a_2xx_answer() {
 /// A replica whose health check takes `delay` to pass and that answers
 /// every other request at once.
 fn slow_to_check(delay: Duration) -> std::net::SocketAddr {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::{BufReader, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
     std::thread::spawn(move || {
@@ -85,19 +85,7 @@ fn slow_to_check(delay: Duration) -> std::net::SocketAddr {
             std::thread::spawn(move || {
                 // The whole request, so closing after the answer resets nothing.
                 let mut reader = BufReader::new(conn.try_clone().expect("clone"));
-                let mut line = String::new();
-                let _ = reader.read_line(&mut line);
-                let mut length = 0;
-                loop {
-                    let mut header = String::new();
-                    if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
-                        break;
-                    }
-                    if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
-                        length = v.trim().parse().unwrap_or(0);
-                    }
-                }
-                let _ = std::io::Read::read_exact(&mut reader, &mut vec![0; length]);
+                let line = common::http::read_request(&mut reader).unwrap_or_default();
                 if line.contains("/health") {
                     std::thread::sleep(delay);
                 }

@@ -171,6 +171,30 @@ pub fn post_json(addr: SocketAddr, path: &str, body: &serde_json::Value) -> Resp
     )
 }
 
+/// Server side, for hand-made replicas: reads one whole request (head and a
+/// Content-Length body); its request line, `None` once the client closed.
+pub fn read_request(r: &mut impl BufRead) -> Option<String> {
+    let mut first = String::new();
+    if r.read_line(&mut first).ok()? == 0 {
+        return None;
+    }
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        if line == "\r\n" {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap_or(0);
+        }
+    }
+    r.read_exact(&mut vec![0; length]).ok()?;
+    Some(first)
+}
+
 fn read_head(r: &mut impl BufRead) -> io::Result<(u16, String)> {
     let mut line = String::new();
     if r.read_line(&mut line)? == 0 {

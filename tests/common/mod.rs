@@ -442,33 +442,13 @@ impl TricklingReplica {
     }
 
     fn serve(mut conn: std::net::TcpStream, received: &AtomicU64) {
-        use std::io::{Read, Write};
+        use std::io::Write;
         let Ok(clone) = conn.try_clone() else { return };
         let mut reader = BufReader::new(clone);
-        loop {
-            let mut head = Vec::new();
-            let mut length = 0;
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                    return;
-                }
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap_or(0);
-                }
-                let end = line == "\r\n";
-                head.push(line);
-                if end {
-                    break;
-                }
-            }
-            let mut body = vec![0; length];
-            if reader.read_exact(&mut body).is_err() {
-                return;
-            }
-            if head[0].starts_with("GET /health") || head[0].starts_with("GET /v1/models") {
+        while let Some(line) = http::read_request(&mut reader) {
+            if line.starts_with("GET /health") || line.starts_with("GET /v1/models") {
                 // Healthy; no model list (it serves any model).
-                let answer = if head[0].starts_with("GET /health") {
+                let answer = if line.starts_with("GET /health") {
                     "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
                 } else {
                     "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
