@@ -1,5 +1,5 @@
 # The two commands of the README, plus the benchmarks.
-.PHONY: run test bench bench-proxy bench-sse bench-memory results soak prepare container-check
+.PHONY: run test bench bench-proxy bench-sse bench-memory results fleet-results soak prepare container-check
 
 prepare:
 	scripts/prepare.sh
@@ -46,7 +46,8 @@ bench-memory: prepare
 # side by side, on simulated cards (3 salts, ~13 min; then engine_load and the
 # load guard on `unseen-load`, ~6 min, the capacity wall's levers, ~5 min, and
 # agent loops on the Responses API, ~3 min)
-# and on two real llama.cpp replicas (~12 min); rewrites docs/results.md and
+# and on two real llama.cpp replicas (~15 min, then agent loops amid bursts in
+# 3 rounds, ~19 min); rewrites docs/results.md and
 # its plots. SMG is installed
 # from PyPI into bench-out/venv on first use.
 results: prepare
@@ -71,10 +72,32 @@ results: prepare
 	  --label "simulated replicas, agent loops on chat and on the Responses API (replica-sim)" \
 	  --out bench-out/responses --results bench-out/results-responses.md
 	scripts/real-engine.sh compare
+	POLICIES=shape,shape+replica.prompt_cache=last,roundrobin OUT=bench-out/real-mixed \
+	  RESULTS=bench-out/results-real-mixed.md \
+	  LABEL="real llama.cpp replicas, agent loops amid bursts, 3 rounds (xllamacpp, 1 slot of 4096 tokens, --cache-ram 0)" \
+	  scripts/real-engine.sh compare --scenario agent-loop --scenario burst --scenario mixed --salts 3
 	cat docs/results-preface.md bench-out/results-sim.md bench-out/results-unseen.md \
 	  bench-out/results-capacity.md bench-out/results-capacity-one.md \
-	  bench-out/results-responses.md bench-out/results-real.md > docs/results.md
-	cp bench-out/results-sim.svg bench-out/results-responses.svg bench-out/results-real.svg docs/
+	  bench-out/results-responses.md bench-out/results-real.md \
+	  bench-out/results-real-mixed.md > docs/results.md
+	cp bench-out/results-sim.svg bench-out/results-responses.svg bench-out/results-real.svg \
+	  bench-out/results-real-mixed.svg docs/
+
+# Several router instances in front of the same simulated replicas (1, 2 and
+# 3; each request to one of them at random), `local` against `rendezvous`, 3
+# salts (~15 min); rewrites docs/fleet.md.
+fleet-results: prepare
+	cargo build --release --bins
+	for n in 1 2 3; do \
+	  target/release/routebench compare --time-scale 10 --salts 3 --instances $$n \
+	    --scenario agent-loop --scenario burst --scenario mixed \
+	    --policies 'shape,shape+fleet.mode=rendezvous,shape+fleet.mode=rendezvous+fleet.singles=root' \
+	    --label "simulated replicas, $$n router instance(s), each request to one at random (replica-sim)" \
+	    --out bench-out/fleet-$$n --results bench-out/results-fleet-$$n.md || exit 1; \
+	done
+	cat docs/fleet-preface.md bench-out/results-fleet-1.md bench-out/results-fleet-2.md \
+	  bench-out/results-fleet-3.md > docs/fleet.md
+	cp bench-out/results-fleet-1.svg bench-out/results-fleet-2.svg bench-out/results-fleet-3.svg docs/
 
 # A bounded soak (~4 min): 256 concurrent clients, a replica killed and
 # restarted, a reload; every request accounted for, duplicates counted, RSS

@@ -5,7 +5,8 @@
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use prefix_router::policy::{
-    ContinuationRule, KvRoom, Mode, Policy, PolicyConfig, PrefixChain, ReplicaId, ReplicaState,
+    ContinuationRule, Fleet, KvRoom, Mode, Policy, PolicyConfig, PrefixChain, ReplicaId,
+    ReplicaState,
 };
 use prefix_router::request::Prompt;
 use serde_json::json;
@@ -21,6 +22,7 @@ fn policy(max_entries: usize) -> Policy {
         kv_room: KvRoom::Off,
         load_guard: None,
         least_loaded: false,
+        fleet: Fleet::Local,
     })
 }
 
@@ -28,6 +30,7 @@ fn fleet(n: u32) -> Vec<ReplicaState> {
     (0..n)
         .map(|i| ReplicaState {
             id: ReplicaId(i),
+            name_hash: u64::from(i) << 8,
             live: true,
             in_flight: i % 3,
             engine: None,
@@ -114,6 +117,7 @@ fn lookup_vs_tracked(c: &mut Criterion) {
             let req = prefix_router::policy::Request {
                 chain: PrefixChain::new(text.into_bytes(), vec![], BLOCK),
                 model_turn: true,
+                root_end: None,
                 messages: 1,
                 key: None,
                 cache_bypass: false,

@@ -42,15 +42,16 @@ ROWS = [
         ("Requests/s by decision", "reqps",
          "pin: continuation sent to the replica holding its prefix; spread: counter; fallback: "
          "pinned replica down; key: explicit conversation key; guard: load guard moved it; "
-         "hash: affinity mode with no match.",
+         "hash: affinity mode with no match, or fleet: rendezvous.",
          [q('sum by (decision) (rate(prefix_router_requests_total[1m]))', '{{decision}}')]),
         ("Requests/s by model", "reqps",
          "Routed requests by the model they named (as the replicas list it; `unlisted`: a model "
          "no replica lists, `none`: no model field).",
          [q('sum by (model) (rate(prefix_router_model_requests_total[1m]))', '{{model}}')]),
         ("Continuations pinned (share)", "percentunit",
-         "Share of continuations that went to the replica holding their prefix (pin or key).",
-         [q('sum(rate(prefix_router_requests_total{shape="continuation",decision=~"pin|key"}[5m])) '
+         "Share of continuations that went to the replica holding their prefix (pin or key), or "
+         "by their conversation's hash (fleet: rendezvous).",
+         [q('sum(rate(prefix_router_requests_total{shape="continuation",decision=~"pin|key|hash"}[5m])) '
             '/ sum(rate(prefix_router_requests_total{shape="continuation"}[5m]))', 'pinned')]),
         ("Time to first byte by decision (p50, p95)", "s",
          "From request arrival to the replica's first response body bytes: the router's view "

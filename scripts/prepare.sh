@@ -4,7 +4,9 @@
 #   apt is usable, else the PyPI wheel;
 # - socat and openssl, which the TLS test uses as a TLS terminator, and
 #   prometheus (with promtool), which tests/dashboard.rs runs (Debian).
-# - the OpenAI Python SDK in .sdk/venv (PyPI), which tests/sdk.rs drives.
+# - the OpenAI Python SDK in .sdk/venv (PyPI), which tests/sdk.rs drives, and
+#   kubernetes-validate (PyPI, the Kubernetes schemas) in .kube/venv, which
+#   tests/kubernetes.rs runs over deploy/kubernetes/.
 # The patched Pingora crates are committed in vendor/ (scripts/prepare-pingora.sh).
 # Idempotent and fast when already done.
 #   scripts/prepare.sh
@@ -37,4 +39,10 @@ done
 if [ ! -x .sdk/venv/bin/python ] || ! .sdk/venv/bin/python -c 'import openai' 2>/dev/null; then
   python3 -m venv .sdk/venv
   .sdk/venv/bin/pip install --quiet 'openai==3.57.0'
+fi
+
+# The schemas tests/kubernetes.rs checks the manifests against (offline).
+if [ ! -x .kube/venv/bin/kubernetes-validate ]; then
+  python3 -m venv .kube/venv
+  .kube/venv/bin/pip install --quiet 'kubernetes-validate==1.37.0'
 fi

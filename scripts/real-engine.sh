@@ -5,7 +5,7 @@
 #   scripts/real-engine.sh prepare
 #   scripts/real-engine.sh serve --port 8101
 #   scripts/real-engine.sh compare     # routebench compare against two of them -> bench-out/results-real.md
-#   POLICIES=shape,roundrobin OUT=bench-out/real-x RESULTS=x.md scripts/real-engine.sh compare --scenario unseen-load
+#   POLICIES=shape,roundrobin OUT=bench-out/real-x RESULTS=x.md LABEL=title scripts/real-engine.sh compare --scenario unseen-load
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=.real-engine
@@ -40,9 +40,9 @@ case "${1:-}" in
     done
     shift
     target/release/routebench compare --sizes real --model smollm2 "${ports[@]}" \
-      --policies "${POLICIES:-shape,shape+kv_room=off,roundrobin,affinity}" --peer smg \
+      --policies "${POLICIES:-shape,shape+replica.prompt_cache=last,shape+kv_room=off,roundrobin,affinity}" --peer smg \
       --kv-tokens 4096 --window-model-s 10 --out "${OUT:-bench-out/real}" \
-      --label "real llama.cpp replicas (xllamacpp, SmolLM2-135M cut to 4 blocks, 1 thread, 1 slot of 4096 tokens)" \
+      --label "${LABEL:-real llama.cpp replicas (xllamacpp, SmolLM2-135M cut to 4 blocks, 1 thread, 1 slot of 4096 tokens)}" \
       --results "${RESULTS:-bench-out/results-real.md}" "$@"
     ;;
   *) sed -n '2,9p' "$0"; exit 2 ;;

@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use crate::access_log::LogFormat;
 
-use crate::policy::{ContinuationRule, KvRoom, Mode, PolicyConfig};
+use crate::policy::{self, ContinuationRule, KvRoom, Mode, PolicyConfig};
 
 /// The configuration the router runs on when no `--config` is given: two
 /// simulated replicas on localhost (see the README).
@@ -107,7 +107,48 @@ pub struct Config {
     pub api_keys_file: Option<String>,
     /// `text` (default) or `json`: every log line one JSON object.
     pub log_format: LogFormat,
+    /// How several router instances in front of these replicas agree on
+    /// where each conversation lives.
+    pub fleet: Fleet,
     pub replicas: Vec<Replica>,
+    /// Replicas discovered by DNS (a headless Service): every address behind
+    /// each entry's `addr` name is a replica named `<name>-<IP:port>`, with
+    /// the entry's other fields.
+    pub replicas_dns: Vec<Replica>,
+    /// How often replica names (`host:port` addresses, `replicas_dns`) are
+    /// looked up again.
+    pub dns_refresh_ms: u64,
+}
+
+/// `fleet:` — router instances sharing one set of replicas.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Fleet {
+    pub mode: FleetMode,
+    /// `rendezvous`: singles too go by the hash of their prompt (`root`),
+    /// not by the counter (`counter`).
+    pub singles: FleetSingles,
+}
+
+/// `fleet.mode:` values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FleetMode {
+    /// Each instance places by what it has seen.
+    #[default]
+    Local,
+    /// Continuations by a rendezvous hash of their conversation root: every
+    /// instance places them alike, with no shared state.
+    Rendezvous,
+}
+
+/// `fleet.singles:` values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FleetSingles {
+    #[default]
+    Counter,
+    Root,
 }
 
 /// `outlier:` — ejection of replicas that fail on the request path.
@@ -222,6 +263,20 @@ pub enum KvRoomName {
     Pack,
 }
 
+/// A replica's `prompt_cache:`: which prompts its engine keeps for reuse.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptCache {
+    /// Prefixes of many prompts share the KV up to `kv_tokens` (vLLM, SGLang,
+    /// llama.cpp with its host-memory prompt cache).
+    #[default]
+    Shared,
+    /// Only the last prompt it ran (llama.cpp with one slot and
+    /// `--cache-ram 0`): any other prompt displaces the context pinned there,
+    /// whatever room `kv_tokens` leaves.
+    Last,
+}
+
 /// `continuation:` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -299,16 +354,136 @@ pub struct PrefixIndex {
 #[serde(deny_unknown_fields)]
 pub struct Replica {
     pub name: String,
-    /// `IP:port` of an OpenAI-compatible server (plain HTTP).
+    /// `IP:port` or `host:port` of an OpenAI-compatible server.
     pub addr: String,
     /// KV cache capacity in tokens, for the capacity gauges.
     #[serde(default)]
     pub kv_tokens: Option<u64>,
+    /// What the engine's prefix cache keeps (see [`PromptCache`]).
+    #[serde(default)]
+    pub prompt_cache: PromptCache,
     /// The models it serves (the `model` of requests it may get). Unset: as
     /// its own `GET /v1/models` lists them, read at each passing health check
     /// (until read, or when it lists none: any model).
     #[serde(default)]
     pub models: Option<Vec<String>>,
+}
+
+impl Replica {
+    /// Checks one entry; `names` and `addrs` collect those seen before it.
+    fn validate<'a>(
+        &'a self,
+        field: impl Fn(&str) -> String,
+        names: &mut HashSet<&'a str>,
+        addrs: &mut HashSet<String>,
+    ) -> Result<(), ConfigError> {
+        let name_char = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+        if self.name.is_empty() || !self.name.chars().all(name_char) {
+            return Err(invalid(
+                field("name"),
+                format!("`{}` must be non-empty [A-Za-z0-9._-]", self.name),
+            ));
+        }
+        if !names.insert(&self.name) {
+            return Err(invalid(
+                field("name"),
+                format!("`{}` is used twice", self.name),
+            ));
+        }
+        let addr = host_port(&self.addr)
+            .map_err(|why| invalid(field("addr"), format!("`{}` {why}", self.addr)))?;
+        if !addrs.insert(addr) {
+            return Err(invalid(
+                field("addr"),
+                format!("`{}` is used twice", self.addr),
+            ));
+        }
+        if self.models.as_ref().is_some_and(Vec::is_empty) {
+            return Err(invalid(
+                field("models"),
+                "lists no model (leave it out to read the replica's own list)",
+            ));
+        }
+        for m in self.models.iter().flatten() {
+            if m.is_empty() || m.len() > MAX_MODEL_NAME {
+                return Err(invalid(
+                    field("models"),
+                    format!("model names are 1 to {MAX_MODEL_NAME} bytes"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `IP:port`, or `host:port` with a DNS name (resolved by `resolve`); the
+/// address in one spelling (to find one listed twice).
+fn host_port(addr: &str) -> Result<String, &'static str> {
+    if let Ok(a) = addr.parse::<SocketAddr>() {
+        return match a.port() {
+            0 => Err("has no valid port (1-65535)"),
+            _ => Ok(a.to_string()),
+        };
+    }
+    let (host, port) = addr.rsplit_once(':').ok_or("is not IP:port or host:port")?;
+    if !port.parse::<u16>().is_ok_and(|p| p > 0) {
+        return Err("has no valid port (1-65535)");
+    }
+    let label = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
+    let name = host.strip_suffix('.').unwrap_or(host);
+    // A last label of digits only is an IP address the resolver would read
+    // loosely (`10.0.0` is 10.0.0.0), not a name.
+    let numeric = name
+        .rsplit('.')
+        .next()
+        .is_some_and(|l| l.chars().all(|c| c.is_ascii_digit()));
+    if name.len() > 253 || !name.split('.').all(label) || numeric {
+        return Err("is not IP:port or host:port (a DNS name)");
+    }
+    Ok(format!("{}:{port}", name.to_ascii_lowercase()))
+}
+
+#[cfg(test)]
+mod host_port_tests {
+    use super::host_port;
+
+    #[test]
+    fn addresses_are_ip_port_or_dns_name_port() {
+        for ok in [
+            "127.0.0.1:8000",
+            "[::1]:80",
+            "vllm-0.vllm:8000",
+            "vllm-headless.default.svc.cluster.local.:8000",
+            "engine_1:80",
+            "localhost:1",
+        ] {
+            assert!(host_port(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "nowhere",
+            "host:0",
+            "127.0.0.1:0",
+            "host:65536",
+            "10.0.0:8000",
+            "123:80",
+            "-x:80",
+            "a..b:80",
+            "a b:80",
+            "::1:80",
+            ":80",
+        ] {
+            assert!(host_port(bad).is_err(), "{bad}");
+        }
+        assert_eq!(host_port("Engine.Local.:80"), host_port("engine.local:80"));
+        assert_eq!(host_port("[0::1]:80"), host_port("[::1]:80"));
+    }
 }
 
 /// Longest model name the router keeps (names are metric label values).
@@ -343,7 +518,10 @@ impl Default for Config {
             placement_headers: true,
             api_keys_file: None,
             log_format: LogFormat::Text,
+            fleet: Fleet::default(),
             replicas: Vec::new(),
+            replicas_dns: Vec::new(),
+            dns_refresh_ms: 5_000,
         }
     }
 }
@@ -566,56 +744,25 @@ impl Config {
                 ));
             }
         }
-        if self.replicas.is_empty() {
+        if self.replicas.is_empty() && self.replicas_dns.is_empty() {
             // An emptied or truncated file must not take the whole fleet away.
             return Err(invalid(
                 "replicas",
                 "lists no replica (to take every replica out, stop the router)",
             ));
         }
+        if self.dns_refresh_ms < 100 {
+            return Err(invalid("dns_refresh_ms", "must be at least 100"));
+        }
         let (mut names, mut addrs) = (HashSet::new(), HashSet::new());
-        for (i, r) in self.replicas.iter().enumerate() {
-            let field = |f: &str| format!("replicas[{i}].{f}");
-            if r.name.is_empty()
-                || !r
-                    .name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            {
-                return Err(invalid(
-                    field("name"),
-                    format!("`{}` must be non-empty [A-Za-z0-9._-]", r.name),
-                ));
-            }
-            if !names.insert(&r.name) {
-                return Err(invalid(
-                    field("name"),
-                    format!("`{}` is used twice", r.name),
-                ));
-            }
-
-            let addr: SocketAddr = r.addr.parse().map_err(|e| {
-                invalid(field("addr"), format!("`{}` is not IP:port ({e})", r.addr))
-            })?;
-            if !addrs.insert(addr) {
-                return Err(invalid(
-                    field("addr"),
-                    format!("`{}` is used twice", r.addr),
-                ));
-            }
-            if r.models.as_ref().is_some_and(Vec::is_empty) {
-                return Err(invalid(
-                    field("models"),
-                    "lists no model (leave it out to read the replica's own list)",
-                ));
-            }
-            for m in r.models.iter().flatten() {
-                if m.is_empty() || m.len() > MAX_MODEL_NAME {
-                    return Err(invalid(
-                        field("models"),
-                        format!("model names are 1 to {MAX_MODEL_NAME} bytes"),
-                    ));
-                }
+        let lists = [
+            ("replicas", &self.replicas),
+            ("replicas_dns", &self.replicas_dns),
+        ];
+        for (list, replicas) in lists {
+            for (i, r) in replicas.iter().enumerate() {
+                let field = |f: &str| format!("{list}[{i}].{f}");
+                r.validate(field, &mut names, &mut addrs)?;
             }
         }
         Ok(())
@@ -672,6 +819,7 @@ impl Config {
         let missing: Vec<&str> = self
             .replicas
             .iter()
+            .chain(&self.replicas_dns)
             .filter(|r| r.kv_tokens.is_none_or(|t| t == 0))
             .map(|r| r.name.as_str())
             .collect();
@@ -705,6 +853,12 @@ impl Config {
             },
             load_guard: self.load_guard_in_flight,
             least_loaded: self.engine_load.is_some(),
+            fleet: match self.fleet.mode {
+                FleetMode::Local => policy::Fleet::Local,
+                FleetMode::Rendezvous => policy::Fleet::Rendezvous {
+                    singles: self.fleet.singles == FleetSingles::Root,
+                },
+            },
         }
     }
 }

@@ -31,6 +31,7 @@ pub mod proxy;
 pub mod reload;
 pub mod replicas;
 pub mod request;
+pub mod resolve;
 pub mod responses;
 pub mod upgrade;
 pub mod usage;

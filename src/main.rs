@@ -25,6 +25,7 @@ use prefix_router::policy::Policy;
 use prefix_router::proxy::{Router, Settings};
 use prefix_router::reload::{Live, Reloader};
 use prefix_router::replicas::Replicas;
+use prefix_router::resolve::Resolver;
 use prefix_router::responses::ResponseIds;
 
 /// A load balancer for LLM replicas that routes by request shape.
@@ -93,7 +94,9 @@ fn main() -> anyhow::Result<()> {
     };
     let probe =
         HealthProbe::new(&cfg.health_check.path, &cfg.replica_tls).context("health check")?;
-    let replicas = Arc::new(Replicas::new(&cfg.replicas));
+    let resolver = Arc::new(Resolver::default());
+    let listed = resolver.expand(&cfg, |_| None);
+    let replicas = Arc::new(Replicas::new(&listed));
     let engine_load = match &cfg.engine_load {
         Some(e) => Some(
             EngineLoadWatch::new(
@@ -115,8 +118,8 @@ fn main() -> anyhow::Result<()> {
             .map_or("embedded default".to_owned(), |p| p.display().to_string());
         println!(
             "{source}: ok: {} replicas ({}), policy {}, listen {}, metrics {}, upgrade socket {}{}",
-            cfg.replicas.len(),
-            cfg.replicas
+            listed.len(),
+            listed
                 .iter()
                 .map(|r| r.name.as_str())
                 .collect::<Vec<_>>()
@@ -129,6 +132,13 @@ fn main() -> anyhow::Result<()> {
                 .map(|why| format!("; {why}"))
                 .unwrap_or_default()
         );
+        let unresolved = resolver.failing();
+        if !unresolved.is_empty() {
+            println!(
+                "names that do not resolve here (looked up again every dns_refresh_ms when running): {}",
+                unresolved.join(", ")
+            );
+        }
         return Ok(());
     }
     log::info!(
@@ -136,11 +146,11 @@ fn main() -> anyhow::Result<()> {
         cfg.listen,
         cfg.metrics_listen,
         cfg.policy.as_str(),
-        cfg.replicas
+        listed
             .iter()
-            .map(|r| r.name.as_str())
+            .map(|r| format!("{} {}", r.name, r.addr))
             .collect::<Vec<_>>()
-            .join(",")
+            .join(", ")
     );
 
     if let Some(why) = cfg.kv_room_inactive() {
@@ -246,6 +256,7 @@ fn main() -> anyhow::Result<()> {
             admission: Arc::clone(&admission),
             probe,
             keys,
+            resolver,
         };
         let reloader = Reloader::new(path, cfg, env_policy, live);
         server.add_service(background_service("reload", reloader));

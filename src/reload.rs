@@ -15,7 +15,7 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
@@ -30,6 +30,7 @@ use crate::metrics::METRICS;
 use crate::policy::Policy;
 use crate::proxy::Settings;
 use crate::replicas::{Change, Replicas};
+use crate::resolve::Resolver;
 
 /// What a reload changes in the running router.
 pub struct Live {
@@ -39,6 +40,8 @@ pub struct Live {
     pub admission: Arc<Admission>,
     pub probe: Arc<HealthProbe>,
     pub keys: Option<Arc<KeyFile>>,
+    /// Replica names to addresses, the last good ones kept.
+    pub resolver: Arc<Resolver>,
 }
 
 /// Watches one config file.
@@ -53,6 +56,8 @@ pub struct Reloader {
     running: Mutex<Config>,
     /// The last error reading the keys file, so it is logged once.
     keys_error: Mutex<Option<String>>,
+    /// When replica names were last looked up.
+    resolved_at: Mutex<Instant>,
 }
 
 /// Time between the two reads of a changed file.
@@ -90,6 +95,7 @@ impl Reloader {
             last: Mutex::new(last),
             running: Mutex::new(running),
             keys_error: Mutex::new(None),
+            resolved_at: Mutex::new(Instant::now()),
         }
     }
 
@@ -152,14 +158,7 @@ impl Reloader {
             log::info!("{why}");
         }
         let live = &self.live;
-        let change = live.replicas.apply(&cfg.replicas);
-        for r in &change.removed {
-            live.policy.forget_replica(r.id);
-            METRICS.forget_replica(&r.name);
-        }
-        for r in live.replicas.snapshot().iter() {
-            METRICS.add_replica(r);
-        }
+        let change = self.apply_replicas(&cfg);
         live.policy.set_config(cfg.policy_config());
         crate::access_log::set_format(cfg.log_format);
         live.settings.store(Arc::new(Settings::from_config(&cfg)));
@@ -175,17 +174,59 @@ impl Reloader {
         change
     }
 
+    /// Resolves `cfg`'s replica names and applies the set: pins to replicas
+    /// that left are dropped, so their conversations move.
+    fn apply_replicas(&self, cfg: &Config) -> Change {
+        let live = &self.live;
+        let running = live.replicas.snapshot();
+        let list = live.resolver.expand(cfg, |name| {
+            running.iter().find(|r| r.name == name).map(|r| r.addr)
+        });
+        *self.resolved_at.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        if list.is_empty() && !running.is_empty() {
+            // Every name failed (a DNS outage): keep serving the replicas known.
+            log::warn!("no replica address resolves: the current replicas stay in force");
+            return Change::default();
+        }
+        let change = live.replicas.apply(&list);
+        for r in &change.removed {
+            live.policy.forget_replica(r.id);
+            METRICS.forget_replica(&r.name);
+        }
+        for r in live.replicas.snapshot().iter() {
+            METRICS.add_replica(r);
+        }
+        change
+    }
+
+    /// Looks replica names up again once `dns_refresh_ms` has passed (only
+    /// when the config has names); an address that changed is a replica
+    /// change, logged as a reload's.
+    fn refresh_names(&self) -> Option<Change> {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let named = !running.replicas_dns.is_empty()
+            || running
+                .replicas
+                .iter()
+                .any(|r| r.addr.parse::<std::net::SocketAddr>().is_err());
+        let due = self
+            .resolved_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
+            >= crate::config::ms(running.dns_refresh_ms);
+        if !named || !due {
+            return None;
+        }
+        let change = self.apply_replicas(&running);
+        (!change.added.is_empty() || !change.removed.is_empty()).then_some(change)
+    }
+
     fn report(&self, result: Result<Option<Change>, ConfigError>) {
         match result {
             Ok(None) => {}
             Ok(Some(change)) => {
                 METRICS.reloads.with_label_values(&["ok"]).inc();
-                let names = |v: &[Arc<crate::replicas::Replica>]| {
-                    v.iter()
-                        .map(|r| r.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(",")
-                };
                 log::info!(
                     "config reloaded from {}: settings applied; replicas added [{}] (join after a passing health check), removed [{}] (draining)",
                     self.path.display(),
@@ -234,6 +275,14 @@ impl Reloader {
     }
 }
 
+/// Replica names for a log line.
+fn names(v: &[Arc<crate::replicas::Replica>]) -> String {
+    v.iter()
+        .map(|r| r.name.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 #[async_trait]
 impl BackgroundService for Reloader {
     async fn start(&self, mut shutdown: ShutdownWatch) {
@@ -244,6 +293,13 @@ impl BackgroundService for Reloader {
                 _ = tick.tick() => {
                     self.report(self.check_settled().await);
                     self.reload_keys().await;
+                    if let Some(change) = self.refresh_names() {
+                        log::info!(
+                            "replica names resolved to new addresses: added [{}] (join after a passing health check), removed [{}] (draining)",
+                            names(&change.added),
+                            names(&change.removed)
+                        );
+                    }
                 }
             }
         }
@@ -265,6 +321,7 @@ mod tests {
             admission: Admission::new(1, 1),
             probe: HealthProbe::new("/health", &cfg.replica_tls).unwrap(),
             keys: None,
+            resolver: Arc::default(),
         };
         Reloader::new(path, cfg, None, live)
     }
@@ -282,6 +339,47 @@ mod tests {
         let change = r.check().unwrap().unwrap();
         assert_eq!(change.added[0].name, "b");
         assert_eq!(change.removed[0].name, "a");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn names_are_looked_up_again_and_a_changed_address_is_a_replica_change() {
+        let dir = std::env::temp_dir().join(format!("prefix-router-names-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let name = "engine.invalid:80";
+        let r = reloader(
+            &dir,
+            &format!("dns_refresh_ms: 100\nreplicas:\n- {{name: a, addr: \"127.0.0.1:1\"}}\n- {{name: b, addr: \"{name}\"}}\n"),
+        );
+        let due = || {
+            *r.resolved_at.lock().unwrap() = Instant::now() - Duration::from_secs(1);
+        };
+        let addrs = |r: &Reloader| -> Vec<String> {
+            r.live
+                .replicas
+                .snapshot()
+                .iter()
+                .map(|x| format!("{} {}", x.name, x.addr))
+                .collect()
+        };
+        assert_eq!(addrs(&r), ["a 127.0.0.1:1"], "b does not resolve yet");
+        r.live
+            .resolver
+            .remember(name, vec!["10.0.0.7:80".parse().unwrap()]);
+        assert!(r.refresh_names().is_none(), "not due yet");
+        due();
+        let change = r.refresh_names().expect("b resolved");
+        assert_eq!(change.added[0].name, "b");
+        assert_eq!(addrs(&r), ["a 127.0.0.1:1", "b 10.0.0.7:80"]);
+        due();
+        assert!(r.refresh_names().is_none(), "unchanged");
+        r.live
+            .resolver
+            .remember(name, vec!["10.0.0.8:80".parse().unwrap()]);
+        due();
+        let change = r.refresh_names().expect("moved");
+        assert_eq!((change.added.len(), change.removed.len()), (1, 1));
+        assert_eq!(addrs(&r), ["a 127.0.0.1:1", "b 10.0.0.8:80"]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 
 use crate::capacity::BYTES_PER_TOKEN;
-use crate::config;
+use crate::config::{self, PromptCache};
 use crate::metrics::ReplicaCounters;
 use crate::policy::{EngineLoad, ReplicaId, ReplicaState, Room};
 
@@ -32,9 +32,13 @@ use crate::policy::{EngineLoad, ReplicaId, ReplicaState, Room};
 pub struct Replica {
     pub id: ReplicaId,
     pub name: String,
+    /// Its name hashed alike in every router instance (rendezvous hashing).
+    name_hash: u64,
     pub addr: SocketAddr,
     /// KV capacity in tokens; 0 when not declared. Reloadable.
     kv_tokens: AtomicU64,
+    /// Its engine keeps only its last prompt (`prompt_cache: last`). Reloadable.
+    last_prompt: AtomicBool,
     /// The models it serves; `None`: unknown, any model.
     models: ArcSwapOption<Vec<String>>,
     /// `models` comes from the config (else from the replica's /v1/models).
@@ -273,10 +277,19 @@ impl Replica {
         let room = self.kv_tokens().map(|kv| {
             let cold = self.cold_bytes.load(Relaxed);
             let pinned = self.pinned_bytes.load(Relaxed);
-            let taken = pinned.saturating_add(cold);
             let bytes = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
             let capacity = kv.saturating_mul(BYTES_PER_TOKEN);
-            let mut free = bytes(capacity).saturating_sub(bytes(taken));
+            let mut free = if !self.last_prompt.load(Relaxed) {
+                bytes(capacity).saturating_sub(bytes(pinned.saturating_add(cold)))
+            } else if cold > 0 || pinned == 0 {
+                // An engine that keeps only its last prompt: a single running
+                // there has displaced the pinned contexts already, so more
+                // singles cost them nothing more.
+                bytes(capacity).saturating_sub(bytes(cold))
+            } else {
+                // Any prompt would displace the contexts pinned there.
+                0
+            };
             // The KV its engine reports free bounds it too: requests the
             // router never sent hold KV there.
             if let Some(used) = engine.and_then(|e| e.kv_used_permille) {
@@ -287,6 +300,7 @@ impl Replica {
         });
         ReplicaState {
             id: self.id,
+            name_hash: self.name_hash,
             live: self.live(),
             in_flight: self.in_flight(),
             engine,
@@ -456,6 +470,8 @@ impl Replicas {
             let replica = match kept {
                 Some(r) => {
                     r.kv_tokens.store(c.kv_tokens.unwrap_or(0), Relaxed);
+                    r.last_prompt
+                        .store(c.prompt_cache == PromptCache::Last, Relaxed);
                     r.declare_models(&c.models);
                     Arc::clone(r)
                 }
@@ -463,8 +479,10 @@ impl Replicas {
                     let r = Arc::new(Replica {
                         id: ReplicaId(self.next_id.fetch_add(1, Relaxed)),
                         name: c.name.clone(),
+                        name_hash: xxhash_rust::xxh3::xxh3_64(c.name.as_bytes()),
                         addr,
                         kv_tokens: AtomicU64::new(c.kv_tokens.unwrap_or(0)),
+                        last_prompt: AtomicBool::new(c.prompt_cache == PromptCache::Last),
                         models: ArcSwapOption::new(c.models.clone().map(Arc::new)),
                         declared_models: AtomicBool::new(c.models.is_some()),
                         in_flight: AtomicU32::new(0),
@@ -507,6 +525,7 @@ mod tests {
                 name: n.to_string(),
                 addr: a.to_string(),
                 kv_tokens: None,
+                prompt_cache: PromptCache::Shared,
                 models: None,
             })
             .collect()
@@ -537,6 +556,29 @@ mod tests {
         drop(other);
         assert_eq!(a.state().room.map(|r| (r.free, r.cold)), Some((2_500, 0)));
         assert_eq!(a.in_flight(), 0);
+    }
+
+    #[test]
+    fn an_engine_keeping_its_last_prompt_has_room_only_once_a_single_displaced_its_context() {
+        let mut c = cfg(&[("a", "127.0.0.1:1")]);
+        c[0].kv_tokens = Some(1_000);
+        c[0].prompt_cache = PromptCache::Last;
+        let set = Replicas::new(&c);
+        let a = Arc::clone(&set.snapshot()[0]);
+        let free = || a.state().room.map(|r| r.free);
+        assert_eq!(free(), Some(4_000), "nothing pinned: the whole cache");
+        a.set_pinned_bytes(1_500);
+        assert_eq!(free(), Some(0), "any prompt would displace the context");
+        let single = a.begin(500);
+        assert_eq!(
+            free(),
+            Some(3_500),
+            "displaced already: room beside the single"
+        );
+        drop(single);
+        c[0].prompt_cache = PromptCache::Shared;
+        set.apply(&c);
+        assert_eq!(free(), Some(2_500), "reloaded: prefixes share the KV again");
     }
 
     #[test]

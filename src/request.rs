@@ -52,6 +52,9 @@ pub struct Prompt {
     pub message_ends: Vec<usize>,
     /// An assistant / tool / function turn is present.
     pub model_turn: bool,
+    /// Where the conversation's root ends: the messages before its first
+    /// model turn (with one; and within the text kept).
+    pub root_end: Option<usize>,
     pub messages: usize,
     /// `prompt_cache_key` from the body.
     pub key: Option<String>,
@@ -133,6 +136,7 @@ impl Prompt {
                 self.salt.as_deref(),
             ),
             model_turn: self.model_turn,
+            root_end: self.root_end,
             messages: self.messages,
             key,
             cache_bypass: self.cache_bypass,
@@ -149,6 +153,8 @@ struct Section {
     text: Vec<u8>,
     message_ends: Vec<usize>,
     model_turn: bool,
+    /// Where the first message holding a model turn starts.
+    root_end: Option<usize>,
     messages: usize,
 }
 
@@ -156,6 +162,12 @@ impl Section {
     /// Closes a message whose content was appended since it began: the role goes
     /// after the content, so the two may come in either order in the JSON.
     fn end_message(&mut self, role: &[u8], max: usize) {
+        // Where this message starts; past the cap (an earlier message was
+        // cut), the text kept ends there.
+        let start = match self.message_ends.len() == self.messages {
+            true => self.message_ends.last().copied().unwrap_or(0),
+            false => self.text.len(),
+        };
         let room = &mut max.saturating_sub(self.text.len());
         push(&mut self.text, room, &[ROLE_SEP]);
         push(&mut self.text, room, role);
@@ -163,7 +175,11 @@ impl Section {
             self.message_ends.push(self.text.len());
         }
         self.messages += 1;
+        // A tool part (Anthropic's tool_result) may have set it already.
         self.model_turn |= matches!(role, b"assistant" | b"tool" | b"function");
+        if self.model_turn && self.root_end.is_none() {
+            self.root_end = Some(start);
+        }
     }
 }
 
@@ -214,9 +230,13 @@ impl Fields {
         };
         let (mut text, mut ends) = (first.text, first.message_ends);
         prompt.model_turn = first.model_turn;
+        prompt.root_end = first.root_end;
         prompt.messages = first.messages;
         for s in parts {
             let shift = text.len();
+            if prompt.root_end.is_none() {
+                prompt.root_end = s.root_end.map(|e| e + shift);
+            }
             let mut room = max_text_bytes.saturating_sub(shift);
             push(&mut text, &mut room, &s.text);
             ends.extend(
@@ -232,6 +252,7 @@ impl Fields {
         if text.capacity() > text.len() + text.len() / 4 + 64 {
             text.shrink_to_fit();
         }
+        prompt.root_end = prompt.root_end.map(|e| e.min(text.len()));
         prompt.text = text;
         prompt.message_ends = ends;
         prompt
@@ -272,6 +293,43 @@ mod tests {
         assert!(!t1.model_turn);
         assert!(t2.model_turn);
         assert_eq!((t1.messages, t2.messages), (2, 4));
+        // Its root: the messages before the first model turn, that is turn 1.
+        assert_eq!((t1.root_end, t2.root_end), (None, Some(t1.text.len())));
+    }
+
+    #[test]
+    fn the_root_ends_before_the_first_message_with_a_model_turn() {
+        let tool_part = parse(
+            r#"{"system":"S","messages":[{"role":"user","content":"q"},{"role":"user","content":[
+                {"type":"tool_result","tool_use_id":"t","content":"42"}]},{"role":"user","content":"more"}]}"#,
+        );
+        let before = parse(r#"{"system":"S","messages":[{"role":"user","content":"q"}]}"#);
+        assert_eq!(tool_part.root_end, Some(before.text.len()));
+        let opens = parse(r#"{"messages":[{"role":"assistant","content":"hi"}]}"#);
+        assert_eq!(opens.root_end, Some(0));
+    }
+
+    #[test]
+    fn a_root_past_the_cap_ends_where_the_text_kept_does() {
+        let body = |turns: &str| {
+            format!(
+                r#"{{"system":"{}","messages":[{{"role":"user","content":"{}"}}{turns}]}}"#,
+                "s".repeat(10),
+                "u".repeat(100)
+            )
+        };
+        let first = Prompt::parse(body("").as_bytes(), 50).unwrap();
+        let next = body(r#",{"role":"assistant","content":"a"},{"role":"user","content":"v"}"#);
+        let next = Prompt::parse(next.as_bytes(), 50).unwrap();
+        assert_eq!(next.root_end, Some(50), "the cut first message is all root");
+        assert_eq!(first.text, next.text);
+        // A Responses body whose instructions alone pass the cap.
+        let long = format!(
+            r#"{{"instructions":"{}","input":[{{"type":"function_call_output","call_id":"c","output":"x"}}]}}"#,
+            "i".repeat(80)
+        );
+        let r = Prompt::parse_responses(long.as_bytes(), 50).unwrap();
+        assert_eq!(r.root_end, Some(50));
     }
 
     #[test]

@@ -59,7 +59,7 @@ fn a_bad_config_fails_naming_the_key_or_value() {
         ),
         ("replicas:\n".to_owned(), "replicas"),
         (
-            "replicas: [{name: a, addr: \"vllm-0:8000\"}]\n".to_owned(),
+            "replicas: [{name: a, addr: \"vllm-0:99999\"}]\n".to_owned(),
             "replicas[0].addr",
         ),
         (

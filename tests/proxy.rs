@@ -311,6 +311,89 @@ fn metrics_count_requests_by_replica_and_decision() {
 }
 
 #[test]
+fn singles_follow_each_other_onto_an_engine_that_keeps_only_its_last_prompt() {
+    // One llama.cpp slot: room in the KV for everything, but any prompt
+    // displaces the context the engine kept. Singles run 5 s each.
+    let sim = |name| Sim::start(name, &["--kv-tokens", "100000", "--decode-tps", "20"]);
+    let (a, b) = (sim("a"), sim("b"));
+    let yaml = Router::yaml(&[&a, &b], "").replace(
+        "kv_tokens: 100000}",
+        "kv_tokens: 100000, prompt_cache: last}",
+    );
+    let router = Router::spawn(&yaml, &[]);
+    router.wait_replica_up("a", true);
+    router.wait_replica_up("b", true);
+    // An agent pinned to each card.
+    let agent = |topic: &str| {
+        json!({"model": "sim", "max_tokens": 2, "messages": [
+            {"role": "system", "content": format!("{topic}: the failing test. ").repeat(100)},
+            {"role": "user", "content": "fix it"},
+            {"role": "assistant", "content": "looking"},
+            {"role": "user", "content": "go on"}]})
+    };
+    let mut homes = Vec::new();
+    for topic in ["parser", "scheduler"] {
+        let r = router.post("/v1/chat/completions", &agent(topic));
+        assert_eq!(r.status, 200, "{}", r.text());
+        let home = r.replica().to_owned();
+        let series =
+            format!("prefix_router_replica_pinned_working_set_tokens{{replica=\"{home}\"}}");
+        wait_for("the pinned working set", Duration::from_secs(5), || {
+            (router.metric(&series) > 0.0).then_some(())
+        });
+        homes.push((home, topic));
+    }
+    assert_ne!(homes[0].0, homes[1].0, "one agent per card");
+    // Four singles, each sent once the one before is running: the first
+    // displaces one agent's context, the rest follow it there.
+    let in_flight = || {
+        ["a", "b"]
+            .iter()
+            .map(|r| {
+                router.metric(&format!(
+                    "prefix_router_in_flight_requests{{replica=\"{r}\"}}"
+                ))
+            })
+            .sum::<f64>()
+    };
+    let singles: Vec<_> = (0..4)
+        .map(|i| {
+            let addr = router.addr;
+            let mut body = single(&format!("question {i}: {}", "Summarise this. ".repeat(50)));
+            body["max_tokens"] = json!(100);
+            let t = std::thread::spawn(move || {
+                common::http::post_json(addr, "/v1/chat/completions", &body)
+            });
+            wait_for("the single running", Duration::from_secs(5), || {
+                (in_flight() >= f64::from(i + 1)).then_some(())
+            });
+            t
+        })
+        .collect();
+    let places: Vec<String> = singles
+        .into_iter()
+        .map(|t| {
+            let r = t.join().expect("single");
+            assert_eq!(r.status, 200, "{}", r.text());
+            r.replica().to_owned()
+        })
+        .collect();
+    assert!(places.iter().all(|p| *p == places[0]), "{places:?}");
+    // The other agent's context was never displaced; its next turn is pinned.
+    let (home, spared) = homes
+        .iter()
+        .find(|(home, _)| *home != places[0])
+        .expect("spared");
+    let mut next = agent(spared);
+    next["messages"]
+        .as_array_mut()
+        .expect("messages")
+        .push(json!({"role": "user", "content": "and now?"}));
+    let r = router.post("/v1/chat/completions", &next);
+    assert_eq!((r.replica(), r.decision()), (home.as_str(), "pin"));
+}
+
+#[test]
 fn singles_keep_off_a_replica_whose_kv_is_taken_by_a_pinned_context() {
     // Cards of 2,000 tokens (8,000 bytes of prompt text).
     let a = Sim::start("a", &["--kv-tokens", "2000"]);

@@ -2,7 +2,8 @@
 //! request bodies (no HTTP): `request::Prompt` -> `policy::Policy::place`.
 
 use prefix_router::policy::{
-    ContinuationRule, KvRoom, Mode, Policy, PolicyConfig, ReplicaId, ReplicaState, Shape,
+    ContinuationRule, Fleet, KvRoom, Mode, Policy, PolicyConfig, Reason, ReplicaId, ReplicaState,
+    Shape,
 };
 use prefix_router::request::Prompt;
 use proptest::prelude::*;
@@ -10,8 +11,8 @@ use serde_json::json;
 
 const BLOCK: usize = 1024;
 
-fn policy(mode: Mode) -> Policy {
-    Policy::new(PolicyConfig {
+fn config(mode: Mode) -> PolicyConfig {
+    PolicyConfig {
         mode,
         continuation: ContinuationRule::ModelTurn,
         block_bytes: BLOCK,
@@ -19,6 +20,19 @@ fn policy(mode: Mode) -> Policy {
         kv_room: KvRoom::Off,
         load_guard: None,
         least_loaded: false,
+        fleet: Fleet::Local,
+    }
+}
+
+fn policy(mode: Mode) -> Policy {
+    Policy::new(config(mode))
+}
+
+/// One router instance of a fleet in `rendezvous` mode.
+fn rendezvous(singles: bool) -> Policy {
+    Policy::new(PolicyConfig {
+        fleet: Fleet::Rendezvous { singles },
+        ..config(Mode::Shape)
     })
 }
 
@@ -27,6 +41,7 @@ fn fleet(live: &[bool]) -> Vec<ReplicaState> {
         .enumerate()
         .map(|(i, l)| ReplicaState {
             id: ReplicaId(i as u32),
+            name_hash: u64::from(i as u32) << 8,
             live: *l,
             in_flight: 0,
             engine: None,
@@ -229,6 +244,7 @@ proptest! {
             kv_room: KvRoom::Off,
             load_guard: Some(1),
             least_loaded: false,
+            fleet: Fleet::Local,
         });
         for (conv, len, live, model_turn) in ops {
             let text = format!("conversation {conv} ").repeat(len + 1);
@@ -260,6 +276,7 @@ fn a_flood_of_singles_larger_than_the_index_leaves_a_live_conversation_pinned() 
         kv_room: KvRoom::Off,
         load_guard: None,
         least_loaded: false,
+        fleet: Fleet::Local,
     });
     let rs = fleet(&[true, true]);
     let system = "You are a coding agent. ".repeat(200); // ~4.6 KiB
@@ -278,4 +295,111 @@ fn a_flood_of_singles_larger_than_the_index_leaves_a_live_conversation_pinned() 
         (Some(ReplicaId(home)), "pin"),
         "the flood evicted the conversation"
     );
+}
+
+/// The replica a decision chose, by name hash (what instances share).
+fn chosen_name(p: &Policy, body: &serde_json::Value, rs: &[ReplicaState]) -> u64 {
+    let id = place(p, body, rs).expect("a live replica");
+    rs.iter()
+        .find(|s| s.id.0 == id)
+        .map(|s| s.name_hash)
+        .expect("chosen from the list")
+}
+
+#[test]
+fn instances_in_rendezvous_mode_agree_on_every_conversation_without_shared_state() {
+    // Three instances, each numbering the same four replicas its own way.
+    let instances: Vec<(Policy, Vec<ReplicaState>)> = (0..3u32)
+        .map(|k| {
+            let mut rs = fleet(&[true; 4]);
+            for s in &mut rs {
+                s.id = ReplicaId((s.id.0 + k) % 4);
+            }
+            (rendezvous(false), rs)
+        })
+        .collect();
+    let mut homes = std::collections::HashSet::new();
+    for c in 0..40 {
+        let topic = format!("conversation {c}");
+        let first = &instances[c % 3];
+        let home = chosen_name(
+            &first.0,
+            &conversation("You are helpful.", &topic, 1),
+            &first.1,
+        );
+        for turn in 2..6 {
+            let (p, rs) = &instances[(c + turn) % 3];
+            let body = conversation("You are helpful.", &topic, turn);
+            assert_eq!(chosen_name(p, &body, rs), home, "{topic}, turn {turn}");
+        }
+        homes.insert(home);
+    }
+    assert_eq!(homes.len(), 4, "conversations spread over every replica");
+    // Singles keep the counter: a burst alternates.
+    let (p, rs) = &instances[0];
+    let picks: Vec<u32> = (0..8)
+        .map(|i| place(p, &one_shot("You are helpful.", &format!("q{i}")), rs).unwrap())
+        .collect();
+    assert!(picks.windows(2).all(|w| w[0] != w[1]), "{picks:?}");
+}
+
+#[test]
+fn rendezvous_moves_only_the_conversations_of_a_replica_that_leaves() {
+    // Each placement by an instance that never saw the conversation.
+    let (all, three) = (fleet(&[true; 4]), fleet(&[true, true, false, true]));
+    for c in 0..60 {
+        let body = conversation("S", &format!("conversation {c}"), 2);
+        let before = decide(&rendezvous(false), &body, &all);
+        assert_eq!(before.reason, Reason::Hash);
+        let before = before.replica.unwrap().0;
+        let after = place(&rendezvous(false), &body, &three).unwrap();
+        if before == 2 {
+            assert_ne!(after, 2);
+        } else {
+            assert_eq!(
+                after, before,
+                "conversation {c} moved though its replica stayed"
+            );
+        }
+    }
+}
+
+#[test]
+fn rendezvous_singles_by_root_meet_their_continuations() {
+    // The first turn through one instance, the next through another.
+    let (a, b) = (rendezvous(true), rendezvous(true));
+    let rs = fleet(&[true; 4]);
+    let mut used = std::collections::HashSet::new();
+    for c in 0..20 {
+        let topic = format!("conversation {c}");
+        let single = decide(&a, &conversation("S", &topic, 0), &rs);
+        assert_eq!(single.shape, Shape::Single);
+        let next = place(&b, &conversation("S", &topic, 1), &rs);
+        assert_eq!(next, single.replica.map(|r| r.0), "{topic}");
+        used.insert(next);
+    }
+    assert!(used.len() > 1, "singles by root still spread");
+}
+
+#[test]
+fn rendezvous_failover_goes_to_the_next_ranked_replica_and_the_guard_keeps_to_its_bound() {
+    let body = conversation("S", "conversation", 2);
+    let rs = fleet(&[true; 4]);
+    let first = place(&rendezvous(false), &body, &rs).unwrap() as usize;
+    // The first-ranked replica tried and failed: the next, as every instance ranks it.
+    let mut tried = rs.clone();
+    tried[first].live = false;
+    let second = place(&rendezvous(false), &body, &tried).unwrap();
+    assert_ne!(second as usize, first);
+    assert_eq!(place(&rendezvous(false), &body, &tried), Some(second));
+    // With a load guard, an overloaded first choice gives way to the next-ranked.
+    let guarded = Policy::new(PolicyConfig {
+        load_guard: Some(4),
+        fleet: Fleet::Rendezvous { singles: false },
+        ..config(Mode::Shape)
+    });
+    let mut busy = rs.clone();
+    busy[first].in_flight = 10;
+    assert_eq!(place(&guarded, &body, &busy), Some(second));
+    assert_eq!(place(&guarded, &body, &rs), Some(first as u32));
 }

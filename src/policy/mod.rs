@@ -32,6 +32,14 @@
 //!                 nothing (1.46 s): neither card had room for its share. On capacity
 //!                 no systematic change: which families share a card follows the order
 //!                 their first turns arrive in (docs/results.md).
+//!                 A replica whose engine keeps only its last prompt (`prompt_cache: last`:
+//!                 one llama.cpp slot) has room for nothing beside a pinned context until
+//!                 a single runs there, then room beside that single (the caller computes
+//!                 it), so a burst's singles follow each other and displace one context
+//!                 per burst, not one per card. Measured on real llama.cpp replicas
+//!                 (docs/results.md, 3 rounds): agents' warm turns amid bursts 0.32-0.41 s
+//!                 undeclared -> 0.27-0.33 s (0.27-0.28 s without bursts), cache misses
+//!                 4 -> 1-2 of 10; those bursts end at 2.02-2.14 s instead of 1.56-1.98 s.
 //!   least loaded  (with `engine_load`; off by default) wherever a cold placement uses
 //!                 the counter, it runs over the least-loaded of its replicas only, and
 //!                 of equals over those whose engines report the least KV in use (10 %
@@ -61,8 +69,20 @@
 //!   roundrobin    counter for everything
 //!   affinity      everything by prefix: longest live match, else a rendezvous
 //!                 hash of the first block over live replicas             reason `hash`
+//! FLEET           (several router instances in front of the same replicas)
+//!   local         (default) each instance by its own index, as above
+//!   rendezvous    in `shape`, a continuation goes to the live replica ranked first by a
+//!                 rendezvous hash of its conversation root (the text before its first
+//!                 model turn; its explicit key; else its first block) and of each
+//!                 replica's name: every instance computes the same replica, with no
+//!                 shared state, and only a leaving replica's conversations move.
+//!                 A continuation without a model turn hashes its first two messages.
+//!                 With a load guard, the first-ranked replica within its bound.
+//!                 Singles keep the counter, or with `singles` go by the same hash of
+//!                 their whole prompt, which is their conversation's root if it goes
+//!                 on.                                                    reason `hash`
 //! PARAMETERS      PolicyConfig: mode, continuation, block_bytes, max_entries, kv_room,
-//!                 load_guard, least_loaded
+//!                 load_guard, least_loaded, fleet
 //! MODELS          the caller offers (as live) only the replicas serving the request's
 //!                 `model`; every rule above runs within them. The counter is one per
 //!                 set of replicas counted over, so one model's replicas take turns
@@ -155,6 +175,20 @@ pub struct PolicyConfig {
     /// Cold placements go to the least-loaded live replicas (see `load`),
     /// the counter only among equals; off: the counter over all.
     pub least_loaded: bool,
+    /// How router instances sharing the replicas agree (see FLEET).
+    pub fleet: Fleet,
+}
+
+/// How several router instances in front of the same replicas agree on
+/// where a conversation lives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Fleet {
+    /// Each instance by what it has seen (its own index).
+    #[default]
+    Local,
+    /// Continuations by a rendezvous hash of their conversation root, which
+    /// every instance computes alike; singles too when `singles`.
+    Rendezvous { singles: bool },
 }
 
 /// A replica as the policy sees it; the id is stable across reloads.
@@ -165,6 +199,9 @@ pub struct ReplicaId(pub u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplicaState {
     pub id: ReplicaId,
+    /// A hash of the replica's name: the same in every router instance, so
+    /// rendezvous hashing agrees between them (ids are per instance).
+    pub name_hash: u64,
     pub live: bool,
     /// Requests the router has in flight there.
     pub in_flight: u32,
@@ -222,6 +259,9 @@ pub struct Request {
     pub chain: PrefixChain,
     /// An assistant / tool / function turn is present.
     pub model_turn: bool,
+    /// Where its conversation's root ends in the text: the messages before
+    /// its first model turn (none without a model turn).
+    pub root_end: Option<usize>,
     /// Number of messages (1 for a completions prompt).
     pub messages: usize,
     /// Explicit conversation key (`prompt_cache_key`, then `x-session-id`).
@@ -258,7 +298,8 @@ pub enum Reason {
     Fallback,
     /// The load guard moved the request off an overloaded cached replica.
     Guard,
-    /// Affinity mode with no match: a hash of the first block.
+    /// A rendezvous hash: of the first block (affinity mode, no match), or
+    /// of the conversation root (`fleet: rendezvous`).
     Hash,
     /// No replica is live.
     NoReplica,
@@ -460,10 +501,19 @@ impl Policy {
         if live.is_empty() {
             return d;
         }
+        let root = self.rendezvous_root(req, shape);
         let keyed = key
+            .filter(|_| root.is_none())
             .and_then(|k| self.index.get(k))
             .map(|e| ReplicaId(e.replica));
-        if let Some(r) = keyed.filter(|r| live.iter().any(|s| s.id == *r)) {
+        if let Some(root) = root {
+            d.replica = self.by_root(root, &live);
+            d.reason = Reason::Hash;
+            if let Some(m) = matches.iter().find(|m| Some(m.replica) == d.replica) {
+                d.matched_bytes = m.pos;
+                d.matched_at = m.touched;
+            }
+        } else if let Some(r) = keyed.filter(|r| live.iter().any(|s| s.id == *r)) {
             d.replica = Some(r);
             d.reason = Reason::Key;
             if let Some(m) = matches.iter().find(|m| m.replica == r) {
@@ -499,6 +549,51 @@ impl Policy {
     pub fn forget_stale(&self, d: &Decision) -> usize {
         d.replica
             .map_or(0, |r| self.index.forget_replica(r.0, d.matched_at))
+    }
+
+    /// With `fleet: rendezvous`, the hash a request is placed by (see FLEET).
+    fn rendezvous_root(&self, req: &Request, shape: Shape) -> Option<u64> {
+        let cfg = self.config();
+        let Fleet::Rendezvous { singles } = cfg.fleet else {
+            return None;
+        };
+        if cfg.mode != Mode::Shape || (shape == Shape::Single && !singles) {
+            return None;
+        }
+        let chain = &req.chain;
+        let root = req.root_end.filter(|e| *e > 0 && *e <= chain.len());
+        let ends = &chain.message_ends;
+        Some(match (&req.key, root) {
+            (Some(k), _) => chain.key_hash(k),
+            (None, Some(end)) => chain.end_hash(end),
+            // A single (a conversation's first turn): all of it is its
+            // later turns' root.
+            (None, None) if shape == Shape::Single && !ends.is_empty() => {
+                chain.end_hash(chain.len())
+            }
+            // A continuation without a model turn: its first two messages
+            // (a system prompt shared by many conversations is not enough).
+            (None, None) => match ends.get(1).or(ends.first()) {
+                Some(end) => chain.end_hash(*end),
+                None => chain.head_hash(),
+            },
+        })
+    }
+
+    /// The live replica ranked first for `root`, or with a load guard the
+    /// first not over it (ranked as every instance ranks them).
+    fn by_root(&self, root: u64, live: &[ReplicaState]) -> Option<ReplicaId> {
+        let Some(limit) = self.config().load_guard else {
+            return rendezvous(root, live);
+        };
+        let floor = live.iter().map(ReplicaState::load).min().unwrap_or(0);
+        let mut ranked: Vec<&ReplicaState> = live.iter().collect();
+        ranked.sort_by_key(|s| std::cmp::Reverse(score(root, s)));
+        ranked
+            .iter()
+            .find(|s| s.load() <= floor.saturating_add(limit))
+            .or(ranked.first())
+            .map(|s| s.id)
     }
 
     fn shape_of(&self, req: &Request, extends: bool) -> Shape {
@@ -745,9 +840,12 @@ fn reason_or_none(live: &[ReplicaState], reason: Reason) -> Reason {
 /// Highest-random-weight choice: stable per key, and only the keys of a
 /// replica that leaves move.
 fn rendezvous(key: u64, live: &[ReplicaState]) -> Option<ReplicaId> {
-    live.iter()
-        .max_by_key(|s| xxh3_64_with_seed(&s.id.0.to_le_bytes(), key))
-        .map(|s| s.id)
+    live.iter().max_by_key(|s| score(key, s)).map(|s| s.id)
+}
+
+/// A replica's rendezvous score for `key`, alike in every router instance.
+fn score(key: u64, s: &ReplicaState) -> u64 {
+    xxh3_64_with_seed(&s.name_hash.to_le_bytes(), key)
 }
 
 #[cfg(test)]

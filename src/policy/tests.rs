@@ -13,6 +13,7 @@ fn cfg(mode: Mode) -> PolicyConfig {
         kv_room: KvRoom::Off,
         load_guard: None,
         least_loaded: false,
+        fleet: Fleet::Local,
     }
 }
 
@@ -21,6 +22,7 @@ fn replicas(live: &[bool]) -> Vec<ReplicaState> {
         .enumerate()
         .map(|(i, l)| ReplicaState {
             id: ReplicaId(i as u32),
+            name_hash: u64::from(i as u32) << 8,
             live: *l,
             in_flight: 0,
             engine: None,
@@ -34,6 +36,7 @@ fn req(text: &str, model_turn: bool) -> Request {
     Request {
         chain: PrefixChain::new(text.as_bytes().to_vec(), vec![text.len()], B),
         model_turn,
+        root_end: None,
         messages: 1,
         key: None,
         cache_bypass: false,
@@ -159,6 +162,7 @@ fn load_guard_with_nothing_cached_in_its_window_places_cold_there() {
     let p = Policy::new(PolicyConfig {
         load_guard: Some(2),
         least_loaded: true,
+        fleet: Fleet::Local,
         ..cfg(Mode::Shape)
     });
     let mut rs = replicas(&[true, true, true]);
@@ -406,6 +410,7 @@ fn engine(unseen: u32, kv_used_permille: Option<u16>) -> Option<EngineLoad> {
 fn least_loaded_sends_cold_requests_to_the_least_loaded_the_counter_among_equals() {
     let p = Policy::new(PolicyConfig {
         least_loaded: true,
+        fleet: Fleet::Local,
         ..cfg(Mode::Shape)
     });
     let mut rs = replicas(&[true, true, true]);
@@ -428,6 +433,7 @@ fn least_loaded_sends_cold_requests_to_the_least_loaded_the_counter_among_equals
     assert_eq!((next.replica, next.reason), (first, Reason::Pin));
     let rr = Policy::new(PolicyConfig {
         least_loaded: true,
+        fleet: Fleet::Local,
         ..cfg(Mode::RoundRobin)
     });
     assert_eq!(singles_on(&rr, &rs, 3), [0, 1, 2]);
@@ -437,6 +443,7 @@ fn least_loaded_sends_cold_requests_to_the_least_loaded_the_counter_among_equals
 fn least_loaded_breaks_ties_by_kv_in_use_in_steps_when_every_engine_reports_it() {
     let p = Policy::new(PolicyConfig {
         least_loaded: true,
+        fleet: Fleet::Local,
         ..cfg(Mode::Shape)
     });
     let mut rs = replicas(&[true, true]);

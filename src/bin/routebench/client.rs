@@ -4,6 +4,8 @@
 //! present) and caching (`usage.prompt_tokens_details.cached_tokens`,
 //! `input_tokens_details.cached_tokens`, or llama.cpp's `timings.cache_n`).
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -35,7 +37,11 @@ pub struct Sample {
 #[derive(Clone)]
 pub struct Client {
     http: HyperClient<HttpConnector, Full<Bytes>>,
-    base: String,
+    /// Several (router instances behind an L4 balancer): each request goes
+    /// to one of them at random.
+    bases: Arc<Vec<String>>,
+    /// xorshift state picking the base; seeded alike in every run.
+    pick: Arc<AtomicU64>,
     pub model: String,
     /// Model seconds per wall second (the simulators' `--time-scale`; 1 for real engines).
     pub scale: f64,
@@ -44,6 +50,11 @@ pub struct Client {
 
 impl Client {
     pub fn new(base: &str, model: &str, scale: f64) -> Self {
+        Self::spread(&[base.to_owned()], model, scale)
+    }
+
+    /// A client that sends each request to one of `bases` at random.
+    pub fn spread(bases: &[String], model: &str, scale: f64) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         Self {
@@ -52,10 +63,31 @@ impl Client {
             http: HyperClient::builder(TokioExecutor::new())
                 .pool_idle_timeout(std::time::Duration::from_secs(2))
                 .build(connector),
-            base: base.trim_end_matches('/').to_owned(),
+            bases: Arc::new(
+                bases
+                    .iter()
+                    .map(|b| b.trim_end_matches('/').to_owned())
+                    .collect(),
+            ),
+            pick: Arc::new(AtomicU64::new(0x9e37_79b9_7f4a_7c15)),
             model: model.to_owned(),
             scale,
             epoch: Instant::now(),
+        }
+    }
+
+    /// The base URL of the next request.
+    fn base(&self) -> &str {
+        let mut x = self.pick.load(Relaxed);
+        loop {
+            let mut next = x;
+            next ^= next << 13;
+            next ^= next >> 7;
+            next ^= next << 17;
+            match self.pick.compare_exchange_weak(x, next, Relaxed, Relaxed) {
+                Ok(_) => return &self.bases[(next % self.bases.len() as u64) as usize],
+                Err(now) => x = now,
+            }
         }
     }
 
@@ -158,8 +190,9 @@ impl Client {
             ..Sample::default()
         };
         let body = Bytes::from(body.to_string());
+        let base = self.base();
         let send = || {
-            let req = Request::post(format!("{}{path}", self.base))
+            let req = Request::post(format!("{base}{path}"))
                 .header("content-type", "application/json")
                 .body(Full::new(body.clone()));
             async move {

@@ -1,5 +1,6 @@
 //! Starts what `compare` measures: fresh `replica-sim` processes (or given
-//! replica addresses) and a `prefix-router` with one policy, or the peer SMG
+//! replica addresses) and a `prefix-router` with one policy (or several
+//! instances of it, `--instances`), or the peer SMG
 //! (`smg launch --policy cache_aware`, installed from PyPI into a venv kept
 //! under the output directory's parent), on free ports, polled until ready;
 //! stopped on drop.
@@ -14,16 +15,19 @@ use anyhow::{bail, Context, Result};
 
 /// Running processes of one arm.
 pub struct Fleet {
-    pub router: SocketAddr,
+    /// Every router instance (one but with `--instances`).
+    pub routers: Vec<SocketAddr>,
     pub replicas: Vec<SocketAddr>,
-    pub router_log: PathBuf,
+    router_logs: Vec<PathBuf>,
     children: Vec<Child>,
 }
 
 /// How to start an arm.
 pub struct Arm<'a> {
     /// `POLICY` or `POLICY+KEY=VALUE+...`: the router's `policy` and more
-    /// top-level config keys (e.g. `shape+kv_room=pack`); `smg`: the peer.
+    /// top-level config keys (e.g. `shape+kv_room=pack`), keys of a block
+    /// (`shape+fleet.mode=rendezvous`), or keys of every replica's entry
+    /// (`shape+replica.prompt_cache=last`); `smg`: the peer.
     pub policy: &'a str,
     /// Existing replicas; when empty, `sims` simulators are started.
     pub external: &'a [SocketAddr],
@@ -37,6 +41,8 @@ pub struct Arm<'a> {
     pub dir: &'a Path,
     /// The `model` requests name (SMG routes by it).
     pub model: &'a str,
+    /// Router instances in front of the same replicas.
+    pub instances: usize,
 }
 
 /// An arm's label as a file name: `shape+kv_room=off #2` -> `shape_kv_room_off__2`.
@@ -171,65 +177,98 @@ impl Fleet {
             replicas.push(addr);
             children.push(child);
         }
-        let (router, metrics) = (free_addr()?, free_addr()?);
         if arm.policy == SMG {
+            if arm.instances > 1 {
+                bail!("the peer runs as one instance");
+            }
+            let (router, metrics) = (free_addr()?, free_addr()?);
             return Self::start_smg(arm, router, metrics, replicas, children);
         }
         let window_s = arm.window_s;
         let mut parts = arm.policy.split('+');
         let policy = parts.next().unwrap_or_default();
-        let mut yaml = format!(
-            "listen: \"{router}\"\nmetrics_listen: \"{metrics}\"\npolicy: {policy}\nworking_set_window_s: {window_s}\n"
-        );
+        let mut settings = format!("policy: {policy}\nworking_set_window_s: {window_s}\n");
+        // `replica.KEY=VALUE` goes into every replica's entry; `BLOCK.KEY=VALUE`
+        // into a block (`fleet.mode=rendezvous+fleet.singles=root`).
+        let mut each = String::new();
+        let mut blocks: Vec<(&str, Vec<String>)> = Vec::new();
         for setting in parts {
             let (key, value) = setting
                 .split_once('=')
                 .with_context(|| format!("{setting:?}: expected KEY=VALUE"))?;
-            yaml.push_str(&format!("{key}: {value}\n"));
+            match key.split_once('.') {
+                Some(("replica", key)) => each.push_str(&format!(", {key}: {value}")),
+                Some((block, key)) => {
+                    let entry = format!("{key}: {value}");
+                    match blocks.iter_mut().find(|(b, _)| *b == block) {
+                        Some((_, entries)) => entries.push(entry),
+                        None => blocks.push((block, vec![entry])),
+                    }
+                }
+                None => settings.push_str(&format!("{key}: {value}\n")),
+            }
         }
-        yaml.push_str("replicas:\n");
+        for (block, entries) in blocks {
+            settings.push_str(&format!("{block}: {{{}}}\n", entries.join(", ")));
+        }
+        settings.push_str("replicas:\n");
         for (i, r) in replicas.iter().enumerate() {
-            yaml.push_str(&format!(
-                "  - {{name: gpu{i}, addr: \"{r}\", kv_tokens: {}}}\n",
+            settings.push_str(&format!(
+                "  - {{name: gpu{i}, addr: \"{r}\", kv_tokens: {}{each}}}\n",
                 arm.kv_tokens
             ));
         }
         std::fs::create_dir_all(arm.dir)?;
         let name = file_name(arm.policy);
-        let config = arm.dir.join(format!("router-{name}.yaml"));
-        std::fs::write(&config, yaml)?;
-        let router_log = arm.dir.join(format!("router-{name}.log"));
-        let log = std::fs::File::create(&router_log)?;
-        children.push(
-            Command::new(sibling("prefix-router")?)
-                .arg("--config")
-                .arg(&config)
-                .env_remove("PREFIX_ROUTER_POLICY")
-                .env("RUST_LOG", "warn")
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .context("start prefix-router")?,
-        );
-        let fleet = Fleet {
-            router,
+        let mut fleet = Fleet {
+            routers: Vec::new(),
             replicas,
-            router_log,
+            router_logs: Vec::new(),
             children,
         };
-        let n = fleet.replicas.len();
-        wait(
-            "every replica up behind the router",
-            Duration::from_secs(120),
-            || {
-                get(metrics, "/metrics").is_some_and(|m| {
-                    m.lines()
-                        .filter(|l| l.starts_with("prefix_router_replica_up{") && l.ends_with(" 1"))
-                        .count()
-                        == n
-                })
-            },
-        )?;
+        // Instances share the replicas; each has its own ports and files.
+        for i in 0..arm.instances.max(1) {
+            let (router, metrics) = (free_addr()?, free_addr()?);
+            let file = match i {
+                0 => format!("router-{name}"),
+                _ => format!("router-{name}-{i}"),
+            };
+            let config = arm.dir.join(format!("{file}.yaml"));
+            std::fs::write(
+                &config,
+                format!("listen: \"{router}\"\nmetrics_listen: \"{metrics}\"\n{settings}"),
+            )?;
+            let router_log = arm.dir.join(format!("{file}.log"));
+            let log = std::fs::File::create(&router_log)?;
+            fleet.children.push(
+                Command::new(sibling("prefix-router")?)
+                    .arg("--config")
+                    .arg(&config)
+                    .env_remove("PREFIX_ROUTER_POLICY")
+                    .env("RUST_LOG", "warn")
+                    .stdout(Stdio::null())
+                    .stderr(log)
+                    .spawn()
+                    .context("start prefix-router")?,
+            );
+            fleet.routers.push(router);
+            fleet.router_logs.push(router_log);
+            let n = fleet.replicas.len();
+            wait(
+                "every replica up behind the router",
+                Duration::from_secs(120),
+                || {
+                    get(metrics, "/metrics").is_some_and(|m| {
+                        m.lines()
+                            .filter(|l| {
+                                l.starts_with("prefix_router_replica_up{") && l.ends_with(" 1")
+                            })
+                            .count()
+                            == n
+                    })
+                },
+            )?;
+        }
         Ok(fleet)
     }
 
@@ -256,9 +295,9 @@ impl Fleet {
             .stderr(std::fs::File::create(&router_log)?);
         children.push(cmd.spawn().context("start smg")?);
         let fleet = Fleet {
-            router,
+            routers: vec![router],
             replicas,
-            router_log,
+            router_logs: vec![router_log],
             children,
         };
         // Ready when it routes a request (it first learns each worker's models).
@@ -270,13 +309,18 @@ impl Fleet {
         Ok(fleet)
     }
 
-    /// Lines of the router's log that contain `needle`.
+    /// Lines of the routers' logs that contain `needle`.
     pub fn log_lines(&self, needle: &str) -> Vec<String> {
-        std::fs::read_to_string(&self.router_log)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains(needle))
-            .map(str::to_owned)
+        self.router_logs
+            .iter()
+            .flat_map(|log| {
+                std::fs::read_to_string(log)
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| l.contains(needle))
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
             .collect()
     }
 }

@@ -90,7 +90,9 @@ enum Cmd {
     /// given replicas) and run the same scenarios against each.
     Compare {
         /// Arms: a policy, or a policy with more router settings joined by
-        /// `+` (`shape+kv_room=pack`).
+        /// `+` (`shape+kv_room=pack`; `BLOCK.KEY=VALUE` a key of a block,
+        /// `shape+fleet.mode=rendezvous`; `replica.KEY=VALUE` a key of every
+        /// replica, `shape+replica.prompt_cache=last`).
         #[arg(
             long,
             value_delimiter = ',',
@@ -121,6 +123,11 @@ enum Cmd {
         /// headline table shows every round's figure.
         #[arg(long, default_value_t = 1)]
         salts: usize,
+        /// Router instances per arm in front of the same replicas, each
+        /// request sent to one of them at random (several routers behind an
+        /// L4 balancer; `fleet:` settings decide whether they agree).
+        #[arg(long, default_value_t = 1)]
+        instances: usize,
         /// Model seconds of the router's working-set window, and of quiet
         /// between scenarios so each scenario's capacity warnings are its own.
         #[arg(long, default_value_t = 60.0)]
@@ -198,6 +205,7 @@ async fn main() -> Result<()> {
             label,
             window_model_s,
             salts,
+            instances,
             common,
         } => {
             policies.extend(peer);
@@ -208,6 +216,7 @@ async fn main() -> Result<()> {
                 sim_args,
                 window_model_s,
                 salts: salts.max(1),
+                instances: instances.max(1),
             };
             compare(&arms, results, &label, &common).await
         }
@@ -263,6 +272,7 @@ struct Arms {
     window_model_s: f64,
     /// Rounds, each of every arm with fresh salts.
     salts: usize,
+    instances: usize,
 }
 
 async fn compare(
@@ -305,13 +315,15 @@ async fn compare(
                 window_s: (arms.window_model_s / common.time_scale).ceil().max(1.0) as u32,
                 dir: &common.out,
                 model: &common.model,
+                instances: arms.instances,
             })
             .with_context(|| format!("starting the {policy} arm"))?;
-            let c = Client::new(
-                &format!("http://{}", fleet.router),
-                &common.model,
-                common.time_scale,
-            );
+            let routers: Vec<String> = fleet
+                .routers
+                .iter()
+                .map(|r| format!("http://{r}"))
+                .collect();
+            let c = Client::spread(&routers, &common.model, common.time_scale);
             let probe = Client::new(
                 &format!("http://{}", fleet.replicas[0]),
                 &common.model,
@@ -354,8 +366,12 @@ async fn compare(
     } else {
         String::new()
     };
+    let instances = match arms.instances {
+        1 => String::new(),
+        n => format!(" through {n} router instances, each request sent to one of them at random"),
+    };
     let mut md = format!(
-        "### {label}\n\nOne run, {} arms in sequence{rounds}, each in front of fresh replicas, one \
+        "### {label}\n\nOne run, {} arms in sequence{rounds}, each in front of fresh replicas{instances}, one \
          model minute of quiet between scenarios; {:.0} s wall in all. Times are model seconds \
          (wall × {}); cells give the median, the p90 and the number of requests.\n\n",
         policies.len(),

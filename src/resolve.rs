@@ -1,0 +1,197 @@
+//! Replica addresses by name. A replica's `addr` may be `host:port` (a
+//! Kubernetes Service, a compose service name), and each `replicas_dns` entry
+//! stands for every address behind its name (a headless Service). Names are
+//! looked up at load and again every `dns_refresh_ms`; an address that changes
+//! is a replica change (the new one joins through the health gate, the old one
+//! drains); a lookup that fails or finds nothing keeps the last good addresses,
+//! logged once until the name resolves again.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Mutex;
+
+use crate::config::{Config, Replica};
+
+/// The last good addresses of every name looked up.
+#[derive(Debug, Default)]
+pub struct Resolver {
+    /// Per `host:port`: its addresses, and whether its last lookup failed.
+    last: Mutex<HashMap<String, (Vec<SocketAddr>, bool)>>,
+}
+
+impl Resolver {
+    /// The replica list with every `addr` an `IP:port`: `replicas` as listed
+    /// (a name by its first address; one that never resolved keeps the
+    /// address `running` gives its replica, else is left out until it
+    /// resolves), then one replica per address behind each `replicas_dns`
+    /// name, named `<name>-<IP>-<port>` (the same in every router instance).
+    /// An address listed twice keeps its first entry. Blocking (the system
+    /// resolver): call it off the async workers.
+    pub fn expand(
+        &self,
+        cfg: &Config,
+        running: impl Fn(&str) -> Option<SocketAddr>,
+    ) -> Vec<Replica> {
+        let mut out = Vec::with_capacity(cfg.replicas.len());
+        for r in &cfg.replicas {
+            let addr = match r.addr.parse::<SocketAddr>() {
+                Ok(a) => Some(a),
+                Err(_) => self
+                    .lookup(&r.addr)
+                    .first()
+                    .copied()
+                    .or_else(|| running(&r.name)),
+            };
+            if let Some(a) = addr {
+                out.push(Replica {
+                    addr: a.to_string(),
+                    ..r.clone()
+                });
+            }
+        }
+        for d in &cfg.replicas_dns {
+            for a in self.lookup(&d.addr) {
+                let id = a.to_string().replace([':', '[', ']'], "-");
+                out.push(Replica {
+                    name: format!("{}-{}", d.name, id.trim_matches('-').replace("--", "-")),
+                    addr: a.to_string(),
+                    ..d.clone()
+                });
+            }
+        }
+        let mut seen = HashSet::new();
+        out.retain(|r| {
+            let first = seen.insert(r.addr.clone());
+            if !first {
+                log::debug!(
+                    "replica {} at {}: that address is listed already",
+                    r.name,
+                    r.addr
+                );
+            }
+            first
+        });
+        // Names no longer in the config are forgotten: an address kept for
+        // one must not come back with it later.
+        let names: HashSet<&str> = cfg
+            .replicas
+            .iter()
+            .chain(&cfg.replicas_dns)
+            .map(|r| r.addr.as_str())
+            .collect();
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.retain(|name, _| names.contains(name.as_str()));
+        out
+    }
+
+    /// Sets what a name last resolved to (tests: no DNS to change here).
+    #[cfg(test)]
+    pub(crate) fn remember(&self, name: &str, addrs: Vec<SocketAddr>) {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.insert(name.to_owned(), (addrs, false));
+    }
+
+    /// Names whose last lookup failed.
+    pub fn failing(&self) -> Vec<String> {
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let mut names: Vec<String> = last
+            .iter()
+            .filter(|(_, (_, failing))| *failing)
+            .map(|(name, _)| name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The addresses behind `name` (sorted), or the last good ones.
+    fn lookup(&self, name: &str) -> Vec<SocketAddr> {
+        // One address family per name (IPv4 when it has any): a dual-stack
+        // engine is one replica, not two.
+        let found = name.to_socket_addrs().map(|a| {
+            let mut v: Vec<SocketAddr> = a.collect();
+            let v4 = v.iter().any(SocketAddr::is_ipv4);
+            v.retain(|a| a.is_ipv4() == v4);
+            v.sort();
+            v.dedup();
+            v
+        });
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let (good, failing) = last.entry(name.to_owned()).or_default();
+        match found {
+            Ok(v) if !v.is_empty() => {
+                if *failing {
+                    log::info!("replica address {name} resolves again: {v:?}");
+                }
+                *good = v;
+                *failing = false;
+            }
+            other => {
+                if !*failing {
+                    let why = other.map_or_else(|e| e.to_string(), |_| "no address".into());
+                    log::warn!(
+                        "replica address {name}: lookup failed ({why}); keeping its last addresses {good:?}"
+                    );
+                }
+                *failing = true;
+            }
+        }
+        good.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(yaml: &str) -> Config {
+        serde_yaml::from_str(yaml).expect("yaml")
+    }
+
+    #[test]
+    fn names_resolve_and_dns_entries_stand_for_every_address_behind_them() {
+        let c = cfg(
+            "replicas:\n- {name: a, addr: \"127.0.0.1:1\"}\n- {name: b, addr: \"localhost:2\"}\n\
+             replicas_dns:\n- {name: pool, addr: \"localhost:3\", kv_tokens: 7}\n",
+        );
+        let list = Resolver::default().expand(&c, |_| None);
+        let b = list.iter().find(|r| r.name == "b").expect("b");
+        assert!(b
+            .addr
+            .parse::<SocketAddr>()
+            .is_ok_and(|a| a.port() == 2 && a.ip().is_loopback()));
+        let pool: Vec<&Replica> = list
+            .iter()
+            .filter(|r| r.name.starts_with("pool-"))
+            .collect();
+        assert!(!pool.is_empty());
+        assert_eq!(pool.len(), 1, "one family: {pool:?}");
+        assert_eq!(pool[0].name, "pool-127.0.0.1-3");
+        assert_eq!(pool[0].kv_tokens, Some(7));
+    }
+
+    #[test]
+    fn a_name_that_stops_resolving_keeps_its_last_addresses() {
+        let r = Resolver::default();
+        let missing = "no-such-host.invalid:80";
+        assert!(r.lookup(missing).is_empty(), "never resolved: nothing");
+        let good = vec!["10.0.0.9:80".parse().expect("addr")];
+        r.remember(missing, good.clone());
+        assert_eq!(r.lookup(missing), good);
+        assert_eq!(r.lookup(missing), good, "still, and logged once");
+        assert_eq!(r.failing(), [missing]);
+    }
+
+    #[test]
+    fn a_listed_name_never_resolved_keeps_its_running_address_and_dropped_names_are_forgotten() {
+        let r = Resolver::default();
+        let c = cfg("replicas:\n- {name: a, addr: \"no-such-host.invalid:80\"}\n");
+        let kept = "10.0.0.3:80".parse().expect("addr");
+        let list = r.expand(&c, |name| (name == "a").then_some(kept));
+        assert_eq!(list[0].addr, "10.0.0.3:80");
+        assert!(r.expand(&c, |_| None).is_empty());
+        r.remember("no-such-host.invalid:80", vec![kept]);
+        let other = cfg("replicas:\n- {name: b, addr: \"127.0.0.1:1\"}\n");
+        r.expand(&other, |_| None);
+        assert!(r.expand(&c, |_| None).is_empty(), "forgotten with its name");
+    }
+}
