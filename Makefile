@@ -84,20 +84,10 @@ results: prepare
 	  bench-out/results-real-mixed.svg docs/
 
 # Several router instances in front of the same simulated replicas (1, 2 and
-# 3; each request to one of them at random), `local` against `rendezvous`, 3
-# salts (~15 min); rewrites docs/fleet.md.
+# 3; each request to one of them at random): local, rendezvous and redis, 3
+# salts (~20 min); rewrites docs/fleet.md.
 fleet-results: prepare
-	cargo build --release --bins
-	for n in 1 2 3; do \
-	  target/release/routebench compare --time-scale 10 --salts 3 --instances $$n \
-	    --scenario agent-loop --scenario burst --scenario mixed \
-	    --policies 'shape,shape+fleet.mode=rendezvous,shape+fleet.mode=rendezvous+fleet.singles=root' \
-	    --label "simulated replicas, $$n router instance(s), each request to one at random (replica-sim)" \
-	    --out bench-out/fleet-$$n --results bench-out/results-fleet-$$n.md || exit 1; \
-	done
-	cat docs/fleet-preface.md bench-out/results-fleet-1.md bench-out/results-fleet-2.md \
-	  bench-out/results-fleet-3.md > docs/fleet.md
-	cp bench-out/results-fleet-1.svg bench-out/results-fleet-2.svg bench-out/results-fleet-3.svg docs/
+	scripts/fleet-results.sh
 
 # A bounded soak (~4 min): 256 concurrent clients, a replica killed and
 # restarted, a reload; every request accounted for, duplicates counted, RSS

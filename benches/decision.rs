@@ -118,6 +118,7 @@ fn lookup_vs_tracked(c: &mut Criterion) {
                 chain: PrefixChain::new(text.into_bytes(), vec![], BLOCK),
                 model_turn: true,
                 root_end: None,
+                hint: None,
                 messages: 1,
                 key: None,
                 cache_bypass: false,

@@ -2,8 +2,9 @@
 # Everything a fresh machine needs before cargo can build prefix-router:
 # - cmake (Pingora's zlib-ng compression builds with it): Debian's package when
 #   apt is usable, else the PyPI wheel;
-# - socat and openssl, which the TLS test uses as a TLS terminator, and
-#   prometheus (with promtool), which tests/dashboard.rs runs (Debian).
+# - socat and openssl, which the TLS test uses as a TLS terminator,
+#   prometheus (with promtool), which tests/dashboard.rs runs, and
+#   redis-server, which tests/fleet.rs runs and kills (Debian).
 # - the OpenAI Python SDK in .sdk/venv (PyPI), which tests/sdk.rs drives, and
 #   kubernetes-validate (PyPI, the Kubernetes schemas) in .kube/venv, which
 #   tests/kubernetes.rs runs over deploy/kubernetes/.
@@ -24,7 +25,7 @@ apt_install() {
 if ! command -v cmake >/dev/null 2>&1; then
   if as_root_apt; then apt_install cmake; else python3 -m pip install --quiet cmake; fi
 fi
-for tool in socat openssl prometheus; do
+for tool in socat openssl prometheus redis-server; do
   if ! command -v "$tool" >/dev/null 2>&1; then
     if as_root_apt; then
       apt_install "$tool"

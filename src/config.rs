@@ -121,13 +121,32 @@ pub struct Config {
 }
 
 /// `fleet:` — router instances sharing one set of replicas.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Fleet {
     pub mode: FleetMode,
     /// `rendezvous`: singles too go by the hash of their prompt (`root`),
     /// not by the counter (`counter`).
     pub singles: FleetSingles,
+    /// `redis`: `redis://[:PASSWORD@]HOST:PORT[/DB]`.
+    pub redis_url: Option<String>,
+    /// `redis`: a request waits at most this long for shared pins, then is
+    /// placed on this instance's own index.
+    pub redis_budget_ms: u64,
+    /// `redis`: how long a shared pin lives after its last write.
+    pub redis_ttl_s: u64,
+}
+
+impl Default for Fleet {
+    fn default() -> Self {
+        Self {
+            mode: FleetMode::Local,
+            singles: FleetSingles::Counter,
+            redis_url: None,
+            redis_budget_ms: 5,
+            redis_ttl_s: 3_600,
+        }
+    }
 }
 
 /// `fleet.mode:` values.
@@ -140,6 +159,9 @@ pub enum FleetMode {
     /// Continuations by a rendezvous hash of their conversation root: every
     /// instance places them alike, with no shared state.
     Rendezvous,
+    /// Each instance by its own index, and what other instances placed,
+    /// read from Redis on a local miss.
+    Redis,
 }
 
 /// `fleet.singles:` values.
@@ -751,6 +773,22 @@ impl Config {
                 "lists no replica (to take every replica out, stop the router)",
             ));
         }
+        let f = &self.fleet;
+        match (&f.mode, &f.redis_url) {
+            (FleetMode::Redis, None) => {
+                return Err(invalid("fleet.redis_url", "is needed by mode: redis"))
+            }
+            (_, Some(url)) => {
+                crate::shared::parse_url(url).map_err(|why| invalid("fleet.redis_url", why))?;
+            }
+            _ => {}
+        }
+        if f.redis_budget_ms == 0 || f.redis_ttl_s == 0 {
+            return Err(invalid(
+                "fleet",
+                "redis_budget_ms and redis_ttl_s must be positive",
+            ));
+        }
         if self.dns_refresh_ms < 100 {
             return Err(invalid("dns_refresh_ms", "must be at least 100"));
         }
@@ -809,6 +847,16 @@ impl Config {
             "replica_tls" => replica_tls;
             "listen_tls" => listen_tls;
             "api_keys_file" => api_keys_file;
+            "fleet.redis_url" => fleet.redis_url;
+            "fleet.redis_budget_ms" => fleet.redis_budget_ms;
+            "fleet.redis_ttl_s" => fleet.redis_ttl_s;
+        }
+        // The shared pins' connection is started once: into or out of
+        // `redis` needs a restart (between local and rendezvous does not).
+        let redis = |c: &Config| c.fleet.mode == FleetMode::Redis;
+        if redis(&next) != redis(self) {
+            pending.push("fleet.mode");
+            next.fleet.mode = self.fleet.mode;
         }
         (next, pending)
     }
@@ -854,7 +902,7 @@ impl Config {
             load_guard: self.load_guard_in_flight,
             least_loaded: self.engine_load.is_some(),
             fleet: match self.fleet.mode {
-                FleetMode::Local => policy::Fleet::Local,
+                FleetMode::Local | FleetMode::Redis => policy::Fleet::Local,
                 FleetMode::Rendezvous => policy::Fleet::Rendezvous {
                     singles: self.fleet.singles == FleetSingles::Root,
                 },

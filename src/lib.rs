@@ -33,5 +33,6 @@ pub mod replicas;
 pub mod request;
 pub mod resolve;
 pub mod responses;
+pub mod shared;
 pub mod upgrade;
 pub mod usage;

@@ -16,6 +16,7 @@ use pingora_core::services::background::background_service;
 use prefix_router::admission::Admission;
 use prefix_router::auth::KeyFile;
 use prefix_router::capacity::CapacityWatch;
+use prefix_router::config::FleetMode;
 use prefix_router::config::{Config, EMBEDDED_DEFAULT, POLICY_ENV};
 use prefix_router::drain::Drain;
 use prefix_router::engine_load::EngineLoadWatch;
@@ -27,6 +28,7 @@ use prefix_router::reload::{Live, Reloader};
 use prefix_router::replicas::Replicas;
 use prefix_router::resolve::Resolver;
 use prefix_router::responses::ResponseIds;
+use prefix_router::shared::{SharedPins, SharedPinsTask};
 
 /// A load balancer for LLM replicas that routes by request shape.
 #[derive(Parser)]
@@ -202,6 +204,14 @@ fn main() -> anyhow::Result<()> {
         METRICS.add_replica(r);
     }
     let policy = Arc::new(Policy::new(cfg.policy_config()));
+    if cfg.fleet.mode != FleetMode::Local {
+        // Instances of one fleet: counters started apart, so concurrent
+        // first turns through different instances are not all sent alike.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        policy.seed_counters(now ^ u64::from(std::process::id()) << 32);
+    }
     let fleet_service = background_service(
         "replicas",
         fleet(
@@ -214,6 +224,19 @@ fn main() -> anyhow::Result<()> {
     let settings = Arc::new(arc_swap::ArcSwap::from_pointee(Settings::from_config(&cfg)));
     let responses = Arc::new(ResponseIds::new(prefix_router::responses::DEFAULT_CAP));
     let admission = Admission::new(cfg.limits.max_requests, cfg.limits.max_buffered_bytes);
+    // Shared pins: a background task owns the Redis connection.
+    let shared = match (&cfg.fleet.mode, &cfg.fleet.redis_url) {
+        (FleetMode::Redis, Some(url)) => {
+            let target = prefix_router::shared::parse_url(url)
+                .map_err(|why| anyhow::anyhow!("fleet.redis_url: {why}"))?;
+            Some(Arc::new(SharedPins::new(
+                target,
+                prefix_router::config::ms(cfg.fleet.redis_budget_ms),
+                cfg.fleet.redis_ttl_s,
+            )))
+        }
+        _ => None,
+    };
     let router = Router {
         settings: Arc::clone(&settings),
         policy: Arc::clone(&policy),
@@ -222,6 +245,7 @@ fn main() -> anyhow::Result<()> {
         admission: Arc::clone(&admission),
         keys: keys.clone(),
         responses: Arc::clone(&responses),
+        shared: shared.clone(),
     };
     let capacity = CapacityWatch::new(
         cfg.working_set_window_s,
@@ -260,6 +284,9 @@ fn main() -> anyhow::Result<()> {
         };
         let reloader = Reloader::new(path, cfg, env_policy, live);
         server.add_service(background_service("reload", reloader));
+    }
+    if let Some(shared) = shared {
+        server.add_service(background_service("shared pins", SharedPinsTask(shared)));
     }
     server.add_service(background_service("drain", Drain { admission }));
     server.add_service(background_service("capacity", capacity));

@@ -82,6 +82,8 @@ pub struct Metrics {
     /// running plus waiting, and the share of its KV cache in use.
     pub engine_requests: IntGaugeVec,
     pub engine_kv_used: GaugeVec,
+    /// Shared pins (`fleet: redis`): lookups and writes by result.
+    pub shared_pins: IntCounterVec,
 }
 
 /// Seconds: a cached turn's first token (tens of ms) to a long generation.
@@ -414,6 +416,12 @@ pub static METRICS: Lazy<Metrics> = Lazy::new(|| {
         &["replica", "outcome"]
     )
     .expect("register"),
+    shared_pins: register_int_counter_vec!(
+        "prefix_router_shared_pins_total",
+        "Shared pins in Redis (fleet: redis): lookups on a local miss (hit, miss, timeout: over redis_budget_ms, unavailable: Redis down) and placements written (ok, dropped: queue full, unavailable)",
+        &["op", "result"]
+    )
+    .expect("register"),
 }
 });
 
@@ -427,6 +435,12 @@ impl Metrics {
         for result in ["ok", "error"] {
             self.reloads.with_label_values(&[result]);
             self.key_reloads.with_label_values(&[result]);
+        }
+        for result in ["hit", "miss", "timeout", "unavailable"] {
+            self.shared_pins.with_label_values(&["lookup", result]);
+        }
+        for result in ["ok", "dropped", "unavailable"] {
+            self.shared_pins.with_label_values(&["write", result]);
         }
     }
 

@@ -49,9 +49,10 @@ use crate::errors::RouterError;
 use crate::fleet::{addr_key, Fleet};
 use crate::metrics::{Repair, METRICS};
 use crate::paths::{carries_prompt, response_id, routed_path, RESPONSES_PATH};
-use crate::policy::{Decision, Policy, Reason, ReplicaId, Request, Shape};
+use crate::policy::{Decision, Hint, Policy, Reason, ReplicaId, Request, Shape};
 use crate::replicas::{Failure, InFlight, OutlierRules, Replica, Replicas};
 use crate::responses::{IdScan, ResponseIds};
+use crate::shared::{SharedPins, LOOKUP_ENDS};
 use crate::usage::{Outcome, UsageScan};
 
 /// Response header naming the replica that served the request.
@@ -122,6 +123,8 @@ pub struct Router {
     pub keys: Option<Arc<KeyFile>>,
     /// Which replica holds each Responses API response.
     pub responses: Arc<ResponseIds>,
+    /// Pins shared with other router instances (`fleet: redis`).
+    pub shared: Option<Arc<SharedPins>>,
 }
 
 /// Per-request state.
@@ -201,7 +204,27 @@ impl Router {
             }
         }
         ctx.request = request;
+        self.ask_shared(ctx).await;
         true
+    }
+
+    /// With shared pins, a prompt this instance knows nothing of is looked
+    /// up in what other instances placed (within the budget).
+    async fn ask_shared(&self, ctx: &mut Ctx) {
+        let (Some(shared), Some(r)) = (&self.shared, ctx.request.as_mut()) else {
+            return;
+        };
+        if r.chain.is_empty() || self.policy.knows(r) {
+            return;
+        }
+        let keys = r.chain.shared_keys(r.key.as_deref(), LOOKUP_ENDS);
+        if let Some((pos, name)) = shared.lookup(keys).await {
+            let list = self.replicas.snapshot();
+            r.hint = list
+                .iter()
+                .find(|x| x.name == name)
+                .map(|x| Hint { replica: x.id, pos });
+        }
     }
 
     /// Counts what the engine reported reusing against what the placement
@@ -612,6 +635,15 @@ impl ProxyHttp for Router {
             ctx.evidence = ctx.request.as_ref().is_some_and(|r| !r.cache_bypass);
             ctx.attempt = Some(replica.begin(cold));
             ctx.decision = Some(decision);
+            if let (Some(shared), Some(r)) = (&self.shared, &ctx.request) {
+                let keys: Vec<u64> = r
+                    .chain
+                    .shared_keys(r.key.as_deref(), 0)
+                    .into_iter()
+                    .map(|(_, k)| k)
+                    .collect();
+                shared.record(&keys, &replica.name);
+            }
             if let Some(r) = ctx.request.take() {
                 if let Some(t) = ctx.ticket.as_mut() {
                     t.release(r.chain.heap_bytes());

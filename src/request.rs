@@ -137,6 +137,7 @@ impl Prompt {
             ),
             model_turn: self.model_turn,
             root_end: self.root_end,
+            hint: None,
             messages: self.messages,
             key,
             cache_bypass: self.cache_bypass,

@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{conversation, Router, Sim};
+use std::time::Duration;
+
+use common::{conversation, wait_for, Router, Sim};
 
 #[test]
 fn instances_in_rendezvous_mode_send_every_turn_of_a_conversation_to_one_replica_across_restarts() {
@@ -80,4 +82,99 @@ fn replicas_by_host_name_and_by_dns_serve_and_a_name_that_does_not_resolve_is_le
         "{}",
         router.log()
     );
+}
+
+/// `prefix_router_shared_pins_total{op, result}` of a router.
+fn shared(router: &Router, op: &str, result: &str) -> f64 {
+    router.metric(&format!(
+        "prefix_router_shared_pins_total{{op=\"{op}\",result=\"{result}\"}}"
+    ))
+}
+
+#[test]
+fn instances_sharing_pins_through_redis_keep_conversations_across_instances_restarts_and_outages() {
+    let sims: Vec<Sim> = ["a", "b"].iter().map(|n| Sim::start(n, &[])).collect();
+    let sims: Vec<&Sim> = sims.iter().collect();
+    let reversed: Vec<&Sim> = sims.iter().rev().copied().collect();
+    let port = common::free_addr().port();
+    let mut redis = common::RedisServer::start(port);
+    let fleet = format!(
+        "fleet: {{mode: redis, redis_url: \"redis://127.0.0.1:{port}/3\", redis_budget_ms: 200}}\n"
+    );
+    let mut routers = [
+        Router::start(&sims, &fleet),
+        Router::start(&reversed, &fleet),
+    ];
+    let send = |router: &Router, topic: &str, turn: usize| {
+        let r = router.post("/v1/chat/completions", &conversation(topic, turn));
+        assert_eq!(r.status, 200, "{}", r.text());
+        (r.replica().to_owned(), r.decision().to_owned())
+    };
+    // Each turn on the other instance than the turn before: the pin comes
+    // from what the other one wrote.
+    let conversations = |routers: &[Router; 2], tag: &str| -> Vec<String> {
+        (0..6)
+            .map(|c| {
+                let topic = format!("{tag} {c}");
+                let written = shared(&routers[0], "write", "ok");
+                let (home, _) = send(&routers[0], &topic, 1);
+                wait_for("the placement written", Duration::from_secs(5), || {
+                    (shared(&routers[0], "write", "ok") > written).then_some(())
+                });
+                for turn in 2..4 {
+                    let (replica, decision) = send(&routers[turn % 2], &topic, turn);
+                    assert_eq!(
+                        (replica.as_str(), decision.as_str()),
+                        (home.as_str(), "pin"),
+                        "{topic}, turn {turn}"
+                    );
+                }
+                home
+            })
+            .collect()
+    };
+    let homes = conversations(&routers, "before");
+    assert!(
+        homes.iter().any(|h| h == "a") && homes.iter().any(|h| h == "b"),
+        "{homes:?}"
+    );
+    assert!(shared(&routers[1], "lookup", "hit") >= 6.0);
+    // A restarted instance (empty index) finds the conversations in Redis.
+    routers[1] = Router::start(&reversed, &fleet);
+    for (c, home) in homes.iter().enumerate() {
+        let (replica, decision) = send(&routers[1], &format!("before {c}"), 4);
+        assert_eq!(
+            (replica.as_str(), decision.as_str()),
+            (home.as_str(), "pin")
+        );
+    }
+    // Redis gone: no client sees an error; each instance places by its own index.
+    redis.kill();
+    for c in 0..6 {
+        let topic = format!("outage {c}");
+        send(&routers[0], &topic, 1);
+        send(&routers[1], &topic, 2);
+    }
+    let down =
+        shared(&routers[1], "lookup", "unavailable") + shared(&routers[1], "lookup", "timeout");
+    assert!(down >= 1.0, "lookups while Redis is down are counted");
+    for r in &routers {
+        wait_for("the outage logged", Duration::from_secs(5), || {
+            r.log().contains("unavailable").then_some(())
+        });
+    }
+    // Back: pins are shared again once the instances reconnect.
+    let _redis = common::RedisServer::start(port);
+    for r in &routers {
+        let written = shared(r, "write", "ok");
+        wait_for("writes to redis again", Duration::from_secs(20), || {
+            if shared(r, "write", "ok") > written {
+                return Some(());
+            }
+            send(r, "probe", 1);
+            None
+        });
+    }
+    let again = conversations(&routers, "after");
+    assert_eq!(again.len(), 6);
 }

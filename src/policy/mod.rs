@@ -70,7 +70,10 @@
 //!   affinity      everything by prefix: longest live match, else a rendezvous
 //!                 hash of the first block over live replicas             reason `hash`
 //! FLEET           (several router instances in front of the same replicas)
-//!   local         (default) each instance by its own index, as above
+//!   local         (default) each instance by its own index, as above; with shared pins
+//!                 (`redis`, the caller's) a prompt this index knows nothing of gets a
+//!                 `hint`: the replica another instance placed an earlier prompt it
+//!                 extends on, which then counts as that prompt's end here
 //!   rendezvous    in `shape`, a continuation goes to the live replica ranked first by a
 //!                 rendezvous hash of its conversation root (the text before its first
 //!                 model turn; its explicit key; else its first block) and of each
@@ -262,6 +265,9 @@ pub struct Request {
     /// Where its conversation's root ends in the text: the messages before
     /// its first model turn (none without a model turn).
     pub root_end: Option<usize>,
+    /// A prefix of it that another router instance placed (shared pins),
+    /// used when this instance's own index knows nothing of the prompt.
+    pub hint: Option<Hint>,
     /// Number of messages (1 for a completions prompt).
     pub messages: usize,
     /// Explicit conversation key (`prompt_cache_key`, then `x-session-id`).
@@ -276,6 +282,14 @@ pub struct Request {
     /// engine keeps this one (`store`).
     pub previous_response_id: Option<String>,
     pub store: bool,
+}
+
+/// A placement another router instance recorded: the replica that holds the
+/// first `pos` bytes of the prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hint {
+    pub replica: ReplicaId,
+    pub pos: usize,
 }
 
 /// The request's shape.
@@ -405,6 +419,15 @@ impl Policy {
         }
     }
 
+    /// Starts every spread counter at a point drawn from `seed`: router
+    /// instances in one fleet, seeded apart, do not all send their first
+    /// single to the same replica.
+    pub fn seed_counters(&self, seed: u64) {
+        for (i, c) in self.counters.iter().enumerate() {
+            c.store(xxh3_64_with_seed(&(i as u64).to_le_bytes(), seed), Relaxed);
+        }
+    }
+
     /// Sets the clock (seconds, monotonic) that stamps what is recorded next.
     pub fn set_clock(&self, now_s: u32) {
         self.clock_s.fetch_max(now_s, Relaxed);
@@ -443,6 +466,16 @@ impl Policy {
             max_entries: running.max_entries,
             ..cfg
         }));
+    }
+
+    /// Whether this instance's index knows the prompt (an earlier prompt it
+    /// extends, or its explicit key): if not, shared pins are asked.
+    pub fn knows(&self, req: &Request) -> bool {
+        let keyed = req
+            .key
+            .as_deref()
+            .is_some_and(|k| self.index.get(req.chain.key_hash(k)).is_some());
+        keyed || self.matches(&req.chain).iter().any(|m| m.end)
     }
 
     /// Entries in the prefix index.
@@ -487,7 +520,20 @@ impl Policy {
                 ..self.spread(replicas)
             };
         }
-        let matches = self.matches(&req.chain);
+        let mut matches = self.matches(&req.chain);
+        if let Some(h) = req.hint.filter(|h| h.pos <= req.chain.len()) {
+            if !matches.iter().any(|m| m.end) {
+                // Another instance's placement: an exact earlier prompt end.
+                let touched = self.clock();
+                matches.push(Match {
+                    pos: h.pos,
+                    replica: h.replica,
+                    end: true,
+                    touched,
+                });
+                matches.sort_by_key(|m| std::cmp::Reverse(m.pos));
+            }
+        }
         let shape = self.shape_of(req, matches.iter().any(|m| m.end));
         let key = req.key.as_deref().map(|k| req.chain.key_hash(k));
         let mut d = Decision {

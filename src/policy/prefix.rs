@@ -110,6 +110,23 @@ impl PrefixChain {
         xxh3_64_with_seed(key.as_bytes(), KEY ^ self.seed ^ SEED)
     }
 
+    /// The keys another router instance may know this prompt by, longest
+    /// first: its explicit `key`, its own end, then the ends of its last
+    /// `n` messages (an earlier turn ended at one of them).
+    pub fn shared_keys(&self, key: Option<&str>, n: usize) -> Vec<(usize, u64)> {
+        let len = self.len();
+        let mut out: Vec<(usize, u64)> = key.map(|k| (len, self.key_hash(k))).into_iter().collect();
+        let ends = std::iter::once(len).chain(self.message_ends.iter().rev().take(n).copied());
+        let mut last = usize::MAX;
+        for pos in ends.filter(|p| *p > 0 && *p <= len) {
+            if pos != last {
+                out.push((pos, self.end_hash(pos)));
+                last = pos;
+            }
+        }
+        out
+    }
+
     /// The hash of the first block, or of the whole prompt when it is shorter:
     /// what `affinity` mode places by when nothing matches.
     pub(crate) fn head_hash(&self) -> u64 {
@@ -165,6 +182,22 @@ mod tests {
             assert_ne!(a.key_hash("session-1"), other.key_hash("session-1"));
         }
         assert_eq!(a.key_hash("session-1"), a2.key_hash("session-1"));
+    }
+
+    #[test]
+    fn a_turn_finds_the_key_its_previous_turn_was_shared_under() {
+        let t1 = PrefixChain::new(b"system\x1euser one\x1e".to_vec(), vec![7, 16], 4);
+        let t2 = PrefixChain::new(
+            b"system\x1euser one\x1emodel\x1euser two\x1e".to_vec(),
+            vec![7, 16, 22, 31],
+            4,
+        );
+        let written = t1.shared_keys(None, 16)[0];
+        assert_eq!(written.0, 16);
+        assert!(t2.shared_keys(None, 16).contains(&written));
+        let keyed = t2.shared_keys(Some("conv-1"), 16);
+        assert_eq!(keyed[0], (31, t2.key_hash("conv-1")));
+        assert_eq!(keyed.len(), 1 + 4, "key, own end, message ends 22, 16, 7");
     }
 
     #[test]

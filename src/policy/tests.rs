@@ -37,6 +37,7 @@ fn req(text: &str, model_turn: bool) -> Request {
         chain: PrefixChain::new(text.as_bytes().to_vec(), vec![text.len()], B),
         model_turn,
         root_end: None,
+        hint: None,
         messages: 1,
         key: None,
         cache_bypass: false,
@@ -487,4 +488,23 @@ fn engine_reported_load_bounds_pack_and_the_load_guard() {
     rs[o].engine = engine(4, None);
     let d = guarded.place(&req(&format!("{context} next, again"), true), &rs);
     assert_eq!(d.reason, Reason::Pin, "within the bound: {d:?}");
+}
+
+#[test]
+fn seeded_counters_start_apart_and_still_alternate() {
+    let rs = replicas(&[true, true]);
+    let firsts: std::collections::HashSet<u32> = (0..16u64)
+        .map(|seed| {
+            let p = Policy::new(cfg(Mode::Shape));
+            p.seed_counters(seed);
+            let a = p.spread(&rs).replica.unwrap();
+            assert_ne!(p.spread(&rs).replica.unwrap(), a, "still a counter");
+            a.0
+        })
+        .collect();
+    assert_eq!(
+        firsts.len(),
+        2,
+        "instances seeded apart start on different replicas"
+    );
 }

@@ -480,3 +480,42 @@ impl TricklingReplica {
         format!("  - {{name: {name}, addr: \"{}\"}}\n", self.addr)
     }
 }
+
+/// A real `redis-server` (Debian's, installed by `scripts/prepare.sh`) on a
+/// given loopback port, nothing persisted; killed on drop.
+pub struct RedisServer {
+    pub port: u16,
+    child: Child,
+}
+
+impl RedisServer {
+    pub fn start(port: u16) -> RedisServer {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server (scripts/prepare.sh installs it)");
+        wait_for("redis answering PING", Duration::from_secs(10), || {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+            s.write_all(b"PING\r\n").ok()?;
+            let mut buf = [0u8; 7];
+            s.read_exact(&mut buf).ok()?;
+            (&buf == b"+PONG\r\n").then_some(())
+        });
+        RedisServer { port, child }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -15,8 +15,9 @@ use anyhow::{bail, Context, Result};
 
 /// Running processes of one arm.
 pub struct Fleet {
-    /// Every router instance (one but with `--instances`).
+    /// Every router instance (one but with `--instances`), and its metrics.
     pub routers: Vec<SocketAddr>,
+    metrics: Vec<SocketAddr>,
     pub replicas: Vec<SocketAddr>,
     router_logs: Vec<PathBuf>,
     children: Vec<Child>,
@@ -222,6 +223,7 @@ impl Fleet {
         let name = file_name(arm.policy);
         let mut fleet = Fleet {
             routers: Vec::new(),
+            metrics: Vec::new(),
             replicas,
             router_logs: Vec::new(),
             children,
@@ -252,6 +254,7 @@ impl Fleet {
                     .context("start prefix-router")?,
             );
             fleet.routers.push(router);
+            fleet.metrics.push(metrics);
             fleet.router_logs.push(router_log);
             let n = fleet.replicas.len();
             wait(
@@ -296,6 +299,7 @@ impl Fleet {
         children.push(cmd.spawn().context("start smg")?);
         let fleet = Fleet {
             routers: vec![router],
+            metrics: Vec::new(),
             replicas,
             router_logs: vec![router_log],
             children,
@@ -307,6 +311,22 @@ impl Fleet {
             || post_ok(router, arm.model),
         )?;
         Ok(fleet)
+    }
+
+    /// Shared-pin lookups (Redis round trips on the request path) the
+    /// router instances have made so far.
+    pub fn shared_lookups(&self) -> f64 {
+        let series = "prefix_router_shared_pins_total{op=\"lookup\"";
+        self.metrics
+            .iter()
+            .filter_map(|m| get(*m, "/metrics"))
+            .flat_map(|text| {
+                text.lines()
+                    .filter(|l| l.starts_with(series))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .collect::<Vec<f64>>()
+            })
+            .sum()
     }
 
     /// Lines of the routers' logs that contain `needle`.

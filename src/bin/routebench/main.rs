@@ -332,7 +332,17 @@ async fn compare(
             for (i, name) in names.iter().enumerate() {
                 log::info!("{label}: {name}");
                 let before = fleet.log_lines(WARNING).len();
+                let lookups = fleet.shared_lookups();
                 let samples = scenario(name, &c, &probe, &s).await;
+                if policy.contains("fleet.mode=redis") && !samples.is_empty() {
+                    let per_request = (fleet.shared_lookups() - lookups) / samples.len() as f64;
+                    headline.push((
+                        policy.clone(),
+                        round,
+                        report::redis_lookups(name),
+                        per_request,
+                    ));
+                }
                 let said = fleet.log_lines(WARNING);
                 warnings.push((
                     label.clone(),

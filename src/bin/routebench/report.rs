@@ -274,6 +274,21 @@ pub fn headline(scenario: &str, samples: &[Sample]) -> Vec<(&'static str, f64)> 
     }
 }
 
+/// The headline row of Redis round trips per request in `scenario`.
+pub fn redis_lookups(scenario: &str) -> &'static str {
+    match scenario {
+        "agent-loop" => REDIS_AGENT_LOOP,
+        "burst" => REDIS_BURST,
+        "mixed" => REDIS_MIXED,
+        _ => REDIS_OTHER,
+    }
+}
+
+const REDIS_AGENT_LOOP: &str = "agent-loop: Redis round trips per request";
+const REDIS_BURST: &str = "burst: Redis round trips per request";
+const REDIS_MIXED: &str = "mixed: Redis round trips per request";
+const REDIS_OTHER: &str = "other scenarios: Redis round trips per request";
+
 const AGENT_LOOP: &str = "agent-loop warm-turn TTFT (median)";
 const RESPONSES_LOOP: &str = "responses-loop warm-turn TTFT (median)";
 const BURST: &str = "burst makespan";
@@ -295,10 +310,15 @@ pub fn seed_table(headline: &[Headline], arms: &[String], with_seed: bool) -> St
             .filter(|(a, _, m, _)| a == arm && *m == measure)
             .map(|(_, _, _, v)| format!("{v:.2}"))
             .collect();
+        let unit = if measure.contains("per request") {
+            ""
+        } else {
+            " s"
+        };
         if values.is_empty() {
             "–".to_owned()
         } else {
-            format!("{} s", values.join(" / "))
+            format!("{}{unit}", values.join(" / "))
         }
     };
     let mut out = String::from("| measure |");
@@ -319,6 +339,10 @@ pub fn seed_table(headline: &[Headline], arms: &[String], with_seed: bool) -> St
         (UNSEEN_AGENT, ["–", "–", "–"]),
         (UNSEEN_BURST, ["–", "–", "–"]),
         (CAPACITY, ["–", "–", "–"]),
+        (REDIS_AGENT_LOOP, ["–", "–", "–"]),
+        (REDIS_BURST, ["–", "–", "–"]),
+        (REDIS_MIXED, ["–", "–", "–"]),
+        (REDIS_OTHER, ["–", "–", "–"]),
     ] {
         if !headline.iter().any(|(_, _, m, _)| *m == measure) {
             continue;
