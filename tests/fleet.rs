@@ -178,3 +178,33 @@ fn instances_sharing_pins_through_redis_keep_conversations_across_instances_rest
     let again = conversations(&routers, "after");
     assert_eq!(again.len(), 6);
 }
+
+#[test]
+fn a_redis_that_accepts_and_never_answers_costs_each_request_at_most_its_budget() {
+    // A listener that takes connections and says nothing: a hung Redis.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = hung.local_addr().expect("addr").port();
+    let held = std::thread::spawn(move || {
+        let conns: Vec<_> = hung.incoming().take(4).collect();
+        std::thread::park();
+        drop(conns);
+    });
+    let sim = Sim::start("a", &[]);
+    let fleet = format!(
+        "fleet: {{mode: redis, redis_url: \"redis://127.0.0.1:{port}/0\", redis_budget_ms: 50}}\n"
+    );
+    let router = Router::start(&[&sim], &fleet);
+    for turn in 1..6 {
+        let started = std::time::Instant::now();
+        let r = router.post(
+            "/v1/chat/completions",
+            &conversation(&format!("hung {turn}"), turn),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        // The budget, with room for a loaded machine; a hung lookup
+        // without one would hold the request for ever.
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+    assert!(shared(&router, "lookup", "timeout") >= 1.0);
+    drop(held);
+}
