@@ -112,7 +112,7 @@ pub struct Config {
     pub fleet: Fleet,
     pub replicas: Vec<Replica>,
     /// Replicas discovered by DNS (a headless Service): every address behind
-    /// each entry's `addr` name is a replica named `<name>-<IP:port>`, with
+    /// each entry's `addr` name is a replica named `<name>-<IP>-<port>`, with
     /// the entry's other fields.
     pub replicas_dns: Vec<Replica>,
     /// How often replica names (`host:port` addresses, `replicas_dns`) are
