@@ -184,8 +184,9 @@ impl Reloader {
         });
         *self.resolved_at.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         if list.is_empty() && !running.is_empty() {
-            // Every name failed (a DNS outage): keep serving the replicas known.
-            log::warn!("no replica address resolves: the current replicas stay in force");
+            // Every name failed (a DNS outage; the resolver logged each name
+            // once): keep serving the replicas known.
+            log::debug!("no replica address resolves: the current replicas stay in force");
             return Change::default();
         }
         let change = live.replicas.apply(&list);
