@@ -96,7 +96,11 @@ fn decision_path(c: &mut Criterion) {
         b.iter(|| serde_json::from_slice::<serde::de::IgnoredAny>(black_box(&body)).unwrap())
     });
     g.bench_function("hash_blocks", |b| {
-        b.iter(|| black_box(prompt.clone()).into_request(BLOCK, None))
+        b.iter_batched(
+            || prompt.clone(),
+            |prompt| prompt.into_request(BLOCK, None),
+            criterion::BatchSize::LargeInput,
+        )
     });
     let req = prompt.clone().into_request(BLOCK, None);
     g.bench_function("lookup_and_record", |b| {

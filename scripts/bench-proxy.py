@@ -45,14 +45,19 @@ ARM_NAMES = {"direct": "direct (no proxy)", "nginx": "nginx", "haproxy": "HAProx
              "pingora": "plain Pingora", "smg": "SMG cache_aware", "router": "prefix-router shape"}
 # name: (method, path, body bytes, streaming, marker the answer must contain)
 CASES = {
-    "get": ("GET", "/v1/models", 0, False, '"bench"'),
+    # An engine's own GET (vLLM's `/version`): forwarded, where `/v1/models`
+    # is answered by the router and SMG themselves.
+    "get": ("GET", "/version", 0, False, '"bench"'),
     "4k": ("POST", "/v1/chat/completions", 4096, False, '"chat.completion"'),
     "400k": ("POST", "/v1/chat/completions", 409600, False, '"chat.completion"'),
     "4k-sse": ("POST", "/v1/chat/completions", 4096, True, "data: [DONE]"),
     "400k-sse": ("POST", "/v1/chat/completions", 409600, True, "data: [DONE]"),
 }
 DEFAULT_CASES = ["get", "4k", "400k", "4k-sse"]
-CASE_TITLES = {"get": "GET /v1/models (no body)", "4k": "POST 4 KiB chat body",
+# Cases an arm cannot serve: SMG routes only its own API paths (404 for
+# `/version`) and answers `/v1/models` from its registry.
+NOT_SERVED = {("smg", "get"): "SMG forwards no GET outside its own API"}
+CASE_TITLES = {"get": "GET /version (no body)", "4k": "POST 4 KiB chat body",
                "400k": "POST 400 KiB chat body", "4k-sse": "POST 4 KiB chat body, SSE answer",
                "400k-sse": "POST 400 KiB chat body, SSE answer"}
 # The upstreams answer SSE to requests carrying this API key.
@@ -286,6 +291,10 @@ def upstream_conf(work, ports):
     listen 127.0.0.1:{port} backlog=4096;
     add_header x-bench-upstream {name} always;
     location = /health {{ return 200 "ok\\n"; }}
+    location = /version {{
+      default_type application/json;
+      return 200 '{{"version":"bench"}}';
+    }}
     location = /v1/models {{
       default_type application/json;
       return 200 '{{"object":"list","data":[{{"id":"bench","object":"model"}}]}}';
@@ -430,13 +439,13 @@ def answers(port, bodies, cases):
     return wrong
 
 
-def wait_ready(port, proc, bodies, timeout):
+def wait_ready(arm, port, proc, bodies, timeout):
     """Polls until the arm answers a GET and a chat body; returns None or why not."""
     deadline, wrong = time.time() + timeout, {}
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
             return f"exited with {proc.returncode}"
-        wrong = answers(port, bodies, ["get", "4k"])
+        wrong = answers(port, bodies, [c for c in ("get", "4k") if (arm, c) not in NOT_SERVED])
         if not wrong:
             return None
         time.sleep(0.2)
@@ -495,7 +504,7 @@ def start_arms(a, procs, work, ups, bodies, missing):
                 cfg = write(os.path.join(work, "router.yaml"), router_conf(port, free_port(), ups, a.threads))
                 proc = procs.start("router", [binary, "--config", cfg], cpu, {"RUST_LOG": "warn"})
         if not why:
-            why = wait_ready(port, proc, bodies, 60)
+            why = wait_ready(arm, port, proc, bodies, 60)
         if why:
             skipped[arm] = why
             if proc is not None and proc.poll() is None:
@@ -698,7 +707,10 @@ def section(meta, rows, skipped, runs):
     arms = [x for x in a["arms"] if x not in skipped]
     foreign = foreign_share(runs, a["proxy_cpu"], a["load_cpus"])
     tables = "\n\n".join(f"### {CASE_TITLES[c]}\n\n{case_table(rows, c, a['concs'], arms)}" for c in a["cases"])
-    not_run = "".join(f"- {ARM_NAMES[k]}: not run: {v}\n" for k, v in skipped.items()) + "\n" * bool(skipped)
+    not_run = [f"- {ARM_NAMES[k]}: not run: {v}" for k, v in skipped.items()]
+    not_run += [f"- {ARM_NAMES[arm]}, {CASE_TITLES[case]}: not run: {why}"
+                for (arm, case), why in NOT_SERVED.items() if arm in arms and case in a["cases"]]
+    not_run = "".join(f"{line}\n" for line in not_run) + "\n" * bool(not_run)
     rss_when = "reset before each run" if all(r["rss_peak_is_per_run"] for r in runs) else \
         "over the whole benchmark (could not be reset)"
     versions = "; ".join(f"{k} {v}" for k, v in a["versions"].items())
@@ -720,7 +732,9 @@ Versions: {versions}.
 Setup: two static upstreams on 127.0.0.1 (one nginx worker serving two ports;
 a 253-byte chat completion, or for requests whose API key is `{STREAM_KEY}`
 a chunked `text/event-stream` of four `data:` events ending `data: [DONE]`, one
-write each; `/v1/models` lists model `bench`). The API key, not a header of its
+write each; `/v1/models` lists model `bench`, which SMG needs; `GET /version`
+answers `{{"version":"bench"}}`, a GET every proxy but SMG forwards, where the
+router and SMG answer `/v1/models` themselves). The API key, not a header of its
 own, asks for the stream because SMG forwards only a few headers. Every proxy
 runs {workers} pinned to CPU {a['proxy_cpu']}; wrk (one thread) and
 the upstreams are pinned to CPU {a['load_cpus']}. nginx: `keepalive` to the upstreams,
@@ -730,7 +744,8 @@ HAProxy: `nbthread 1`, `http-reuse always`, `option http-buffer-request` with
 minimal `ProxyHttp` over Pingora's `LoadBalancer<RoundRobin>` that streams the
 body through unread, built from this repository (`examples/plain-pingora.rs`);
 SMG: `smg launch --policy cache_aware`; prefix-router: `policy: shape`,
-`threads: {a['threads_option']}`. Bodies are agent conversations of exactly 4 KiB / 400 KiB, model
+`threads: {a['threads_option']}` (its global allocator is mimalloc; plain Pingora keeps the
+system's). Bodies are agent conversations of exactly 4 KiB / 400 KiB, model
 `bench`.
 
 Columns: req/s counts good answers only (200 with the expected body); p50/p99
@@ -830,7 +845,7 @@ def bench(a, procs, work):
     cfg = write(os.path.join(work, "upstream.conf"), upstream_conf(work, dict(zip("ab", ups))))
     upstream = procs.start("upstream", ["nginx", "-e", os.path.join(work, "upstream.err"), "-p", work, "-c", cfg],
                            a.load_cpus)
-    if wait_ready(ups[0], upstream, bodies, 10) or wait_ready(ups[1], upstream, bodies, 10):
+    if wait_ready("direct", ups[0], upstream, bodies, 10) or wait_ready("direct", ups[1], upstream, bodies, 10):
         sys.exit(f"upstreams did not come up; see {work}/upstream.log and upstream.err")
     up_pids = tree(upstream.pid)
     print(f"upstreams on 127.0.0.1:{ups[0]} and :{ups[1]}; starting arms", file=sys.stderr)
@@ -841,13 +856,18 @@ def bench(a, procs, work):
     if a.warmup:
         for arm in order:
             for case in a.cases:
+                if (arm, case) in NOT_SERVED:
+                    continue
                 run_one(a, arm, arms[arm], case, max(a.concs), a.warmup, luas[case], up_pids)
-    runs, total = [], a.rounds * len(a.cases) * len(a.concs) * len(order)
+    served = sum((arm, case) not in NOT_SERVED for arm in order for case in a.cases)
+    runs, total = [], a.rounds * len(a.concs) * served
     for rnd in range(a.rounds):
         rot = order[rnd % len(order):] + order[:rnd % len(order)] if order else []
         for case in a.cases:
             for conc in a.concs:
                 for arm in rot:
+                    if (arm, case) in NOT_SERVED:
+                        continue
                     r = run_one(a, arm, arms[arm], case, conc, a.duration, luas[case], up_pids)
                     r["round"] = rnd
                     runs.append(r)

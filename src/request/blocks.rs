@@ -87,6 +87,37 @@ pub(super) fn block<R>(bytes: &[u8], at: usize, f: impl Fn(&[u8; 64]) -> R) -> R
     }
 }
 
+/// Bit `i` set where byte `i` is `n`: with the quotes and backslashes
+/// [`classify`] finds, the letters of the escapes most text has (`\n`, `\"`,
+/// `\\`), one compare, so a block needs [`letters`] only for any other.
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+#[inline(always)]
+pub(super) fn letter_n(block: &[u8; 64]) -> u64 {
+    use safe_arch::{
+        cmp_eq_mask_i8_m128i as eq, load_unaligned_m128i, move_mask_i8_m128i as bits,
+        set_splat_i8_m128i as splat,
+    };
+    let n = splat(b'n' as i8);
+    let (chunks, _) = block.as_chunks::<16>();
+    chunks.iter().enumerate().fold(0, |mask, (i, chunk)| {
+        mask | u64::from(bits(eq(load_unaligned_m128i(chunk), n)) as u16) << (16 * i)
+    })
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
+pub(super) fn letter_n(block: &[u8; 64]) -> u64 {
+    letter_n_bytes(block)
+}
+
+#[cfg_attr(
+    all(target_arch = "x86_64", target_feature = "sse2", not(test)),
+    allow(dead_code)
+)]
+fn letter_n_bytes(block: &[u8; 64]) -> u64 {
+    let hits = block.iter().enumerate();
+    hits.fold(0, |m, (i, &b)| m | u64::from(b == b'n') << i)
+}
+
 /// Bit `i` set where byte `i` is the letter of a canonical escape.
 #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
 #[inline(always)]
@@ -250,6 +281,7 @@ mod tests {
             all[50] = b'}';
             prop_assert_eq!(classify(&all), classify_bytes(&all));
             prop_assert_eq!(letters(&all), letters_bytes(&all));
+            prop_assert_eq!(letter_n(&all), letter_n_bytes(&all));
             prop_assert_eq!(brackets(&all), brackets_bytes(&all));
         }
 

@@ -15,7 +15,9 @@
 
 use std::fmt;
 
-use super::blocks::{block, brackets, classify, escaped, letters, prefix_xor, short_plain};
+use super::blocks::{
+    block, brackets, classify, escaped, letter_n, letters, prefix_xor, short_plain,
+};
 
 /// Why a body is not JSON (or not the JSON the parser expects), and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -348,7 +350,9 @@ impl<'b> Scanner<'b> {
             if m.control & inside != 0 {
                 return None;
             }
-            if escaped & inside & !block(bytes, at, letters) != 0 {
+            // Escapes other than `\n`, `\"` and `\\` are checked letter by letter.
+            let other = escaped & inside & !(m.quote | m.backslash | block(bytes, at, letter_n));
+            if other != 0 && other & !block(bytes, at, letters) != 0 {
                 return None;
             }
             high |= m.high & inside;
