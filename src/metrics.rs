@@ -2,6 +2,7 @@
 //! registry that `probes` serves on `metrics_listen`.
 //! Label values come from config (replica names) or enums, never from requests.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use once_cell::sync::Lazy;
@@ -418,7 +419,7 @@ pub static METRICS: Lazy<Metrics> = Lazy::new(|| {
     .expect("register"),
     shared_pins: register_int_counter_vec!(
         "prefix_router_shared_pins_total",
-        "Shared pins in Redis (fleet: redis): lookups on a local miss (hit, miss, timeout: over redis_budget_ms, unavailable: Redis down) and placements written (ok, dropped: queue full, unavailable)",
+        "Shared pins in Redis (fleet: redis): lookups on a local miss (hit, miss, timeout: over redis_budget_ms, unavailable: Redis down or too many waiting) and placements written (ok, dropped: queue full, unavailable); response_lookup and response_write: the same for Responses API ids",
         &["op", "result"]
     )
     .expect("register"),
@@ -436,11 +437,15 @@ impl Metrics {
             self.reloads.with_label_values(&[result]);
             self.key_reloads.with_label_values(&[result]);
         }
-        for result in ["hit", "miss", "timeout", "unavailable"] {
-            self.shared_pins.with_label_values(&["lookup", result]);
+        for op in ["lookup", "response_lookup"] {
+            for result in ["hit", "miss", "timeout", "unavailable"] {
+                self.shared_pins.with_label_values(&[op, result]);
+            }
         }
-        for result in ["ok", "dropped", "unavailable"] {
-            self.shared_pins.with_label_values(&["write", result]);
+        for op in ["write", "response_write"] {
+            for result in ["ok", "dropped", "unavailable"] {
+                self.shared_pins.with_label_values(&[op, result]);
+            }
         }
     }
 
@@ -557,5 +562,69 @@ impl Metrics {
             let _ = g.remove_label_values(&[replica]);
         }
         self.engine_load(replica, None);
+    }
+
+    /// Drops every series, counters too, of each replica name not in
+    /// `set`: with `replicas_dns` each pod is a name of its own, and series
+    /// kept for every pod that ever ran would grow without bound. A name
+    /// that comes back starts its counters at 0 (`rate()` reads a reset). A
+    /// name still in the set (an address change) keeps its series: its new
+    /// handles count in them. Run after a removal and on a timer, since a
+    /// health check in flight at the removal may set a gauge again.
+    pub fn sweep_replicas(&self, set: &[Arc<crate::replicas::Replica>]) {
+        let mut gone: Vec<String> = Vec::new();
+        for family in prometheus::gather() {
+            for m in family.get_metric() {
+                for l in m.get_label() {
+                    let name = l.value();
+                    if l.name() == "replica"
+                        && !set.iter().any(|r| r.name == name)
+                        && !gone.iter().any(|g| g == name)
+                    {
+                        gone.push(name.to_owned());
+                    }
+                }
+            }
+        }
+        for name in gone {
+            self.forget_replica_series(&name);
+        }
+    }
+
+    fn forget_replica_series(&self, replica: &str) {
+        self.forget_replica(replica);
+        let reasons = Reason::ALL.iter().filter(|&&r| r != Reason::NoReplica);
+        for reason in reasons.map(|r| r.as_str()) {
+            for shape in [Shape::Continuation, Shape::Single] {
+                let _ = self
+                    .requests
+                    .remove_label_values(&[replica, reason, shape.as_str()]);
+            }
+            for h in [&self.first_byte_seconds, &self.duration_seconds] {
+                let _ = h.remove_label_values(&[replica, reason]);
+            }
+            for c in [
+                &self.predicted_cached,
+                &self.delivered_cached,
+                &self.reported_prompt,
+            ] {
+                let _ = c.remove_label_values(&[replica, reason]);
+            }
+        }
+        let _ = self.failovers.remove_label_values(&[replica]);
+        let by_kind = [
+            (&self.pin_outcomes, &["hit", "miss"][..]),
+            (
+                &self.ejections,
+                &crate::replicas::Ejection::ALL.map(|e| e.as_str())[..],
+            ),
+            (&self.index_repairs, &Repair::ALL.map(Repair::as_str)[..]),
+            (&self.engine_reads, &ENGINE_READ_RESULTS[..]),
+        ];
+        for (counter, kinds) in by_kind {
+            for kind in kinds {
+                let _ = counter.remove_label_values(&[replica, kind]);
+            }
+        }
     }
 }

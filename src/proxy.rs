@@ -196,16 +196,41 @@ impl Router {
         }
         if let Some(r) = &request {
             ctx.model.clone_from(&r.model);
-            if let Some(id) = &r.previous_response_id {
-                ctx.response = Some((id.clone(), self.responses.get(id)));
+            // Looked up once per request, not again on a retry's re-read.
+            if let (Some(id), None) = (&r.previous_response_id, &ctx.response) {
+                ctx.response = Some((id.clone(), self.response_holder(id).await));
             }
             if path == RESPONSES_PATH && r.store {
                 ctx.learn_id = Some(IdScan::default());
             }
         }
         ctx.request = request;
-        self.ask_shared(ctx).await;
+        // A response's holder places the request alone: no pins to look up
+        // (and no second wait on Redis).
+        if ctx.response.is_none() {
+            self.ask_shared(ctx).await;
+        }
         true
+    }
+
+    /// The replica holding response `id`. With shared pins, as Redis names
+    /// it (the first instance to record an id names its holder for the
+    /// fleet), kept here too; this instance's own record when Redis does not
+    /// answer or names no replica of this set.
+    async fn response_holder(&self, id: &str) -> Option<ReplicaId> {
+        let shared = match &self.shared {
+            Some(shared) => shared.response_holder(id).await,
+            None => None,
+        };
+        let list = self.replicas.snapshot();
+        match shared.and_then(|name| list.iter().find(|x| x.name == name)) {
+            Some(r) => {
+                self.responses.insert(id, r.id);
+                METRICS.response_ids.set(self.responses.len() as i64);
+                Some(r.id)
+            }
+            None => self.responses.get(id),
+        }
     }
 
     /// With shared pins, a prompt this instance knows nothing of is looked
@@ -462,10 +487,11 @@ impl ProxyHttp for Router {
                 .refuse(session, ctx, &RouterError::Unauthorized, true)
                 .await;
         }
-        let req = session.req_header();
-        if let Some(id) = response_id(req.uri.path()) {
-            ctx.response = Some((id.to_owned(), self.responses.get(id)));
+        if let Some(id) = response_id(session.req_header().uri.path()).map(str::to_owned) {
+            let holder = self.response_holder(&id).await;
+            ctx.response = Some((id, holder));
         }
+        let req = session.req_header();
         if req.method == http::Method::GET {
             if let Some(answer) = self.models_answer(req.uri.path()) {
                 return match answer {
@@ -808,6 +834,9 @@ impl ProxyHttp for Router {
                 if let Some((id, _)) = &ctx.response {
                     self.responses.remove(id);
                     METRICS.response_ids.set(self.responses.len() as i64);
+                    if let Some(shared) = &self.shared {
+                        shared.forget_response(id);
+                    }
                 }
             }
         }
@@ -835,6 +864,9 @@ impl ProxyHttp for Router {
             if let Some(id) = scan.feed(b) {
                 self.responses.insert(&id, a.replica().id);
                 METRICS.response_ids.set(self.responses.len() as i64);
+                if let Some(shared) = &self.shared {
+                    shared.record_response(&id, &a.replica().name);
+                }
             }
         }
         if let Some(u) = ctx.usage.as_mut() {

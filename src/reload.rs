@@ -32,6 +32,10 @@ use crate::proxy::Settings;
 use crate::replicas::{Change, Replicas};
 use crate::resolve::Resolver;
 
+/// How often the series of replica names that left the set are looked for
+/// (a health check in flight at a removal may set a gauge of one again).
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
 /// What a reload changes in the running router.
 pub struct Live {
     pub replicas: Arc<Replicas>,
@@ -190,11 +194,15 @@ impl Reloader {
             return Change::default();
         }
         let change = live.replicas.apply(&list);
+        let now = live.replicas.snapshot();
         for r in &change.removed {
             live.policy.forget_replica(r.id);
             METRICS.forget_replica(&r.name);
         }
-        for r in live.replicas.snapshot().iter() {
+        if !change.removed.is_empty() {
+            METRICS.sweep_replicas(&now);
+        }
+        for r in now.iter() {
             METRICS.add_replica(r);
         }
         change
@@ -288,6 +296,7 @@ fn names(v: &[Arc<crate::replicas::Replica>]) -> String {
 impl BackgroundService for Reloader {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut tick = tokio::time::interval(self.interval);
+        let mut swept = Instant::now();
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
@@ -300,6 +309,12 @@ impl BackgroundService for Reloader {
                             names(&change.added),
                             names(&change.removed)
                         );
+                    }
+                    // Here, where replicas are applied, so a sweep never
+                    // meets a replica half added.
+                    if swept.elapsed() >= SWEEP_EVERY {
+                        swept = Instant::now();
+                        METRICS.sweep_replicas(&self.live.replicas.snapshot());
                     }
                 }
             }

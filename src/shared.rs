@@ -8,11 +8,20 @@
 //! Redis down, slow or refusing: the request is placed on the local index
 //! alone, counted, and the outage logged once (and its end once).
 //!
+//! Responses API ids are shared the same way: the instance a response passes
+//! through writes its id with the replica's name (`SET NX`: the first
+//! instance to record an id names its holder for the fleet) and deletes it on
+//! a successful `DELETE`; a request naming an id reads it (`GETEX`, which
+//! renews its TTL: Redis 6.2 or later) within the budget, and Redis's answer
+//! goes before the instance's own record. Response-id lookups hold at most
+//! [`RESPONSE_LOOKUPS`] of the lookup queue, so made-up ids cannot crowd out
+//! pin lookups.
+//!
 //! The connection belongs to the background task's own runtime; requests
 //! reach it by channels, so no proxy worker ever waits on Redis's socket
 //! beyond its budget.
 
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -34,6 +43,8 @@ const WRITE_QUEUE: usize = 4096;
 const WRITE_BATCH: usize = 256;
 /// Lookups waiting for the connection; more are answered "unavailable".
 const LOOKUP_QUEUE: usize = 1024;
+/// Response-id lookups waiting at once; more are answered "unavailable".
+pub const RESPONSE_LOOKUPS: usize = 128;
 const KEY_PREFIX: &str = "prefix-router:";
 
 /// Where Redis is and how it is used.
@@ -79,14 +90,24 @@ pub fn parse_url(url: &str) -> Result<RedisTarget, String> {
     })
 }
 
-/// A placement to write: a prompt key and its replica's name.
-type Write = (u64, String);
+/// A write: a key and its replica's name (`keep` an existing value: a
+/// response id's holder never changes), or a key to delete.
+enum Write {
+    Set {
+        key: String,
+        name: String,
+        keep: bool,
+    },
+    Delete(String),
+}
 /// The receiving ends of the lookup and write queues.
 type Queues = (mpsc::Receiver<Lookup>, mpsc::Receiver<Write>);
 
-/// One lookup: the keys, longest prefix first, and where to answer.
+/// One lookup: the keys, longest prefix first (or one key whose TTL a
+/// hit renews), and where to answer.
 struct Lookup {
-    keys: Vec<u64>,
+    keys: Vec<String>,
+    renew: bool,
     answer: oneshot::Sender<Option<(usize, String)>>,
 }
 
@@ -97,6 +118,8 @@ pub struct SharedPins {
     ttl_s: u64,
     lookups: mpsc::Sender<Lookup>,
     writes: mpsc::Sender<Write>,
+    /// Response-id lookups in flight.
+    response_lookups: AtomicUsize,
     /// The receiving ends, taken by the background task when it starts.
     queues: Mutex<Option<Queues>>,
 }
@@ -111,6 +134,7 @@ impl SharedPins {
             ttl_s,
             lookups,
             writes,
+            response_lookups: AtomicUsize::new(0),
             queues: Mutex::new(Some((lookups_rx, writes_rx))),
         }
     }
@@ -122,43 +146,120 @@ impl SharedPins {
         if keys.is_empty() {
             return None;
         }
-        let (tx, rx) = oneshot::channel();
         let ends: Vec<usize> = keys.iter().map(|(pos, _)| *pos).collect();
+        let keys = keys.into_iter().map(|(_, k)| redis_key(k)).collect();
+        let (i, name) = self.ask("lookup", keys, false).await?;
+        ends.get(i).map(|pos| (*pos, name))
+    }
+
+    /// The first of `keys` that holds a name, and which it is, asked of the
+    /// background task and awaited within the budget; the outcome counted
+    /// under `op`.
+    async fn ask(&self, op: &str, keys: Vec<String>, renew: bool) -> Option<(usize, String)> {
+        let (answer, rx) = oneshot::channel();
         let lookup = Lookup {
-            keys: keys.into_iter().map(|(_, k)| k).collect(),
-            answer: tx,
+            keys,
+            renew,
+            answer,
         };
         if self.lookups.try_send(lookup).is_err() {
-            count("lookup", "unavailable");
+            count(op, "unavailable");
             return None;
         }
-        match tokio::time::timeout(self.budget, rx).await {
-            Ok(Ok(Some((i, name)))) => {
-                count("lookup", "hit");
-                ends.get(i).map(|pos| (*pos, name))
-            }
-            Ok(Ok(None)) => {
-                count("lookup", "miss");
-                None
-            }
+        let (found, result) = match tokio::time::timeout(self.budget, rx).await {
+            Ok(Ok(Some(found))) => (Some(found), "hit"),
+            Ok(Ok(None)) => (None, "miss"),
             // The task answered nothing: Redis is down.
-            Ok(Err(_)) => {
-                count("lookup", "unavailable");
-                None
-            }
-            Err(_) => {
-                count("lookup", "timeout");
-                None
-            }
-        }
+            Ok(Err(_)) => (None, "unavailable"),
+            Err(_) => (None, "timeout"),
+        };
+        count(op, result);
+        found
     }
 
     /// Queues `keys` as held by `replica` (written in the background).
     pub fn record(&self, keys: &[u64], replica: &str) {
         for k in keys {
-            if self.writes.try_send((*k, replica.to_owned())).is_err() {
-                count("write", "dropped");
-            }
+            self.write(Write::Set {
+                key: redis_key(*k),
+                name: replica.to_owned(),
+                keep: false,
+            });
+        }
+    }
+
+    /// The replica another instance recorded for response `id`, within the
+    /// budget.
+    pub async fn response_holder(&self, id: &str) -> Option<String> {
+        let key = response_key(id)?;
+        let _slot = Slot::take(&self.response_lookups, RESPONSE_LOOKUPS).or_else(|| {
+            count("response_lookup", "unavailable");
+            None
+        })?;
+        let found = self.ask("response_lookup", vec![key], true).await;
+        found.map(|(_, name)| name)
+    }
+
+    /// Queues response `id` as held by `replica`, unless an instance
+    /// recorded it first.
+    pub fn record_response(&self, id: &str, replica: &str) {
+        if let Some(key) = response_key(id) {
+            self.write(Write::Set {
+                key,
+                name: replica.to_owned(),
+                keep: true,
+            });
+        }
+    }
+
+    /// Queues the deletion of response `id` (deleted on its replica).
+    pub fn forget_response(&self, id: &str) {
+        if let Some(key) = response_key(id) {
+            self.write(Write::Delete(key));
+        }
+    }
+
+    fn write(&self, w: Write) {
+        let op = w.op();
+        if self.writes.try_send(w).is_err() {
+            count(op, "dropped");
+        }
+    }
+}
+
+/// One of at most `max` places, held until dropped (a request that goes
+/// away mid-lookup gives its place back).
+struct Slot<'a>(&'a AtomicUsize);
+
+impl<'a> Slot<'a> {
+    fn take(taken: &'a AtomicUsize, max: usize) -> Option<Self> {
+        let slot = Slot(taken);
+        (taken.fetch_add(1, Relaxed) < max).then_some(slot)
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+impl Write {
+    /// The `op` it is counted under.
+    fn op(&self) -> &'static str {
+        match self {
+            Write::Set { keep: false, .. } => "write",
+            _ => "response_write",
+        }
+    }
+
+    /// Whether `reply` is what it should get: `OK`; nil from a `SET NX` of
+    /// an id another instance recorded first; a count from `DEL`.
+    fn accepts(&self, reply: &Reply) -> bool {
+        match (self, reply) {
+            (Write::Set { .. }, Reply::Ok) | (Write::Delete(_), Reply::Other) => true,
+            (Write::Set { keep, .. }, Reply::Bulk(None)) => *keep,
+            _ => false,
         }
     }
 }
@@ -169,6 +270,13 @@ fn count(op: &str, result: &str) {
 
 fn redis_key(k: u64) -> String {
     format!("{KEY_PREFIX}{k:016x}")
+}
+
+/// A response id's key: the id itself (a hash could be made to collide);
+/// none for an id no instance keeps (empty or longer than `MAX_ID`).
+fn response_key(id: &str) -> Option<String> {
+    let kept = !id.is_empty() && id.len() <= crate::responses::MAX_ID;
+    kept.then(|| format!("{KEY_PREFIX}response:{id}"))
 }
 
 /// A RESP command.
@@ -288,18 +396,25 @@ impl SharedPinsTask {
             tokio::select! {
                 l = lookups.recv() => {
                     let Some(l) = l else { return Ok(()) };
-                    let keys: Vec<String> = l.keys.iter().map(|k| redis_key(*k)).collect();
-                    let mut args: Vec<&[u8]> = vec![b"MGET"];
-                    args.extend(keys.iter().map(|k| k.as_bytes()));
+                    let keys = l.keys.iter().map(|k| k.as_bytes());
+                    let args: Vec<&[u8]> = if l.renew {
+                        [&b"GETEX"[..]].into_iter().chain(keys.take(1)).chain([&b"EX"[..], ttl.as_bytes()]).collect()
+                    } else {
+                        [&b"MGET"[..]].into_iter().chain(keys).collect()
+                    };
                     let mut out = Vec::new();
                     command(&mut out, &args);
                     io.get_mut().write_all(&out).await?;
+                    let name = |r: Reply| match r {
+                        Reply::Bulk(Some(name)) => String::from_utf8(name).ok(),
+                        _ => None,
+                    };
                     let found = match reply(io).await? {
-                        Reply::Array(items) => items.into_iter().enumerate().find_map(|(i, r)| match r {
-                            Reply::Bulk(Some(name)) => String::from_utf8(name).ok().map(|n| (i, n)),
-                            _ => None,
-                        }),
-                        _ => return Err(std::io::Error::other("MGET: not an array")),
+                        Reply::Array(items) if !l.renew => {
+                            items.into_iter().enumerate().find_map(|(i, r)| Some((i, name(r)?)))
+                        }
+                        r @ Reply::Bulk(_) if l.renew => name(r).map(|n| (0, n)),
+                        _ => return Err(std::io::Error::other("lookup: unexpected reply")),
                     };
                     let _ = l.answer.send(found);
                 }
@@ -313,17 +428,25 @@ impl SharedPinsTask {
                         }
                     }
                     let mut out = Vec::new();
-                    for (k, name) in &batch {
-                        let key = redis_key(*k);
-                        command(&mut out, &[b"SET", key.as_bytes(), name.as_bytes(), b"EX", ttl.as_bytes()]);
-                    }
-                    io.get_mut().write_all(&out).await?;
-                    for _ in &batch {
-                        if reply(io).await? != Reply::Ok {
-                            return Err(std::io::Error::other("SET: unexpected reply"));
+                    for w in &batch {
+                        match w {
+                            Write::Set { key, name, keep } => {
+                                let mut args: Vec<&[u8]> = vec![b"SET", key.as_bytes(), name.as_bytes(), b"EX", ttl.as_bytes()];
+                                if *keep {
+                                    args.push(b"NX");
+                                }
+                                command(&mut out, &args);
+                            }
+                            Write::Delete(key) => command(&mut out, &[b"DEL", key.as_bytes()]),
                         }
                     }
-                    METRICS.shared_pins.with_label_values(&["write", "ok"]).inc_by(batch.len() as u64);
+                    io.get_mut().write_all(&out).await?;
+                    for w in &batch {
+                        if !w.accepts(&reply(io).await?) {
+                            return Err(std::io::Error::other("write: unexpected reply"));
+                        }
+                        count(w.op(), "ok");
+                    }
                 }
             }
         }
@@ -379,7 +502,7 @@ impl BackgroundService for SharedPinsTask {
                         None => return,
                     },
                     w = writes.recv() => match w {
-                        Some(_) => count("write", "unavailable"),
+                        Some(w) => count(w.op(), "unavailable"),
                         None => return,
                     },
                 }
@@ -416,6 +539,38 @@ mod tests {
         ] {
             assert!(parse_url(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_write_accepts_only_its_own_reply() {
+        let set = |keep| Write::Set {
+            key: "k".into(),
+            name: "a".into(),
+            keep,
+        };
+        let delete = Write::Delete("k".into());
+        // An id another instance recorded first answers nil to `SET NX`.
+        assert!(set(true).accepts(&Reply::Bulk(None)));
+        assert!(!set(false).accepts(&Reply::Bulk(None)));
+        assert!(set(false).accepts(&Reply::Ok) && set(true).accepts(&Reply::Ok));
+        assert!(delete.accepts(&Reply::Other) && !delete.accepts(&Reply::Ok));
+        assert!(!set(true).accepts(&Reply::Other));
+        assert_eq!(
+            (set(false).op(), set(true).op()),
+            ("write", "response_write")
+        );
+        assert_eq!(delete.op(), "response_write");
+    }
+
+    #[test]
+    fn response_lookups_hold_at_most_their_slots() {
+        let taken = AtomicUsize::new(0);
+        let held: Vec<_> = (0..3).map_while(|_| Slot::take(&taken, 3)).collect();
+        assert_eq!(held.len(), 3);
+        assert!(Slot::take(&taken, 3).is_none());
+        drop(held);
+        assert_eq!(taken.load(Relaxed), 0);
+        assert!(Slot::take(&taken, 3).is_some());
     }
 
     #[test]

@@ -6,7 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{conversation, wait_for, Router, Sim};
+use common::http::request;
+use common::{conversation, get, wait_for, Router, Sim};
+use serde_json::json;
 
 #[test]
 fn instances_in_rendezvous_mode_send_every_turn_of_a_conversation_to_one_replica_across_restarts() {
@@ -177,6 +179,79 @@ fn instances_sharing_pins_through_redis_keep_conversations_across_instances_rest
     }
     let again = conversations(&routers, "after");
     assert_eq!(again.len(), 6);
+}
+
+#[test]
+fn instances_sharing_redis_send_a_responses_turn_to_the_replica_holding_its_previous_response() {
+    let sims: Vec<Sim> = ["a", "b"].iter().map(|n| Sim::start(n, &[])).collect();
+    let sims: Vec<&Sim> = sims.iter().collect();
+    let reversed: Vec<&Sim> = sims.iter().rev().copied().collect();
+    let port = common::free_addr().port();
+    let redis = common::RedisServer::start(port);
+    let fleet = format!(
+        "fleet: {{mode: redis, redis_url: \"redis://127.0.0.1:{port}/4\", redis_budget_ms: 200}}\n"
+    );
+    let routers = [
+        Router::start(&sims, &fleet),
+        Router::start(&reversed, &fleet),
+    ];
+    let turn = |router: &Router, input: &str, previous: Option<&str>| {
+        let mut body = json!({"model": "sim", "input": input, "max_output_tokens": 2});
+        if let Some(id) = previous {
+            body["previous_response_id"] = json!(id);
+        }
+        let r = router.post("/v1/responses", &body);
+        // The simulator, like an engine, answers 404 for a response it does not hold.
+        assert_eq!(r.status, 200, "{input}: {}", r.text());
+        let id = r.json()["id"].as_str().expect("id").to_owned();
+        (id, r.replica().to_owned(), r.decision().to_owned())
+    };
+    let key = |id: &str| format!("prefix-router:response:{id}");
+    let written = |id: &str| {
+        wait_for("the response id in redis", Duration::from_secs(5), || {
+            redis.exists(4, &key(id)).then_some(())
+        })
+    };
+    // Four conversations started on one instance (spread over both
+    // replicas), each later turn sent through the other instance than the
+    // turn before: only the shared id tells it where the response is.
+    let mut last: Vec<(String, String)> = (0..4)
+        .map(|c| {
+            let (id, home, _) = turn(&routers[0], &format!("conversation {c}"), None);
+            (id, home)
+        })
+        .collect();
+    assert!(last.iter().any(|(_, h)| h == "a") && last.iter().any(|(_, h)| h == "b"));
+    for step in 1..4 {
+        for (c, (id, home)) in last.iter_mut().enumerate() {
+            written(id);
+            let router = &routers[step % 2];
+            let (next, replica, decision) = turn(router, &format!("c{c} step {step}"), Some(id));
+            assert_eq!(
+                (replica.as_str(), decision.as_str()),
+                (home.as_str(), "key"),
+                "conversation {c}, step {step}"
+            );
+            *id = next;
+        }
+    }
+    // GET and DELETE through the instance that did not see the response
+    // (step 3 went through the second).
+    let (id, _) = &last[0];
+    written(id);
+    let other = &routers[0];
+    assert_eq!(get(other.addr, &format!("/v1/responses/{id}")).status, 200);
+    let deleted = request(
+        other.addr,
+        "DELETE",
+        &format!("/v1/responses/{id}"),
+        &[],
+        b"",
+    );
+    assert_eq!(deleted.status, 200, "{}", deleted.text());
+    wait_for("the id deleted from redis", Duration::from_secs(5), || {
+        (!redis.exists(4, &key(id))).then_some(())
+    });
 }
 
 #[test]

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::http::EventStream;
-use common::{conversation, wait_for, Router, Sim};
+use common::{conversation, get, wait_for, Router, Sim};
 use serde_json::json;
 
 const FAST_HEALTH: &str = "health_check: {interval_ms: 200}\n";
@@ -74,6 +74,40 @@ fn a_removed_replica_drains_and_its_pins_move() {
     assert_eq!(moved.replica(), "a");
     let again = router.post("/v1/chat/completions", &conversation(&topic, 3));
     assert_eq!((again.replica(), again.decision()), ("a", "pin"));
+}
+
+#[test]
+fn a_replica_that_leaves_takes_its_series_along_and_one_that_moves_keeps_them() {
+    let (a, b, c) = (
+        Sim::start("a", &[]),
+        Sim::start("b", &[]),
+        Sim::start("c", &[]),
+    );
+    let router = Router::start(&[&a, &b], FAST_HEALTH);
+    router.singles(4, "before");
+    let spread = |name: &str| {
+        router.metric(&format!(
+            "prefix_router_requests_total{{decision=\"spread\",replica=\"{name}\",shape=\"single\"}}"
+        ))
+    };
+    assert_eq!((spread("a"), spread("b")), (2.0, 2.0));
+    // b leaves for good (a pod gone from the DNS name); the name `a` now
+    // stands for another address (a pod's name kept across a move).
+    router.rewrite(&format!(
+        "{FAST_HEALTH}replicas:\n  - {{name: a, addr: \"{}\"}}\n",
+        c.addr
+    ));
+    wait_reloads(&router, "ok", 1.0);
+    router.wait_replica_up("a", true);
+    // Gone at once, or (a health check of b in flight at the removal sets
+    // its gauge again) at the next sweep, within seconds.
+    wait_for("b's series gone", Duration::from_secs(15), || {
+        let text = get(router.metrics_addr, "/metrics").text();
+        (!text.contains("replica=\"b\"")).then_some(())
+    });
+    router.singles(2, "after");
+    assert_eq!(spread("a"), 4.0, "a moved replica counts on in its series");
+    assert_eq!(c.received(), 2);
 }
 
 #[test]

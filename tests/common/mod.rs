@@ -508,6 +508,16 @@ impl RedisServer {
         RedisServer { port, child }
     }
 
+    /// Whether `key` exists in database `db`.
+    pub fn exists(&self, db: u32, key: &str) -> bool {
+        use std::io::{BufRead, BufReader, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("redis");
+        write!(s, "SELECT {db}\r\nEXISTS {key}\r\n").expect("redis write");
+        let mut lines = BufReader::new(s).lines();
+        assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("+OK"));
+        lines.next().and_then(Result::ok).as_deref() == Some(":1")
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
