@@ -218,12 +218,12 @@ impl Router {
     /// fleet), kept here too; this instance's own record when Redis does not
     /// answer or names no replica of this set.
     async fn response_holder(&self, id: &str) -> Option<ReplicaId> {
-        let shared = match &self.shared {
-            Some(shared) => shared.response_holder(id).await,
-            None => None,
+        let Some(shared) = &self.shared else {
+            return self.responses.get(id);
         };
+        let name = shared.response_holder(id).await;
         let list = self.replicas.snapshot();
-        match shared.and_then(|name| list.iter().find(|x| x.name == name)) {
+        match name.and_then(|name| list.iter().find(|x| x.name == name)) {
             Some(r) => {
                 self.responses.insert(id, r.id);
                 METRICS.response_ids.set(self.responses.len() as i64);

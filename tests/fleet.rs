@@ -86,6 +86,15 @@ fn replicas_by_host_name_and_by_dns_serve_and_a_name_that_does_not_resolve_is_le
     );
 }
 
+/// A Redis on a free port and the `fleet:` block sharing pins in its database `db`.
+fn redis_fleet(db: u32) -> (common::RedisServer, String) {
+    let port = common::free_addr().port();
+    let fleet = format!(
+        "fleet: {{mode: redis, redis_url: \"redis://127.0.0.1:{port}/{db}\", redis_budget_ms: 200}}\n"
+    );
+    (common::RedisServer::start(port), fleet)
+}
+
 /// `prefix_router_shared_pins_total{op, result}` of a router.
 fn shared(router: &Router, op: &str, result: &str) -> f64 {
     router.metric(&format!(
@@ -98,11 +107,7 @@ fn instances_sharing_pins_through_redis_keep_conversations_across_instances_rest
     let sims: Vec<Sim> = ["a", "b"].iter().map(|n| Sim::start(n, &[])).collect();
     let sims: Vec<&Sim> = sims.iter().collect();
     let reversed: Vec<&Sim> = sims.iter().rev().copied().collect();
-    let port = common::free_addr().port();
-    let mut redis = common::RedisServer::start(port);
-    let fleet = format!(
-        "fleet: {{mode: redis, redis_url: \"redis://127.0.0.1:{port}/3\", redis_budget_ms: 200}}\n"
-    );
+    let (mut redis, fleet) = redis_fleet(3);
     let mut routers = [
         Router::start(&sims, &fleet),
         Router::start(&reversed, &fleet),
@@ -166,7 +171,7 @@ fn instances_sharing_pins_through_redis_keep_conversations_across_instances_rest
         });
     }
     // Back: pins are shared again once the instances reconnect.
-    let _redis = common::RedisServer::start(port);
+    let _redis = common::RedisServer::start(redis.port);
     for r in &routers {
         let written = shared(r, "write", "ok");
         wait_for("writes to redis again", Duration::from_secs(20), || {
@@ -186,11 +191,7 @@ fn instances_sharing_redis_send_a_responses_turn_to_the_replica_holding_its_prev
     let sims: Vec<Sim> = ["a", "b"].iter().map(|n| Sim::start(n, &[])).collect();
     let sims: Vec<&Sim> = sims.iter().collect();
     let reversed: Vec<&Sim> = sims.iter().rev().copied().collect();
-    let port = common::free_addr().port();
-    let redis = common::RedisServer::start(port);
-    let fleet = format!(
-        "fleet: {{mode: redis, redis_url: \"redis://127.0.0.1:{port}/4\", redis_budget_ms: 200}}\n"
-    );
+    let (redis, fleet) = redis_fleet(4);
     let routers = [
         Router::start(&sims, &fleet),
         Router::start(&reversed, &fleet),
