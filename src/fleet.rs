@@ -284,6 +284,11 @@ impl HealthCheck for ReplicaHealth {
                     }
                 }
             }
+            // The set may have changed while the check ran: a replica that
+            // left, or moved, keeps no liveness and may share a name.
+            if !self.replicas.is_current(&r) {
+                return result;
+            }
             if r.on_check(result.is_ok(), std::time::Instant::now()) {
                 log::info!(
                     "replica {} is {} (health check{})",
@@ -296,10 +301,7 @@ impl HealthCheck for ReplicaHealth {
                         .unwrap_or_default()
                 );
             }
-            METRICS
-                .replica_up
-                .with_label_values(&[&r.name])
-                .set(i64::from(r.live()));
+            METRICS.show_live(&r);
         }
         result
     }

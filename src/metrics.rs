@@ -449,12 +449,18 @@ impl Metrics {
         }
     }
 
+    /// Sets `replica_up` from the replica's liveness. Only for a replica still
+    /// in the set: one that left (or moved) may share its name with a new one.
+    pub fn show_live(&self, replica: &crate::replicas::Replica) {
+        self.replica_up
+            .with_label_values(&[replica.name.as_str()])
+            .set(i64::from(replica.live()));
+    }
+
     /// Creates a replica's series at their current values (0 for counters).
     pub fn add_replica(&self, replica: &crate::replicas::Replica) {
         let name = replica.name.as_str();
-        self.replica_up
-            .with_label_values(&[name])
-            .set(i64::from(replica.live()));
+        self.show_live(replica);
         self.in_flight
             .with_label_values(&[name])
             .set(i64::from(replica.in_flight()));

@@ -296,10 +296,9 @@ impl Router {
             Instant::now(),
         );
         if let Some(kind) = ejected {
-            METRICS
-                .replica_up
-                .with_label_values(&[&replica.name])
-                .set(i64::from(replica.live()));
+            if self.replicas.is_current(replica) {
+                METRICS.show_live(replica);
+            }
             log::warn!(
                 "replica {} ejected ({}): {why}",
                 replica.name,

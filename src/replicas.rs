@@ -452,6 +452,14 @@ impl Replicas {
         live.peek().is_some() && live.all(|r| r.state().load() >= in_flight)
     }
 
+    /// Whether `replica` is in the set (not one that left or moved since it
+    /// was looked up).
+    pub fn is_current(&self, replica: &Replica) -> bool {
+        self.snapshot()
+            .iter()
+            .any(|r| std::ptr::eq(r.as_ref(), replica))
+    }
+
     pub fn by_addr(&self, addr: &SocketAddr) -> Option<Arc<Replica>> {
         self.snapshot().iter().find(|r| r.addr == *addr).cloned()
     }

@@ -2,10 +2,12 @@
 
 mod common;
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::http::EventStream;
-use common::{conversation, get, wait_for, Router, Sim};
+use common::{conversation, get, wait_for, Router, Sim, TricklingReplica};
 use serde_json::json;
 
 const FAST_HEALTH: &str = "health_check: {interval_ms: 200}\n";
@@ -113,6 +115,42 @@ fn a_replica_that_leaves_takes_its_series_along_and_one_that_moves_keeps_them() 
     router.singles(2, "after");
     assert_eq!(spread("a"), 5.0, "a moved replica counts on in its series");
     assert_eq!(c.received(), 3);
+}
+
+#[test]
+fn a_health_check_that_ends_after_its_replica_moved_does_not_show_the_new_address_up() {
+    // Each check of `a` passes /health, then waits for its model list until
+    // the test releases it; `b` never answers, so each round of checks runs
+    // to its 3 s deadline and the next one (of a's new address) waits.
+    let release = Arc::new(AtomicBool::new(false));
+    let old = TricklingReplica::start_holding_models(Arc::clone(&release));
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let b = format!(
+        "  - {{name: b, addr: \"{}\"}}\n",
+        silent.local_addr().expect("addr")
+    );
+    let router = Router::spawn(
+        &format!("{FAST_HEALTH}replicas:\n{}{b}", old.yaml("a")),
+        &[],
+    );
+    router.wait_replica_up("a", true);
+    // `a` moves to where nothing listens while its next check waits.
+    router.rewrite(&format!(
+        "{FAST_HEALTH}replicas:\n  - {{name: a, addr: \"{}\"}}\n{b}",
+        common::free_addr()
+    ));
+    wait_reloads(&router, "ok", 1.0);
+    release.store(true, Ordering::Relaxed);
+    let series = "prefix_router_replica_up{replica=\"a\"}";
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        assert_eq!(
+            router.metric(series),
+            0.0,
+            "the old address's check showed `a` up"
+        );
+        std::thread::sleep(Duration::from_millis(20)); // pacing, not waiting for anything
+    }
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -428,24 +428,48 @@ pub struct TricklingReplica {
 
 impl TricklingReplica {
     pub fn start() -> TricklingReplica {
+        Self::start_with(None)
+    }
+
+    /// One whose `GET /v1/models` is answered (one model, `m`) only once
+    /// `release` is set; a request before then is held.
+    pub fn start_holding_models(release: Arc<AtomicBool>) -> TricklingReplica {
+        Self::start_with(Some(release))
+    }
+
+    fn start_with(release: Option<Arc<AtomicBool>>) -> TricklingReplica {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
         let received = Arc::new(AtomicU64::new(0));
         let count = received.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                let count = count.clone();
-                std::thread::spawn(move || Self::serve(conn, &count));
+                let (count, release) = (count.clone(), release.clone());
+                std::thread::spawn(move || Self::serve(conn, &count, release.as_deref()));
             }
         });
         TricklingReplica { addr, received }
     }
 
-    fn serve(mut conn: std::net::TcpStream, received: &AtomicU64) {
+    fn serve(mut conn: std::net::TcpStream, received: &AtomicU64, release: Option<&AtomicBool>) {
         use std::io::Write;
         let Ok(clone) = conn.try_clone() else { return };
         let mut reader = BufReader::new(clone);
         while let Some(line) = http::read_request(&mut reader) {
+            if let (Some(release), true) = (release, line.starts_with("GET /v1/models")) {
+                while !release.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let list = r#"{"object":"list","data":[{"id":"m","object":"model"}]}"#;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{list}",
+                    list.len()
+                );
+                if conn.write_all(answer.as_bytes()).is_err() {
+                    return;
+                }
+                continue;
+            }
             if line.starts_with("GET /health") || line.starts_with("GET /v1/models") {
                 // Healthy; no model list (it serves any model).
                 let answer = if line.starts_with("GET /health") {
