@@ -83,11 +83,14 @@ objects it does not read by matching brackets. History on this machine and
 body (criterion medians, 400 KiB): a `serde_json` visitor parsed it in 485 µs;
 the first scanner (2026-11-30) in 343 µs; canonical escaped text, SSE2 and short
 strings bytewise 222 µs; skipping unread containers by brackets 189 µs;
-checking only the rare escape letters (2026-11-30, below) 172 µs. The
+checking only the rare escape letters (2026-11-30, below) 172 µs; short
+strings (keys, roles, ids) with one 16-byte SSE2 compare instead of a byte loop
+whose exit the CPU mispredicts at every length (later the same day) 145 µs. The
 "one message" row is the same bytes as a single string: scanning strings costs
-about 66 µs of it (85 µs before that change), the rest is the ~9,000 keys, short
-strings and brackets of ~1,100 messages, each a few branches the CPU cannot
-predict. That is what still stands between this path and the ≤ 100 µs target.
+about 67 µs of it (85 µs before the escape-letter change), the rest is the
+keys, short strings and brackets of ~1,100 messages, each a few branches the
+CPU cannot predict (the largest left: the key's name looked up through a jump
+table on its length, ~5 % of the parse in `perf`). That is what still stands between this path and the ≤ 100 µs target.
 A simdjson-style structural index is not built: by estimate it would not close
 the gap on SSE2 alone (its first pass visits every byte as our string scan
 does, and a walk over ~20,000 tokens remains);
@@ -102,8 +105,9 @@ count is unpredictable: 47% slower); hashing each 1 KiB block unseeded and
 chaining the 8-byte results (19.0 against 19.9 µs: not worth changing every
 key); `sonic-rs` 0.5 through its serde interface was about 20% slower than the
 first scanner's predecessor; fat LTO with one codegen unit changed the 400 KiB
-figure by under 2%; an SSE2 check of short strings and keys (16 bytes at once)
-instead of a byte loop measured the same. The "hash the blocks" row no longer
+figure by under 2%; an SSE2 check of short strings and keys measured the same
+in an earlier attempt (what that version did differently was not recorded;
+the one kept now took the parse from 171.5 to 145 µs). The "hash the blocks" row no longer
 counts a copy of the prompt (31.2 µs before, with it).
 
 The policy has no global lock. Its prefix index is 16 shards by key (from
