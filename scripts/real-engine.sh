@@ -6,6 +6,7 @@
 #   scripts/real-engine.sh serve --port 8101
 #   scripts/real-engine.sh compare     # routebench compare against two of them -> bench-out/results-real.md
 #   POLICIES=shape,roundrobin OUT=bench-out/real-x RESULTS=x.md LABEL=title scripts/real-engine.sh compare --scenario unseen-load
+#   ENGINE_CPUS="0 1" scripts/real-engine.sh compare   # each engine on its own CPU (taskset), like separate cards
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=.real-engine
@@ -30,13 +31,20 @@ case "${1:-}" in
     pids=()
     trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
     ports=()
-    for p in 8101 8102; do
-      "$py" scripts/real-engine.py serve --port "$p" > "$dir/engine-$p.log" 2>&1 &
+    read -r -a cpus <<< "${ENGINE_CPUS:-}"
+    for i in 0 1; do
+      p=$((8101 + i))
+      if [ -n "${cpus[$i]:-}" ]; then
+        taskset -c "${cpus[$i]}" "$py" scripts/real-engine.py serve --port "$p" > "$dir/engine-$p.log" 2>&1 &
+      else
+        "$py" scripts/real-engine.py serve --port "$p" > "$dir/engine-$p.log" 2>&1 &
+      fi
       pids+=($!)
       ports+=("--replica" "127.0.0.1:$p")
     done
     for p in 8101 8102; do
       for _ in $(seq 1 100); do curl -sf "127.0.0.1:$p/health" >/dev/null && break; sleep 0.2; done
+      curl -sf "127.0.0.1:$p/health" >/dev/null || { echo "engine on $p did not start: $dir/engine-$p.log" >&2; exit 1; }
     done
     shift
     target/release/routebench compare --sizes real --model smollm2 "${ports[@]}" \

@@ -296,15 +296,16 @@ impl Router {
             Instant::now(),
         );
         if let Some(kind) = ejected {
-            if self.replicas.is_current(replica) {
-                METRICS.show_live(replica);
-            }
             log::warn!(
                 "replica {} ejected ({}): {why}",
                 replica.name,
                 kind.as_str()
             );
-            METRICS.ejected(&replica.name, kind);
+            // A replica replaced meanwhile is no longer the name's.
+            if self.replicas.is_current(replica) {
+                METRICS.show_live(replica);
+                METRICS.ejected(&replica.name, kind);
+            }
         }
     }
 

@@ -120,15 +120,12 @@ fn a_replica_that_leaves_takes_its_series_along_and_one_that_moves_keeps_them() 
 #[test]
 fn a_health_check_that_ends_after_its_replica_moved_does_not_show_the_new_address_up() {
     // Each check of `a` passes /health, then waits for its model list until
-    // the test releases it; `b` never answers, so each round of checks runs
-    // to its 3 s deadline and the next one (of a's new address) waits.
+    // the test releases it; `b`'s checks trickle to their 3 s deadline, so a
+    // round of checks ends (and the next, of a's new address, starts) then.
     let release = Arc::new(AtomicBool::new(false));
     let old = TricklingReplica::start_holding_models(Arc::clone(&release));
-    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let b = format!(
-        "  - {{name: b, addr: \"{}\"}}\n",
-        silent.local_addr().expect("addr")
-    );
+    let slow = TricklingReplica::start_trickling_health();
+    let b = slow.yaml("b");
     let router = Router::spawn(
         &format!("{FAST_HEALTH}replicas:\n{}{b}", old.yaml("a")),
         &[],

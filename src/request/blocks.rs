@@ -297,6 +297,26 @@ mod tests {
         out
     }
 
+    #[test]
+    fn short_strings_agree_at_every_end_with_every_byte_before_and_after_it() {
+        for end in 0..=17 {
+            for at in 0..=17 {
+                for b in 0..=255u8 {
+                    let mut bytes = [b'a'; 20];
+                    if let Some(q) = bytes.get_mut(end) {
+                        *q = b'"';
+                    }
+                    bytes[at] = b;
+                    assert_eq!(
+                        short_plain(&bytes, 0),
+                        short_plain_bytes(&bytes, 0),
+                        "quote at {end}, byte {b:#x} at {at}"
+                    );
+                }
+            }
+        }
+    }
+
     proptest! {
         #[test]
         fn sse2_and_bytewise_classification_agree(block in prop::array::uniform32(any::<u8>()), tail in prop::array::uniform32(any::<u8>())) {

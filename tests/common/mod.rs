@@ -426,37 +426,53 @@ pub struct TricklingReplica {
     received: Arc<AtomicU64>,
 }
 
+/// What a [`TricklingReplica`] holds besides the answers to routed requests.
+#[derive(Clone)]
+enum Holds {
+    Nothing,
+    /// `GET /v1/models`, answered (one model, `m`) once the flag is set.
+    Models(Arc<AtomicBool>),
+    /// `GET /health` too, trickled like the rest: a check runs to its deadline.
+    Health,
+}
+
 impl TricklingReplica {
     pub fn start() -> TricklingReplica {
-        Self::start_with(None)
+        Self::start_with(Holds::Nothing)
     }
 
-    /// One whose `GET /v1/models` is answered (one model, `m`) only once
-    /// `release` is set; a request before then is held.
+    /// One whose `GET /v1/models` is answered only once `release` is set.
     pub fn start_holding_models(release: Arc<AtomicBool>) -> TricklingReplica {
-        Self::start_with(Some(release))
+        Self::start_with(Holds::Models(release))
     }
 
-    fn start_with(release: Option<Arc<AtomicBool>>) -> TricklingReplica {
+    /// One whose health checks never end before their deadline.
+    pub fn start_trickling_health() -> TricklingReplica {
+        Self::start_with(Holds::Health)
+    }
+
+    fn start_with(holds: Holds) -> TricklingReplica {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
         let received = Arc::new(AtomicU64::new(0));
         let count = received.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                let (count, release) = (count.clone(), release.clone());
-                std::thread::spawn(move || Self::serve(conn, &count, release.as_deref()));
+                let (count, holds) = (count.clone(), holds.clone());
+                std::thread::spawn(move || Self::serve(conn, &count, &holds));
             }
         });
         TricklingReplica { addr, received }
     }
 
-    fn serve(mut conn: std::net::TcpStream, received: &AtomicU64, release: Option<&AtomicBool>) {
+    fn serve(mut conn: std::net::TcpStream, received: &AtomicU64, holds: &Holds) {
         use std::io::Write;
         let Ok(clone) = conn.try_clone() else { return };
         let mut reader = BufReader::new(clone);
         while let Some(line) = http::read_request(&mut reader) {
-            if let (Some(release), true) = (release, line.starts_with("GET /v1/models")) {
+            let health = line.starts_with("GET /health");
+            let models = line.starts_with("GET /v1/models");
+            if let (Holds::Models(release), true) = (holds, models) {
                 while !release.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(5));
                 }
@@ -470,9 +486,9 @@ impl TricklingReplica {
                 }
                 continue;
             }
-            if line.starts_with("GET /health") || line.starts_with("GET /v1/models") {
+            if (health && !matches!(holds, Holds::Health)) || models {
                 // Healthy; no model list (it serves any model).
-                let answer = if line.starts_with("GET /health") {
+                let answer = if health {
                     "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
                 } else {
                     "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
@@ -482,7 +498,9 @@ impl TricklingReplica {
                 }
                 continue;
             }
-            received.fetch_add(1, Ordering::Relaxed);
+            if !health {
+                received.fetch_add(1, Ordering::Relaxed);
+            }
             for b in b"HTTP/1.1 200 OK\r\nx-trickle: "
                 .iter()
                 .chain(std::iter::repeat(&b'a'))
