@@ -449,8 +449,9 @@ impl Metrics {
         }
     }
 
-    /// Sets `replica_up` from the replica's liveness. Only for a replica still
-    /// in the set: one that left (or moved) may share its name with a new one.
+    /// Sets `replica_up` from the replica's liveness. Only for a replica in the
+    /// set ([`crate::replicas::Replicas::is_current`]): one that left, or
+    /// moved, may share its name with a new one.
     pub fn show_live(&self, replica: &crate::replicas::Replica) {
         self.replica_up
             .with_label_values(&[replica.name.as_str()])

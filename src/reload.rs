@@ -33,7 +33,7 @@ use crate::replicas::{Change, Replicas};
 use crate::resolve::Resolver;
 
 /// How often the series of replica names that left the set are looked for
-/// and `replica_up` is set again from the set's own liveness.
+/// (a request or a check in flight at a removal may record under one again).
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// What a reload changes in the running router.
@@ -314,13 +314,7 @@ impl BackgroundService for Reloader {
                     // meets a replica half added.
                     if swept.elapsed() >= SWEEP_EVERY {
                         swept = Instant::now();
-                        let set = self.live.replicas.snapshot();
-                        METRICS.sweep_replicas(&set);
-                        // Liveness set from a replica just replaced (a
-                        // request's, a check's) is corrected here at last.
-                        for r in set.iter() {
-                            METRICS.show_live(r);
-                        }
+                        METRICS.sweep_replicas(&self.live.replicas.snapshot());
                     }
                 }
             }

@@ -100,8 +100,8 @@ fn a_replica_that_leaves_takes_its_series_along_and_one_that_moves_keeps_them() 
         c.addr
     ));
     wait_reloads(&router, "ok", 1.0);
-    // The old `a`'s last health check may show it up a moment longer: wait
-    // for the new address to answer one single (refusals reach no replica).
+    // The new address joins after its first passing check: wait for it to
+    // answer one single (refusals reach no replica).
     wait_for("a at its new address", Duration::from_secs(10), || {
         let r = router.post("/v1/chat/completions", &common::single("probe"));
         (r.status == 200).then_some(())
