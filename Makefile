@@ -47,7 +47,7 @@ bench-memory: prepare
 # load guard on `unseen-load`, ~6 min, the capacity wall's levers, ~5 min, and
 # agent loops on the Responses API, ~3 min)
 # and on two real llama.cpp replicas (~15 min, then agent loops amid bursts in
-# 3 rounds, ~19 min); rewrites docs/results.md and
+# 3 rounds, each engine on its own CPU, ~19 min); rewrites docs/results.md and
 # its plots. SMG is installed
 # from PyPI into bench-out/venv on first use.
 results: prepare
@@ -72,9 +72,9 @@ results: prepare
 	  --label "simulated replicas, agent loops on chat and on the Responses API (replica-sim)" \
 	  --out bench-out/responses --results bench-out/results-responses.md
 	scripts/real-engine.sh compare
-	POLICIES=shape,shape+replica.prompt_cache=last,roundrobin OUT=bench-out/real-mixed \
+	ENGINE_CPUS="0 1" POLICIES=shape,shape+replica.prompt_cache=last,roundrobin OUT=bench-out/real-mixed \
 	  RESULTS=bench-out/results-real-mixed.md \
-	  LABEL="real llama.cpp replicas, agent loops amid bursts, 3 rounds (xllamacpp, 1 slot of 4096 tokens, --cache-ram 0)" \
+	  LABEL="real llama.cpp replicas, agent loops amid bursts, 3 rounds, each engine on its own CPU (xllamacpp, 1 slot of 4096 tokens, --cache-ram 0)" \
 	  scripts/real-engine.sh compare --scenario agent-loop --scenario burst --scenario mixed --salts 3
 	cat docs/results-preface.md bench-out/results-sim.md bench-out/results-unseen.md \
 	  bench-out/results-capacity.md bench-out/results-capacity-one.md \

@@ -19,6 +19,8 @@ target/release/examples/plain-pingora (`cargo build --release --examples`).
 
     make bench-proxy     # or: scripts/bench-proxy.py --doc docs/performance.md
     scripts/bench-proxy.py --quick --arms direct,nginx,router --cases 4k
+    scripts/bench-proxy.py --arms pingora,router --baseline /tmp/old-prefix-router
+                         # a change's before and after, interleaved in one run
 Writes bench-out/proxy/runs.json (every wrk run), summary.json, and with --doc
 the section between `<!-- proxy bench -->` and `<!-- /proxy bench -->` of that
 Markdown file (appended when absent; the rest of the file is kept).
@@ -40,9 +42,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TICK = os.sysconf("SC_CLK_TCK")
-ARMS = ["direct", "nginx", "haproxy", "pingora", "smg", "router"]
+ARMS = ["direct", "nginx", "haproxy", "pingora", "smg", "router", "baseline"]
 ARM_NAMES = {"direct": "direct (no proxy)", "nginx": "nginx", "haproxy": "HAProxy",
-             "pingora": "plain Pingora", "smg": "SMG cache_aware", "router": "prefix-router shape"}
+             "pingora": "plain Pingora", "smg": "SMG cache_aware", "router": "prefix-router shape",
+             "baseline": "prefix-router shape, --baseline binary"}
 # name: (method, path, body bytes, streaming, marker the answer must contain)
 CASES = {
     # An engine's own GET (vLLM's `/version`): forwarded, where `/v1/models`
@@ -496,13 +499,13 @@ def start_arms(a, procs, work, ups, bodies, missing):
                                    ["--policy", "cache_aware", "--prometheus-host", "127.0.0.1",
                                     "--prometheus-port", str(free_port()),
                                     "--log-level", "warn"], cpu)
-        elif arm == "router":
-            binary = os.path.join(ROOT, "target/release/prefix-router")
+        elif arm in ("router", "baseline"):
+            binary = a.baseline if arm == "baseline" else os.path.join(ROOT, "target/release/prefix-router")
             if not os.path.exists(binary):
-                why = "target/release/prefix-router missing (cargo build --release --bins)"
+                why = f"{binary} missing (cargo build --release --bins)"
             else:
-                cfg = write(os.path.join(work, "router.yaml"), router_conf(port, free_port(), ups, a.threads))
-                proc = procs.start("router", [binary, "--config", cfg], cpu, {"RUST_LOG": "warn"})
+                cfg = write(os.path.join(work, f"{arm}.yaml"), router_conf(port, free_port(), ups, a.threads))
+                proc = procs.start(arm, [binary, "--config", cfg], cpu, {"RUST_LOG": "warn"})
         if not why:
             why = wait_ready(arm, port, proc, bodies, 60)
         if why:
@@ -806,7 +809,9 @@ def parse_args():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"subset of {','.join(CASES)} or 'all'")
     ap.add_argument("--conc", default="1,16,64", help="connection counts")
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"subset of {','.join(ARMS)}")
+    ap.add_argument("--arms", default=",".join(ARMS[:-1]), help=f"subset of {','.join(ARMS)}")
+    ap.add_argument("--baseline", help="another prefix-router binary, run as arm `baseline` beside "
+                    "`router` (before and after a change, in one run)")
     ap.add_argument("--quick", action="store_true", help="smoke test: 1 round of 2 s")
     ap.add_argument("--proxy-cpu", default="0", help="CPUs every proxy is pinned to (taskset list)")
     ap.add_argument("--threads", type=int, default=1,
@@ -826,6 +831,11 @@ def parse_args():
         bad = [x for x in got if x not in known]
         if bad:
             ap.error(f"unknown {name}: {', '.join(bad)}")
+    if a.baseline:
+        a.baseline = os.path.abspath(a.baseline)
+        a.arms.append("baseline")
+    elif "baseline" in a.arms:
+        ap.error("arm baseline needs --baseline PATH")
     a.arms = [x for x in ARMS if x in a.arms]
     return a
 

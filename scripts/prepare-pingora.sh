@@ -3,9 +3,11 @@
 # at live in vendor/, committed, so `cargo build` works on a fresh clone. Each is
 # the published crate (SHA-256 checked) plus patches/<crate>.diff:
 # - pingora-proxy: a body read whole in request_filter reaches the replica
-#   (docs/body-forwarding.md); a total deadline for a replica's response head.
+#   (docs/body-forwarding.md), sent with the request head in one write;
+#   a total deadline for a replica's response head.
 # - pingora-core: a total deadline for a client's request head (slowloris);
-#   a request body read straight into the caller's buffer (one copy, not two).
+#   a request body read straight into the caller's buffer (one copy, not two);
+#   an HTTP/1 request head held back to go out with the body's first write.
 #   scripts/prepare-pingora.sh --check   # vendor/ is exactly crate + diff (CI)
 #   scripts/prepare-pingora.sh           # rebuild vendor/ after editing a diff
 set -euo pipefail

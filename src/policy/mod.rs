@@ -37,9 +37,10 @@
 //!                 a single runs there, then room beside that single (the caller computes
 //!                 it), so a burst's singles follow each other and displace one context
 //!                 per burst, not one per card. Measured on real llama.cpp replicas
-//!                 (docs/results.md, 3 rounds): agents' warm turns amid bursts 0.32-0.41 s
-//!                 undeclared -> 0.27-0.33 s (0.27-0.28 s without bursts), cache misses
-//!                 4 -> 1-2 of 10; those bursts end at 2.02-2.14 s instead of 1.56-1.98 s.
+//!                 (docs/results.md, 3 rounds, each engine on its own CPU): agents' warm
+//!                 turns amid bursts 0.28-0.41 s undeclared -> 0.25-0.37 s (0.25-0.28 s
+//!                 without bursts), cache misses 4 -> 1-3 of 10; those bursts end at
+//!                 1.87-2.62 s instead of 1.26-1.47 s (round-robin 3.91-4.05 s).
 //!   least loaded  (with `engine_load`; off by default) wherever a cold placement uses
 //!                 the counter, it runs over the least-loaded of its replicas only, and
 //!                 of equals over those whose engines report the least KV in use (10 %

@@ -119,6 +119,12 @@ where
 
         debug!("Sending header to upstream {:?}", req);
 
+        // prefix-router patch: a body the app has read whole (request_filter) goes
+        // out with the head, one write for both.
+        if session.as_mut().is_body_done() && !session.as_mut().is_body_empty() {
+            client_session.hold_request_header();
+        }
+
         match client_session.write_request_header(Box::new(req)).await {
             Ok(_) => { /* Continue */ }
             Err(e) => {

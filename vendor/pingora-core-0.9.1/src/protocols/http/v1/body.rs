@@ -1279,6 +1279,23 @@ impl Default for BodyWriter {
     }
 }
 
+/// prefix-router patch: `head` then `body` through vectored writes, no copy.
+async fn write_all_after<S>(stream: &mut S, head: &[u8], body: &[u8]) -> std::io::Result<()>
+where
+    S: AsyncWrite + Unpin + Send,
+{
+    let mut slices = [std::io::IoSlice::new(head), std::io::IoSlice::new(body)];
+    let mut bufs = &mut slices[..];
+    while !bufs.is_empty() {
+        let n = stream.write_vectored(bufs).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        std::io::IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
 impl BodyWriter {
     pub fn new() -> Self {
         BodyWriter {
@@ -1325,11 +1342,33 @@ impl BodyWriter {
         trace!("Writing Body, size: {}", buf.len());
         match self.body_mode {
             BM::Complete(_) => Ok(None),
-            BM::ContentLength(_, _) => self.do_write_body(stream, buf).await,
+            BM::ContentLength(_, _) => self.do_write_body(stream, None, buf).await,
             BM::ChunkedEncoding(_) => self.do_write_chunked_body(stream, buf).await,
             BM::UntilClose(_) => self.do_write_until_close_body(stream, buf).await,
             BM::ToSelect => Ok(None), // Error here?
         }
+    }
+
+    /// prefix-router patch: `head` (a request head held back) and then `buf`, in one
+    /// vectored write when the body has a content length (its bytes go out as they
+    /// are); otherwise `head` is written first, then `buf` as [`Self::write_body`] would.
+    pub async fn write_body_after<S>(
+        &mut self,
+        stream: &mut S,
+        head: &[u8],
+        buf: &[u8],
+    ) -> Result<Option<usize>>
+    where
+        S: AsyncWrite + Unpin + Send,
+    {
+        if matches!(self.body_mode, BM::ContentLength(_, _)) {
+            return self.do_write_body(stream, Some(head), buf).await;
+        }
+        stream
+            .write_all(head)
+            .await
+            .or_err(WriteError, "while writing request headers")?;
+        self.write_body(stream, buf).await
     }
 
     pub fn finished(&self) -> bool {
@@ -1344,7 +1383,12 @@ impl BodyWriter {
         matches!(self.body_mode, BM::UntilClose(_))
     }
 
-    async fn do_write_body<S>(&mut self, stream: &mut S, buf: &[u8]) -> Result<Option<usize>>
+    async fn do_write_body<S>(
+        &mut self,
+        stream: &mut S,
+        head: Option<&[u8]>,
+        buf: &[u8],
+    ) -> Result<Option<usize>>
     where
         S: AsyncWrite + Unpin + Send,
     {
@@ -1352,6 +1396,13 @@ impl BodyWriter {
             BM::ContentLength(total, written) => {
                 if written >= total {
                     // already written full length
+                    if let Some(head) = head {
+                        stream
+                            .write_all(head)
+                            .await
+                            .or_err(WriteError, "while writing request headers")?;
+                        stream.flush().await.or_err(WriteError, "flushing body")?;
+                    }
                     return Ok(None);
                 }
                 let mut to_write = total - written;
@@ -1360,7 +1411,10 @@ impl BodyWriter {
                 } else {
                     to_write = buf.len();
                 }
-                let res = stream.write_all(&buf[..to_write]).await;
+                let res = match head {
+                    None => stream.write_all(&buf[..to_write]).await,
+                    Some(head) => write_all_after(stream, head, &buf[..to_write]).await,
+                };
                 match res {
                     Ok(()) => {
                         self.body_mode = BM::ContentLength(total, written + to_write);

@@ -67,6 +67,10 @@ pub struct HttpSession {
     // If allowed, does not fail with error on invalid content-length
     // (treats as close-delimited response).
     allow_h1_response_invalid_content_length: bool,
+    /// prefix-router patch: the next request head is held back (see
+    /// [`HttpSession::hold_request_header`]), and the head so held.
+    hold_head: bool,
+    held_head: Option<BytesMut>,
 }
 
 /// HTTP 1.x client session
@@ -100,7 +104,16 @@ impl HttpSession {
             received_upgrade_req_body: false,
             close_delimited_resp: false,
             allow_h1_response_invalid_content_length: false,
+            hold_head: false,
+            held_head: None,
         }
+    }
+
+    /// prefix-router patch: hold the next request head back and send it with the
+    /// body's first write (one write, not two, for a body the caller already has
+    /// whole), or at [`Self::finish_body`] if no body is written.
+    pub fn hold_request_header(&mut self) {
+        self.hold_head = true;
     }
 
     /// Create a new http client session and apply peer options
@@ -129,8 +142,22 @@ impl HttpSession {
             )
         })?;
         trace!("Writing request header: {to_wire:?}");
+        let len = to_wire.len();
+        if std::mem::take(&mut self.hold_head) {
+            self.held_head = Some(to_wire);
+        } else {
+            self.write_head(&to_wire).await?;
+        }
 
-        let write_fut = self.underlying_stream.write_all(to_wire.as_ref());
+        // write was successful
+        self.request_written = Some(req);
+        Ok(len)
+    }
+
+    /// prefix-router patch: the head's write, shared by `write_request_header` and
+    /// a head held until `finish_body`.
+    async fn write_head(&mut self, to_wire: &[u8]) -> Result<()> {
+        let write_fut = self.underlying_stream.write_all(to_wire);
         match self.write_timeout {
             Some(t) => match timeout(t, write_fut).await {
                 Ok(res) => res,
@@ -148,18 +175,15 @@ impl HttpSession {
         self.underlying_stream
             .flush()
             .await
-            .or_err(WriteError, "flushing request header")?;
-
-        // write was successful
-        self.request_written = Some(req);
-        Ok(to_wire.len())
+            .or_err(WriteError, "flushing request header")
     }
 
     async fn do_write_body(&mut self, buf: &[u8]) -> Result<Option<usize>> {
-        let written = self
-            .body_writer
-            .write_body(&mut self.underlying_stream, buf)
-            .await;
+        let stream = &mut self.underlying_stream;
+        let written = match self.held_head.take() {
+            Some(head) => self.body_writer.write_body_after(stream, &head, buf).await,
+            None => self.body_writer.write_body(stream, buf).await,
+        };
 
         if let Ok(Some(num_bytes)) = written {
             self.bytes_sent += num_bytes;
@@ -191,6 +215,9 @@ impl HttpSession {
     /// Flush local buffer and notify the server by sending the last chunk if chunked encoding is
     /// used.
     pub async fn finish_body(&mut self) -> Result<Option<usize>> {
+        if let Some(head) = self.held_head.take() {
+            self.write_head(&head).await?;
+        }
         let res = self.body_writer.finish(&mut self.underlying_stream).await?;
         self.underlying_stream
             .flush()
