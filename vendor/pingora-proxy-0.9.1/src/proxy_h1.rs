@@ -283,6 +283,24 @@ where
         );
         tokio::pin!(header_timer);
 
+        // prefix-router patch: a head held back goes out with the body (which the
+        // downstream half sends at once) before anything is read, as a head sent
+        // alone would have: a failure to send it stays a write failure, never a
+        // read of a response to a request the upstream did not get. A failed
+        // write is then handled as a failed body write is below (an early answer
+        // is still read).
+        if client_session.request_head_held() {
+            match send_body_to1(client_session, rx.recv().await).await {
+                Ok(done) => request_done = done,
+                Err(e) => {
+                    warn!("send error, draining read buf: {e}");
+                    request_done = true;
+                    upstream_can_reuse = false;
+                    send_error = Some(e);
+                }
+            }
+        }
+
         /* duplex mode, wait for either to complete */
         while !request_done || !response_done {
             tokio::select! {

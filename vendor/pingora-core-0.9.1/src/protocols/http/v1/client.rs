@@ -116,6 +116,11 @@ impl HttpSession {
         self.hold_head = true;
     }
 
+    /// prefix-router patch: a request head is held back, not sent yet.
+    pub fn request_head_held(&self) -> bool {
+        self.held_head.is_some()
+    }
+
     /// Create a new http client session and apply peer options
     pub fn new_with_options<P: crate::upstreams::peer::Peer>(stream: Stream, peer: &P) -> Self {
         let mut session = Self::new(stream);
