@@ -111,7 +111,10 @@ impl HttpSession {
 
     /// prefix-router patch: hold the next request head back and send it with the
     /// body's first write (one write, not two, for a body the caller already has
-    /// whole), or at [`Self::finish_body`] if no body is written.
+    /// whole), or at [`Self::finish_body`] if no body is written. Meant for a body
+    /// written in one piece: a content-length body's writes flush only when it is
+    /// complete, so on a buffered stream a head sent with a first piece waits there
+    /// for the rest.
     pub fn hold_request_header(&mut self) {
         self.hold_head = true;
     }
