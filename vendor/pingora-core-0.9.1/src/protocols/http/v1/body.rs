@@ -1350,8 +1350,9 @@ impl BodyWriter {
     }
 
     /// prefix-router patch: `head` (a request head held back) and then `buf`, in one
-    /// vectored write when the body has a content length (its bytes go out as they
-    /// are); otherwise `head` is written first, then `buf` as [`Self::write_body`] would.
+    /// vectored write when the body has a content length still to write (its bytes
+    /// go out as they are); otherwise `head` is written first, then `buf` as
+    /// [`Self::write_body`] would.
     pub async fn write_body_after<S>(
         &mut self,
         stream: &mut S,
@@ -1361,7 +1362,7 @@ impl BodyWriter {
     where
         S: AsyncWrite + Unpin + Send,
     {
-        if matches!(self.body_mode, BM::ContentLength(_, _)) {
+        if matches!(self.body_mode, BM::ContentLength(_, _)) && !self.finished() {
             return self.do_write_body(stream, Some(head), buf).await;
         }
         stream
@@ -1396,13 +1397,6 @@ impl BodyWriter {
             BM::ContentLength(total, written) => {
                 if written >= total {
                     // already written full length
-                    if let Some(head) = head {
-                        stream
-                            .write_all(head)
-                            .await
-                            .or_err(WriteError, "while writing request headers")?;
-                        stream.flush().await.or_err(WriteError, "flushing body")?;
-                    }
                     return Ok(None);
                 }
                 let mut to_write = total - written;
