@@ -3,12 +3,13 @@
 //!   cargo bench --bench decision
 //! Also prints the prefix index's memory per tracked conversation.
 
+use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use prefix_router::policy::{
     ContinuationRule, Fleet, KvRoom, Mode, Policy, PolicyConfig, PrefixChain, ReplicaId,
     ReplicaState,
 };
-use prefix_router::request::Prompt;
+use prefix_router::request::{Checkpoints, Prompt};
 use serde_json::json;
 
 const BLOCK: usize = 1024;
@@ -41,6 +42,12 @@ fn fleet(n: u32) -> Vec<ReplicaState> {
 
 /// An agent conversation of about `bytes` bytes of JSON, tool turns included.
 fn agent_body(bytes: usize, salt: usize) -> Vec<u8> {
+    agent_turns(bytes, salt).0
+}
+
+/// An agent conversation of about `bytes` bytes, and its next turn: the
+/// same with one more tool call and result.
+fn agent_turns(bytes: usize, salt: usize) -> (Vec<u8>, Vec<u8>) {
     let mut messages =
         vec![json!({"role": "system", "content": format!("run {salt}: you are a coding agent. ")})];
     let mut t = 0;
@@ -52,7 +59,11 @@ fn agent_body(bytes: usize, salt: usize) -> Vec<u8> {
         messages.push(json!({"role": "tool", "tool_call_id": format!("c{t}"), "content": "fn main() { println!(\"hello\"); }\n".repeat(24)}));
         t += 1;
     }
-    serde_json::to_vec(&json!({"model": "m", "stream": true, "messages": messages})).unwrap()
+    let body = |m: &[serde_json::Value]| {
+        serde_json::to_vec(&json!({"model": "m", "stream": true, "messages": m})).unwrap()
+    };
+    let turn = body(&messages[..messages.len() - 3]);
+    (turn, body(&messages))
 }
 
 fn decide(p: &Policy, body: &[u8], rs: &[ReplicaState]) -> Option<ReplicaId> {
@@ -74,6 +85,44 @@ fn decision_path(c: &mut Criterion) {
             b.iter(|| decide(&p, black_box(body), &rs))
         });
     }
+    // The next turn of a conversation whose last turn left a checkpoint.
+    let (turn, next) = agent_turns(400 * 1024, 2);
+    let (turn, next) = (Bytes::from(turn), Bytes::from(next));
+    let rs = fleet(8);
+    let p = policy(1 << 20);
+    let checkpoints = || {
+        let c = Checkpoints::new();
+        c.parse(&turn, 8 << 20, BLOCK, 1 << 30, None).unwrap();
+        c
+    };
+    let resumed = checkpoints()
+        .parse(&next, 8 << 20, BLOCK, 1 << 30, None)
+        .unwrap();
+    assert!(resumed.resumed);
+    p.place(&resumed.request, &rs);
+    // A first turn through the checkpoints: the parse, and the checkpoint it leaves.
+    g.bench_function(BenchmarkId::new("agent_first_turn_kib", 400), |b| {
+        b.iter_batched(
+            Checkpoints::new,
+            |c| {
+                let parsed = c.parse(black_box(&turn), 8 << 20, BLOCK, 1 << 30, None);
+                let replica = p.place(&parsed.unwrap().request, &rs).replica;
+                (c, replica)
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    g.bench_function(BenchmarkId::new("agent_next_turn_kib", 400), |b| {
+        b.iter_batched(
+            checkpoints,
+            |c| {
+                let parsed = c.parse(black_box(&next), 8 << 20, BLOCK, 1 << 30, None);
+                let replica = p.place(&parsed.unwrap().request, &rs).replica;
+                (c, replica)
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
     g.finish();
     // Where the 400 KiB path spends its time.
     let mut g = c.benchmark_group("decision_parts_400kib");

@@ -749,7 +749,10 @@ body through unread, built from this repository (`examples/plain-pingora.rs`);
 SMG: `smg launch --policy cache_aware`; prefix-router: `policy: shape`,
 `threads: {a['threads_option']}` (its global allocator is mimalloc; plain Pingora keeps the
 system's). Bodies are agent conversations of exactly 4 KiB / 400 KiB, model
-`bench`.
+`bench`, the same body for every request of a case: from its second request on,
+the router reads a 400 KiB body from the checkpoint the one before left (a
+conversation's later turn; its first is the decision path's
+"400 KiB agent body" row above).
 
 Columns: req/s counts good answers only (200 with the expected body); p50/p99
 are medians over rounds of wrk's percentiles (the p50 added over direct includes

@@ -197,6 +197,10 @@ pub struct Limits {
     /// Canonical prompt bytes hashed per request; the rest of a longer prompt
     /// does not change its placement.
     pub max_prompt_bytes: usize,
+    /// Bytes kept of long conversations' latest turns (bodies of 32 KiB and
+    /// more, their canonical text and hashes), so that a next turn's body is
+    /// read from where the last one ended; 0: none kept.
+    pub max_checkpoint_bytes: usize,
 }
 
 /// `client_timeouts:` — towards clients (downstream).
@@ -565,6 +569,7 @@ impl Default for Limits {
             max_requests: 4096,
             max_buffered_bytes: 2 << 30,
             max_prompt_bytes: 8 << 20,
+            max_checkpoint_bytes: 128 << 20,
         }
     }
 }

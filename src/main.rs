@@ -251,6 +251,7 @@ fn main() -> anyhow::Result<()> {
         keys: keys.clone(),
         responses: Arc::clone(&responses),
         shared: shared.clone(),
+        checkpoints: Arc::default(),
     };
     let capacity = CapacityWatch::new(
         cfg.working_set_window_s,

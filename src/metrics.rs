@@ -85,6 +85,10 @@ pub struct Metrics {
     pub engine_kv_used: GaugeVec,
     /// Shared pins (`fleet: redis`): lookups and writes by result.
     pub shared_pins: IntCounterVec,
+    /// Chat and messages bodies of 32 KiB and more read from their first
+    /// byte, and from a checkpoint; bytes the checkpoints hold.
+    long_parses: [IntCounter; 2],
+    pub checkpoint_bytes: IntGauge,
 }
 
 /// Seconds: a cached turn's first token (tens of ms) to a long generation.
@@ -423,10 +427,31 @@ pub static METRICS: Lazy<Metrics> = Lazy::new(|| {
         &["op", "result"]
     )
     .expect("register"),
+    long_parses: {
+        let v = register_int_counter_vec!(
+            "prefix_router_long_body_parses_total",
+            "Chat and messages bodies of 32 KiB and more read into a prompt, from their first byte (from=start) or from where an earlier turn of the conversation ended (from=checkpoint)",
+            &["from"]
+        )
+        .expect("register");
+        ["start", "checkpoint"].map(|from| v.with_label_values(&[from]))
+    },
+    checkpoint_bytes: register_int_gauge!(
+        "prefix_router_checkpoint_bytes",
+        "Bytes held by checkpoints of long conversations' latest turns (bounded by limits.max_checkpoint_bytes)"
+    )
+    .expect("register"),
 }
 });
 
 impl Metrics {
+    /// Counts a long body read, and what the checkpoints now hold.
+    pub fn long_parse(&self, resumed: bool, checkpoint_bytes: usize) {
+        self.long_parses[usize::from(resumed)].inc();
+        self.checkpoint_bytes
+            .set(i64::try_from(checkpoint_bytes).unwrap_or(i64::MAX));
+    }
+
     /// Creates every label-free series and the error and reload series at 0,
     /// so dashboards and alerts see them before the first event.
     pub fn init(&self) {

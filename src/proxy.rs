@@ -51,6 +51,7 @@ use crate::metrics::{Repair, METRICS};
 use crate::paths::{carries_prompt, response_id, routed_path, RESPONSES_PATH};
 use crate::policy::{Decision, Hint, Policy, Reason, ReplicaId, Request, Shape};
 use crate::replicas::{Failure, InFlight, OutlierRules, Replica, Replicas};
+use crate::request::Checkpoints;
 use crate::responses::{IdScan, ResponseIds};
 use crate::shared::{SharedPins, LOOKUP_ENDS};
 use crate::usage::{Outcome, UsageScan};
@@ -70,6 +71,7 @@ pub struct Settings {
     pub body_read_timeout: Duration,
     pub block_bytes: usize,
     pub max_prompt_bytes: usize,
+    pub max_checkpoint_bytes: usize,
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
     pub response_header_timeout: Duration,
@@ -94,6 +96,7 @@ impl Settings {
             body_read_timeout: ms(c.body_read_timeout_ms),
             block_bytes: c.prefix_index.block_bytes,
             max_prompt_bytes: c.limits.max_prompt_bytes,
+            max_checkpoint_bytes: c.limits.max_checkpoint_bytes,
             connect_timeout: ms(c.timeouts.connect_ms),
             read_timeout: ms(c.timeouts.read_ms),
             response_header_timeout: ms(c.timeouts.response_header_ms),
@@ -125,6 +128,8 @@ pub struct Router {
     pub responses: Arc<ResponseIds>,
     /// Pins shared with other router instances (`fleet: redis`).
     pub shared: Option<Arc<SharedPins>>,
+    /// Where long conversations' last turns were read to.
+    pub checkpoints: Arc<Checkpoints>,
 }
 
 /// Per-request state.
@@ -189,7 +194,8 @@ impl Router {
         let key = header(session, SESSION_HEADER).map(str::to_owned);
         let s = self.settings.load();
         let path = ctx.routed.unwrap_or_default();
-        let request = body::parse(body, path, s.max_prompt_bytes, s.block_bytes, key).await;
+        let checkpoints = Arc::clone(&self.checkpoints);
+        let request = body::parse(body, path, &s, checkpoints, key).await;
         let parsed_bytes = request.as_ref().map_or(0, |r| r.chain.heap_bytes());
         if !ctx.ticket.as_mut().is_some_and(|t| t.reserve(parsed_bytes)) {
             return false;

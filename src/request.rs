@@ -22,6 +22,7 @@
 //! still forwarded, spread; the engine answers it.
 
 mod blocks;
+mod checkpoint;
 #[cfg(test)]
 mod reference;
 mod responses;
@@ -30,6 +31,7 @@ mod walk;
 
 use crate::policy::{PrefixChain, Request};
 
+pub use checkpoint::{Checkpoints, MIN_BODY as CHECKPOINT_MIN_BODY};
 pub use scan::JsonError;
 
 const ROLE_SEP: u8 = 0x1F;
@@ -78,7 +80,7 @@ impl Prompt {
     /// validated, in time linear in its size). A key that appears twice counts
     /// once, with its last value, as Python's `json` (and so the engines) reads it.
     pub fn parse(body: &[u8], max_text_bytes: usize) -> Result<Self, RequestError> {
-        let fields = walk::read(body, max_text_bytes)?;
+        let (fields, _) = walk::read(body, max_text_bytes, false)?;
         Ok(fields.assemble(max_text_bytes))
     }
 
@@ -125,15 +127,27 @@ impl Prompt {
     /// The policy's view: hashes the text; `header_key` (`x-session-id`) is used
     /// when the body gave no `prompt_cache_key`.
     pub fn into_request(self, block_bytes: usize, header_key: Option<&str>) -> Request {
+        self.into_request_after(block_bytes, header_key, None)
+    }
+
+    /// As [`Prompt::into_request`] for a prompt whose text starts with
+    /// `bytes` bytes of `known`'s (see [`PrefixChain::salted_after`]).
+    fn into_request_after(
+        self,
+        block_bytes: usize,
+        header_key: Option<&str>,
+        known: Option<(&PrefixChain, usize)>,
+    ) -> Request {
         let key = self
             .key
             .or_else(|| header_key.filter(|k| !k.is_empty()).map(str::to_owned));
         Request {
-            chain: PrefixChain::salted(
+            chain: PrefixChain::salted_after(
                 self.text,
                 self.message_ends,
                 block_bytes,
                 self.salt.as_deref(),
+                known,
             ),
             model_turn: self.model_turn,
             root_end: self.root_end,
@@ -149,7 +163,7 @@ impl Prompt {
 }
 
 /// The canonical text of one top-level field (`system`, `messages`, `prompt`).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Section {
     text: Vec<u8>,
     message_ends: Vec<usize>,
@@ -214,6 +228,33 @@ struct Fields {
 }
 
 impl Fields {
+    /// Heap bytes held by the strings and the `system` section.
+    fn heap_bytes(&self) -> usize {
+        let strings = [&self.key, &self.salt, &self.model];
+        let strings: usize = strings
+            .iter()
+            .flat_map(|s| s.as_ref())
+            .map(String::capacity)
+            .sum();
+        let system = self.system.as_ref();
+        strings + system.map_or(0, |s| s.text.capacity() + 8 * s.message_ends.capacity())
+    }
+
+    /// The fields a checkpoint keeps of those read before a message list:
+    /// all but the sections, and `system`.
+    fn before_list(&self) -> Fields {
+        Fields {
+            system: self.system.clone(),
+            key: self.key.clone(),
+            salt: self.salt.clone(),
+            model: self.model.clone(),
+            odd_salt: self.odd_salt,
+            no_cache: self.no_cache,
+            logprobs: self.logprobs,
+            ..Fields::default()
+        }
+    }
+
     /// The canonical text: Anthropic's `system` first wherever its key stood,
     /// then `messages`, then a completions `prompt`, within `max_text_bytes`.
     fn assemble(self, max_text_bytes: usize) -> Prompt {

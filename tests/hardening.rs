@@ -42,6 +42,23 @@ fn a_body_repeating_a_top_level_key_parses_in_linear_time() {
         hostile_time < plain_time * 20 + Duration::from_secs(1),
         "repeated keys took {hostile_time:?}, a plain body of the same size {plain_time:?}"
     );
+    // A 4 MiB system prompt, then 100k empty message lists: each list once
+    // copied the fields before it (400 GB of copies).
+    let lists = "\"messages\":[],".repeat(100_000);
+    let hostile = format!(
+        "{{\"system\":\"{}\",{lists}\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}],\"max_tokens\":1}}",
+        "s".repeat(4 << 20)
+    );
+    let plain = serde_json::to_vec(&json!({"system": "s".repeat(hostile.len()),
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}))
+    .unwrap();
+    let plain_time = timed(&plain);
+    let hostile_time = timed(hostile.as_bytes());
+    // Measured here (debug build): 0.74 s against 0.76 s, and 12.6 s before.
+    assert!(
+        hostile_time < plain_time * 5 + Duration::from_secs(1),
+        "repeated lists took {hostile_time:?}, a plain body of the same size {plain_time:?}"
+    );
 }
 
 #[test]

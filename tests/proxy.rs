@@ -434,3 +434,63 @@ fn singles_keep_off_a_replica_whose_kv_is_taken_by_a_pinned_context() {
     let r = router.post("/v1/chat/completions", &next);
     assert_eq!((r.replica(), r.decision()), (home, "pin"));
 }
+
+#[test]
+fn a_long_conversation_is_read_from_where_its_last_turn_ended() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], "");
+    // An agent whose tool results make every turn's body 40 KiB and more.
+    let mut messages = vec![json!({"role": "system", "content": "You are an agent."})];
+    let body = |turn: usize, messages: &mut Vec<serde_json::Value>| {
+        messages.push(json!({"role": "user", "content": format!("step {turn}")}));
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{turn}")}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": format!("c{turn}"), "content": format!("line {turn}\n\"quoted\"\n").repeat(3000)}));
+        serde_json::to_vec(
+            &json!({"model": "sim", "max_tokens": 1, "messages": messages, "stream": false}),
+        )
+        .unwrap()
+    };
+    let send = |body: &[u8]| {
+        let r = http::request(router.addr, "POST", "/v1/chat/completions", &[], body);
+        let want = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(body));
+        assert_eq!(
+            r.header("x-sim-body-xxh3"),
+            Some(want.as_str()),
+            "forwarded as sent"
+        );
+        r
+    };
+    let from = |how: &str| {
+        router.metric(&format!(
+            "prefix_router_long_body_parses_total{{from=\"{how}\"}}"
+        ))
+    };
+    let mut home = None;
+    let mut last = Vec::new();
+    for turn in 0..4 {
+        router.post("/v1/chat/completions", &single(&format!("noise {turn}")));
+        last = body(turn, &mut messages);
+        assert!(last.len() > 40 << 10);
+        let r = send(&last);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let home = home.get_or_insert_with(|| r.replica().to_owned());
+        assert_eq!(r.replica(), home, "turn {turn}");
+        if turn > 0 {
+            assert_eq!(r.decision(), "pin", "turn {turn}");
+        }
+    }
+    // The first turn read whole, each later one from the turn before.
+    assert_eq!((from("start"), from("checkpoint")), (1.0, 3.0));
+    assert!(router.metric("prefix_router_checkpoint_bytes") > 0.0);
+    // The same prefix with a broken tail: forwarded, spread, answered by the
+    // engine; the conversation's next turn still resumes and pins.
+    let mut broken = last[..last.len() - 2].to_vec();
+    broken.extend_from_slice(b",{\"role\":}]}");
+    let r = send(&broken);
+    assert_eq!((r.status, r.decision()), (400, "spread"));
+    let next = body(4, &mut messages);
+    let r = send(&next);
+    assert_eq!((r.status, r.decision()), (200, "pin"));
+    assert_eq!(r.replica(), home.as_deref().unwrap());
+    assert_eq!(from("checkpoint"), 4.0);
+}

@@ -14,6 +14,8 @@
 //! A prompt shorter than one block therefore still has an identity (`End(len)`
 //! seeded by `H_0`), which is what the seed's "first N KiB" hash lacked.
 
+use std::sync::Arc;
+
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Hash of the empty prefix, `H_0`.
@@ -29,8 +31,9 @@ pub struct PrefixChain {
     /// `H_0`: `SEED`, or a hash of the request's cache salt (the engine
     /// shares cache only within one salt, so neither does the index).
     seed: u64,
-    /// The canonical text, kept to hash candidate ends at lookup time.
-    pub(crate) text: Vec<u8>,
+    /// The canonical text, kept to hash candidate ends at lookup time
+    /// (shared with the checkpoint a long body leaves, see `request`).
+    pub(crate) text: Arc<Vec<u8>>,
     /// `H_1..H_n`, one per full block.
     pub(crate) blocks: Vec<u64>,
     /// Byte offsets where a message ends (candidate ends of an earlier prompt).
@@ -53,18 +56,41 @@ impl PrefixChain {
         block_bytes: usize,
         salt: Option<&str>,
     ) -> Self {
+        Self::salted_after(text, message_ends, block_bytes, salt, None)
+    }
+
+    /// As [`PrefixChain::salted`] for a text whose first `bytes` bytes are
+    /// those of `known`'s text: the hashes of the blocks within them are
+    /// reused when they were taken with the same block size and salt, and
+    /// only the blocks after them are hashed.
+    pub fn salted_after(
+        text: Vec<u8>,
+        message_ends: Vec<usize>,
+        block_bytes: usize,
+        salt: Option<&str>,
+        known: Option<(&PrefixChain, usize)>,
+    ) -> Self {
         let block_bytes = block_bytes.max(1);
-        let mut blocks = Vec::with_capacity(text.len() / block_bytes);
         let seed = salt.map_or(SEED, |s| xxh3_64_with_seed(s.as_bytes(), SALT));
-        let mut h = seed;
-        for block in text.chunks_exact(block_bytes) {
+        let known = known
+            .filter(|(k, bytes)| {
+                k.seed == seed && k.block_bytes == block_bytes && *bytes <= text.len()
+            })
+            .map_or(&[][..], |(k, bytes)| {
+                debug_assert_eq!(text.get(..bytes), k.text.get(..bytes));
+                &k.blocks[..k.blocks.len().min(bytes / block_bytes)]
+            });
+        let mut blocks = Vec::with_capacity(text.len() / block_bytes);
+        blocks.extend_from_slice(known);
+        let mut h = blocks.last().copied().unwrap_or(seed);
+        for block in text[known.len() * block_bytes..].chunks_exact(block_bytes) {
             h = xxh3_64_with_seed(block, h);
             blocks.push(h);
         }
         Self {
             block_bytes,
             seed,
-            text,
+            text: Arc::new(text),
             blocks,
             message_ends,
         }

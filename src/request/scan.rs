@@ -184,8 +184,14 @@ pub struct Scanner<'b> {
 }
 
 impl<'b> Scanner<'b> {
-    pub fn new(bytes: &'b [u8]) -> Self {
-        Scanner { bytes, pos: 0 }
+    /// A scanner that starts reading at byte `pos`.
+    pub fn at(bytes: &'b [u8], pos: usize) -> Self {
+        Scanner { bytes, pos }
+    }
+
+    /// The offset of the next byte to read.
+    pub fn pos(&self) -> usize {
+        self.pos
     }
 
     pub fn error<T>(&self, what: &'static str) -> Result<T> {
@@ -655,13 +661,13 @@ mod tests {
         for tail in ["", "\\/", "\\u00e9"] {
             let body = format!("{}{tail}\"", &json[..json.len() - 1]);
             let (mut fast, mut slow) = (Vec::new(), Vec::new());
-            let mut s = Scanner::new(&body.as_bytes()[1..]);
+            let mut s = Scanner::at(&body.as_bytes()[1..], 0);
             s.string(&mut Canonical {
                 out: &mut fast,
                 limit: usize::MAX,
             })
             .unwrap();
-            let mut s = Scanner::new(&body.as_bytes()[1..]);
+            let mut s = Scanner::at(&body.as_bytes()[1..], 0);
             s.escaped_string(&mut Canonical {
                 out: &mut slow,
                 limit: usize::MAX,

@@ -5,6 +5,8 @@
 //! replaces (kept as the test oracle in `reference.rs`); so is nesting deeper
 //! than serde_json's 128 levels in the fields that are read.
 
+use std::sync::Arc;
+
 use super::scan::{Canonical, JsonError, Number, Result, Scanner, Unescaped};
 use super::{Fields, Section, MESSAGE_END};
 
@@ -48,20 +50,94 @@ fn field(key: &[u8]) -> Field {
     }
 }
 
-/// Reads a body's top-level fields, each section within `max` bytes.
-pub fn read(body: &[u8], max: usize) -> std::result::Result<Fields, JsonError> {
-    let mut w = Walk {
-        s: Scanner::new(body),
-        section: Section::default(),
-        max,
-        reserve: body.len().min(max).saturating_add(32),
-        depth: DEPTH,
-        key: Vec::new(),
-        word: Vec::new(),
-    };
+/// Where a body's message list ended its last message (the offset just
+/// past its `}`), the fields read before the list (none a `prompt`), and
+/// the list's section as it ended: what a checkpoint resumes from (see
+/// `checkpoint`). Only a body with one `messages` key has one: the fields
+/// are copied once, not once per repeated key.
+#[derive(Debug)]
+pub struct Mark {
+    pub raw_len: usize,
+    pub fields: Arc<Fields>,
+    pub list: Shape,
+}
+
+/// A section's size and signals, without its text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub text: usize,
+    pub ends: usize,
+    pub model_turn: bool,
+    pub root_end: Option<usize>,
+    pub messages: usize,
+}
+
+impl Shape {
+    fn of(s: &Section) -> Self {
+        Shape {
+            text: s.text.len(),
+            ends: s.message_ends.len(),
+            model_turn: s.model_turn,
+            root_end: s.root_end,
+            messages: s.messages,
+        }
+    }
+}
+
+/// Reads a body's top-level fields, each section within `max` bytes, and
+/// with `marks` the end of its message list.
+pub fn read(
+    body: &[u8],
+    max: usize,
+    marks: bool,
+) -> std::result::Result<(Fields, Option<Mark>), JsonError> {
+    let mut w = Walk::new(body, 0, max, body.len().min(max).saturating_add(32));
+    w.marks = marks;
     let fields = w.top()?;
     w.s.end()?;
-    Ok(fields)
+    Ok((fields, w.mark))
+}
+
+/// What [`resume`] read: as [`read`] would, and whether the body's message
+/// list is the one resumed (no other `messages` key followed it).
+pub struct Resumed {
+    pub fields: Fields,
+    pub mark: Option<Mark>,
+    pub continued: bool,
+}
+
+/// Reads a body whose first `from.raw_len` bytes are those of a body that
+/// left `from`, from there: `list` holds the message list's section as it
+/// was at that offset. What it reads is what [`read`] reads of the whole
+/// body (the walk's state at the offset is the same).
+pub fn resume(
+    body: &[u8],
+    max: usize,
+    from: &Mark,
+    list: Section,
+) -> std::result::Result<Resumed, JsonError> {
+    let mut w = Walk::new(body, from.raw_len, max, 0);
+    w.section = list;
+    (w.marks, w.lists) = (true, 1);
+    // Inside the top-level object and its message list.
+    w.depth -= 2;
+    let last = w.elements(false)?.unwrap_or(from.raw_len);
+    w.depth += 1;
+    let mut fields = from.fields.before_list();
+    w.mark = Some(Mark {
+        raw_len: last,
+        fields: Arc::clone(&from.fields),
+        list: Shape::of(&w.section),
+    });
+    fields.messages = Some(std::mem::take(&mut w.section));
+    w.keys(&mut fields, false)?;
+    w.depth += 1;
+    w.s.end()?;
+    Ok(Resumed {
+        fields,
+        mark: w.mark,
+        continued: w.lists == 1,
+    })
 }
 
 struct Walk<'b> {
@@ -76,9 +152,28 @@ struct Walk<'b> {
     key: Vec<u8>,
     /// Reused for short strings (roles, part types).
     word: Vec<u8>,
+    mark: Option<Mark>,
+    /// Whether to mark the message list, and `messages` keys read.
+    marks: bool,
+    lists: u32,
 }
 
-impl Walk<'_> {
+impl<'b> Walk<'b> {
+    fn new(body: &'b [u8], at: usize, max: usize, reserve: usize) -> Self {
+        Walk {
+            s: Scanner::at(body, at),
+            section: Section::default(),
+            max,
+            reserve,
+            depth: DEPTH,
+            key: Vec::new(),
+            word: Vec::new(),
+            mark: None,
+            marks: false,
+            lists: 0,
+        }
+    }
+
     /// Consumes `open` and counts a level of nesting.
     fn enter(&mut self, open: u8, what: &'static str) -> Result<()> {
         self.s.expect(open, what)?;
@@ -96,13 +191,28 @@ impl Walk<'_> {
     fn top(&mut self) -> Result<Fields> {
         self.enter(b'{', "expected a JSON object")?;
         let mut f = Fields::default();
-        let mut first = true;
+        self.keys(&mut f, true)?;
+        self.depth += 1;
+        Ok(f)
+    }
+
+    /// The keys of the top-level object, up to its `}`.
+    fn keys(&mut self, f: &mut Fields, mut first: bool) -> Result<()> {
         while let Some(key) = self.next_key(&mut first)? {
             match key {
                 Field::Messages => {
+                    self.lists += 1;
+                    let marks = self.marks && self.lists == 1 && f.prompt.is_none();
+                    let before = marks.then(|| Arc::new(f.before_list()));
                     self.begin(true);
-                    self.messages()?;
+                    let last = self.messages()?;
+                    let list = Shape::of(&self.section);
                     f.messages = Some(std::mem::take(&mut self.section));
+                    self.mark = last.zip(before).map(|(raw_len, fields)| Mark {
+                        raw_len,
+                        fields,
+                        list,
+                    });
                 }
                 Field::System => {
                     self.begin(false);
@@ -140,8 +250,7 @@ impl Walk<'_> {
                 _ => self.s.skip_value()?,
             }
         }
-        self.depth += 1;
-        Ok(f)
+        Ok(())
     }
 
     /// A fresh section for one top-level field: a repeated key replaces, never
@@ -175,10 +284,18 @@ impl Walk<'_> {
     }
 
     /// `messages`: a list of message objects, each closed after its content
-    /// with its role (the two may come in either order).
-    fn messages(&mut self) -> Result<()> {
+    /// with its role (the two may come in either order). Where its last
+    /// message ended, if it has one.
+    fn messages(&mut self) -> Result<Option<usize>> {
         self.enter(b'[', "expected a list of messages")?;
-        let mut first = true;
+        let last = self.elements(true)?;
+        self.depth += 1;
+        Ok(last)
+    }
+
+    /// The messages of a list up to its `]`.
+    fn elements(&mut self, mut first: bool) -> Result<Option<usize>> {
+        let mut last = None;
         while self.s.next_element(&mut first)? {
             self.enter(b'{', "expected a message object")?;
             let mut role = std::mem::take(&mut self.word);
@@ -194,9 +311,9 @@ impl Walk<'_> {
             self.section.end_message(&role, self.max);
             self.word = role;
             self.depth += 1;
+            last = Some(self.s.pos());
         }
-        self.depth += 1;
-        Ok(())
+        Ok(last)
     }
 
     /// A string (roles, part types) into `out`, or null (empty).

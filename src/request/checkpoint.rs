@@ -1,0 +1,714 @@
+//! Checkpoints: where the parse of a long conversation stopped, so that its
+//! next turn is read from there.
+//!
+//! An agent loop sends its whole conversation again on every turn, a few
+//! hundred bytes longer. A body of at least [`MIN_BODY`] bytes with one
+//! message list, read whole, leaves a checkpoint: the body itself (shared,
+//! not copied), the offset just past its last message, the fields read
+//! before the list, and the request's prefix chain (its canonical text
+//! shared, its block hashes). A later body that starts with the same bytes
+//! up to that offset is read from there: the walk resumes inside the message
+//! list in the state it had at the offset, with the list's text, message
+//! ends and block hashes known, and scans only the bytes after it. The
+//! candidate is picked by the body's first [`HEAD`] bytes and the [`WINDOW`]
+//! bytes before the offset, then compared byte for byte up to the offset,
+//! not hashed: a crafted body cannot pass for another's. What a resumed walk
+//! reads is what a walk from the start reads, and an error it meets is the
+//! one a walk from the start meets (its state at the offset is the same; a
+//! property test holds the two equal).
+//!
+//! A body whose `cache_salt` is set (or changed) after its list leaves none:
+//! a checkpoint is found only by bodies with its bytes up to the list's end,
+//! so one with a salt is found only by requests of that salt, and a resumed
+//! parse's shorter time tells nothing across salts.
+//!
+//! The store holds at most `limits.max_checkpoint_bytes` (bodies counted by
+//! their length, texts and hashes), least recently used dropped first; the
+//! checkpoint a longer turn resumed from is replaced by that turn's. Its lock
+//! is taken twice per long body (to pick a candidate, to store) and never
+//! held while a body is compared or parsed, nor while checkpoints are freed.
+
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::walk::{self, Mark};
+use super::{Fields, JsonError, Prompt, RequestError, Section};
+use crate::policy::{PrefixChain, Request};
+
+/// Bodies shorter than this parse in a few tens of µs: no checkpoint.
+pub const MIN_BODY: usize = 32 << 10;
+/// A candidate's body starts with the same this many bytes ...
+const HEAD: usize = 256;
+/// ... and has the same this many bytes before its offset.
+const WINDOW: usize = 64;
+/// What a checkpoint holds besides its body, text and hashes.
+const OVERHEAD: usize = 256;
+
+/// The checkpoints of one router (see the module header).
+pub struct Checkpoints {
+    min_body: usize,
+    store: Mutex<Store>,
+    /// `Store::bytes`, read without the lock.
+    held: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Store {
+    /// Each checkpoint with the tick it was last used at.
+    entries: Vec<(Arc<Checkpoint>, u64)>,
+    bytes: usize,
+    tick: u64,
+}
+
+struct Checkpoint {
+    /// Hash of the body's first `HEAD` bytes.
+    head: u64,
+    body: Bytes,
+    mark: Mark,
+    /// `max_text_bytes` of its parse.
+    max: usize,
+    /// Its request's chain: the text is the `system` section's, then the
+    /// list's (whole: nothing was cut), then any `prompt`.
+    chain: PrefixChain,
+    /// The `system` section's text length and message ends in `chain`.
+    system_text: usize,
+    system_ends: usize,
+    bytes: usize,
+}
+
+/// Where a body is read from: the hash of its head, and the checkpoint
+/// whose bytes it may start with (compared in full as it is read).
+pub struct Start {
+    head: u64,
+    from: Option<Arc<Checkpoint>>,
+    /// `from` covers the body: compared already.
+    confirmed: bool,
+}
+
+impl Start {
+    /// Compares `body` with the checkpoint found now rather than as it is
+    /// read (forgetting the checkpoint if they differ): whether it covers
+    /// the body.
+    pub fn confirm(&mut self, body: &[u8]) -> bool {
+        self.confirmed = self.from.as_ref().is_some_and(|c| c.covers(body));
+        if !self.confirmed {
+            self.from = None;
+        }
+        self.confirmed
+    }
+
+    /// The bytes of a body of `len` bytes left to read after the checkpoint.
+    pub fn unread(&self, len: usize) -> usize {
+        len - self.from.as_ref().map_or(0, |c| c.mark.raw_len)
+    }
+}
+
+/// Where a checkpoint is stored: its body's head hash, its parse's text
+/// cap, and the store's budget.
+struct Keep {
+    head: u64,
+    max: usize,
+    budget: usize,
+}
+
+/// A body read into the policy's view.
+#[derive(Debug)]
+pub struct Parsed {
+    pub request: Request,
+    /// Read from a checkpoint, not from its first byte.
+    pub resumed: bool,
+}
+
+impl Default for Checkpoints {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Checkpoints {
+    pub fn new() -> Self {
+        Self::with_min_body(MIN_BODY)
+    }
+
+    fn with_min_body(min_body: usize) -> Self {
+        Self {
+            min_body,
+            store: Mutex::default(),
+            held: AtomicUsize::new(0),
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.held.load(Relaxed)
+    }
+
+    /// Reads a chat or messages body as [`Prompt::parse`] and
+    /// [`Prompt::into_request`] do, from a checkpoint when one matches, and
+    /// leaves one for the next turn, holding at most `budget` bytes in all.
+    pub fn parse(
+        &self,
+        body: &Bytes,
+        max: usize,
+        block_bytes: usize,
+        budget: usize,
+        header_key: Option<&str>,
+    ) -> Result<Parsed, RequestError> {
+        let start = self.start(body, max, budget);
+        self.parse_from(start, body, max, block_bytes, budget, header_key)
+    }
+
+    /// Where [`Checkpoints::parse`] would read `body` from: `None` when it
+    /// keeps no checkpoint for it (too short, no budget).
+    pub fn start(&self, body: &[u8], max: usize, budget: usize) -> Option<Start> {
+        if self.held.load(Relaxed) > budget {
+            // A reload lowered the budget; freed after the lock is released.
+            let gone = self.trim(&mut self.lock(), budget);
+            drop(gone);
+        }
+        if body.len() < self.min_body || budget == 0 {
+            return None;
+        }
+        let head = xxh3_64(&body[..HEAD.min(body.len())]);
+        let from = self.find(head, body, max);
+        Some(Start {
+            head,
+            from,
+            confirmed: false,
+        })
+    }
+
+    /// [`Checkpoints::parse`] from `start`, found for this body.
+    pub fn parse_from(
+        &self,
+        start: Option<Start>,
+        body: &Bytes,
+        max: usize,
+        block_bytes: usize,
+        budget: usize,
+        header_key: Option<&str>,
+    ) -> Result<Parsed, RequestError> {
+        let Some(start) = start else {
+            let prompt = Prompt::parse(body, max)?;
+            return Ok(Parsed {
+                request: prompt.into_request(block_bytes, header_key),
+                resumed: false,
+            });
+        };
+        let at = Keep {
+            head: start.head,
+            max,
+            budget,
+        };
+        let confirmed = start.confirmed;
+        let from = start.from.filter(|c| confirmed || c.covers(body));
+        if let Some(from) = from {
+            if let Some(resumed) = from.resume(body, max) {
+                let resumed = resumed?;
+                let (fields, mark) = (resumed.fields, resumed.mark);
+                // The text up to the end of the list as it was, when the
+                // `system` before it is the same and the list is the one resumed.
+                let known = resumed.continued && system_text(&fields) == from.system();
+                let known = known.then(|| (&from.chain, from.system_text + from.mark.list.text));
+                let left = Left::of(&fields, mark);
+                let prompt = fields.assemble(max);
+                let request = prompt.into_request_after(block_bytes, header_key, known);
+                let moved = left
+                    .as_ref()
+                    .is_none_or(|l| l.mark.raw_len != from.mark.raw_len);
+                if moved {
+                    self.keep(at, body, left, &request, Some(&from));
+                }
+                return Ok(Parsed {
+                    request,
+                    resumed: true,
+                });
+            }
+        }
+        let (fields, mark) = walk::read(body, max, true)?;
+        let left = Left::of(&fields, mark);
+        let request = fields.assemble(max).into_request(block_bytes, header_key);
+        self.keep(at, body, left, &request, None);
+        Ok(Parsed {
+            request,
+            resumed: false,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The checkpoint with the longest prefix of `body`, by its head and
+    /// window (the caller compares the rest).
+    fn find(&self, head: u64, body: &[u8], max: usize) -> Option<Arc<Checkpoint>> {
+        let mut store = self.lock();
+        store.tick += 1;
+        let tick = store.tick;
+        let (found, used) = store
+            .entries
+            .iter_mut()
+            .filter(|(c, _)| {
+                let at = c.mark.raw_len;
+                let window = at.saturating_sub(WINDOW)..at;
+                c.head == head
+                    && c.max == max
+                    && at < body.len()
+                    && body.get(window.clone()) == c.body.get(window)
+            })
+            .max_by_key(|(c, _)| c.mark.raw_len)?;
+        *used = tick;
+        Some(found.clone())
+    }
+
+    /// Stores the checkpoint a parse left, in place of `from` (the one it
+    /// resumed from) and of any other at the same offset with the same head
+    /// and window (most likely the same bytes; at worst one dropped early).
+    fn keep(
+        &self,
+        Keep { head, max, budget }: Keep,
+        body: &Bytes,
+        left: Option<Left>,
+        request: &Request,
+        from: Option<&Arc<Checkpoint>>,
+    ) {
+        // A text cut at `max` is not the list's whole text; a list that ends
+        // within the head would not be found by it.
+        let whole = |l: &Left| request.chain.len() < max && l.mark.raw_len >= HEAD;
+        let Some(left) = left.filter(whole) else {
+            return;
+        };
+        let chain = request.chain.clone();
+        let bytes = body.len() + chain.heap_bytes() + left.mark.fields.heap_bytes() + OVERHEAD;
+        let checkpoint = Arc::new(Checkpoint {
+            head,
+            body: body.clone(),
+            max,
+            chain,
+            system_text: left.system_text,
+            system_ends: left.system_ends,
+            mark: left.mark,
+            bytes,
+        });
+        if checkpoint.bytes > budget {
+            return;
+        }
+        let mut store = self.lock();
+        let at = checkpoint.mark.raw_len;
+        let window = at.saturating_sub(WINDOW)..at;
+        let same = |c: &Checkpoint| {
+            from.is_some_and(|f| std::ptr::eq(f.as_ref(), c))
+                || (c.head == head
+                    && c.mark.raw_len == at
+                    && c.body.get(window.clone()) == body.get(window.clone()))
+        };
+        let mut gone = Vec::new();
+        let mut i = 0;
+        while i < store.entries.len() {
+            if same(&store.entries[i].0) {
+                let (c, _) = store.entries.swap_remove(i);
+                store.bytes -= c.bytes;
+                gone.push(c);
+            } else {
+                i += 1;
+            }
+        }
+        store.tick += 1;
+        let tick = store.tick;
+        store.bytes += checkpoint.bytes;
+        store.entries.push((checkpoint, tick));
+        gone.extend(self.trim(&mut store, budget));
+        drop(store);
+        // Freed (bodies, texts) after the lock is released.
+        drop(gone);
+    }
+
+    /// Drops the least recently used checkpoints until `budget` holds them.
+    fn trim(&self, store: &mut Store, budget: usize) -> Vec<Arc<Checkpoint>> {
+        let mut gone = Vec::new();
+        while store.bytes > budget {
+            let Some(oldest) = (0..store.entries.len()).min_by_key(|i| store.entries[*i].1) else {
+                break;
+            };
+            let (c, _) = store.entries.swap_remove(oldest);
+            store.bytes -= c.bytes;
+            gone.push(c);
+        }
+        self.held.store(store.bytes, Relaxed);
+        gone
+    }
+}
+
+impl Checkpoint {
+    /// The `system` text its chain starts with.
+    fn system(&self) -> &[u8] {
+        &self.chain.text[..self.system_text]
+    }
+
+    /// Whether `body` starts with the same bytes up to this checkpoint.
+    fn covers(&self, body: &[u8]) -> bool {
+        let at = self.mark.raw_len;
+        body.get(..at) == self.body.get(..at)
+    }
+
+    /// Reads a body it covers from this checkpoint. An error is the body's,
+    /// the one a walk from its first byte meets (its state at the offset is
+    /// the same).
+    fn resume(&self, body: &[u8], max: usize) -> Option<Result<walk::Resumed, JsonError>> {
+        let at = self.mark.raw_len;
+        let shape = self.mark.list;
+        let start = self.system_text;
+        let text = self.chain.text.get(start..start + shape.text)?;
+        let ends = self
+            .chain
+            .message_ends
+            .get(self.system_ends..self.system_ends + shape.ends)?;
+        // Room for the rest, as a parse from the start reserves.
+        let mut list_text = Vec::with_capacity(text.len() + (body.len() - at).min(max) + 32);
+        list_text.extend_from_slice(text);
+        let list = Section {
+            text: list_text,
+            message_ends: ends.iter().map(|e| e - start).collect(),
+            model_turn: shape.model_turn,
+            root_end: shape.root_end,
+            messages: shape.messages,
+        };
+        Some(walk::resume(body, max, &self.mark, list))
+    }
+}
+
+/// The `system` section's text, if any.
+fn system_text(fields: &Fields) -> &[u8] {
+    fields.system.as_ref().map_or(&[], |s| &s.text)
+}
+
+/// What a parse leaves for a checkpoint: its mark, and where the `system`
+/// section put the list in the text.
+struct Left {
+    mark: Mark,
+    system_text: usize,
+    system_ends: usize,
+}
+
+impl Left {
+    /// `None` also when the salt was set or changed after the list: a
+    /// checkpoint is only found by bodies with its bytes up to the list's end,
+    /// so one with a salt is found only by requests of that salt.
+    fn of(fields: &Fields, mark: Option<Mark>) -> Option<Self> {
+        let mark = mark?;
+        let before = &mark.fields;
+        if fields.salt != before.salt || fields.odd_salt != before.odd_salt {
+            return None;
+        }
+        let system = fields.system.as_ref();
+        Some(Left {
+            mark,
+            system_text: system.map_or(0, |s| s.text.len()),
+            system_ends: system.map_or(0, |s| s.message_ends.len()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// What a request must equal: the parse from the first byte.
+    fn whole(body: &[u8], max: usize, block_bytes: usize) -> Option<Request> {
+        let prompt = Prompt::parse(body, max).ok()?;
+        Some(prompt.into_request(block_bytes, None))
+    }
+
+    fn same(a: Option<&Request>, b: Option<&Request>) -> std::result::Result<(), TestCaseError> {
+        let view = |r: Option<&Request>| {
+            r.map(|r| {
+                let c = &r.chain;
+                let text = c.text.as_slice().to_vec();
+                let shape = (r.model_turn, r.root_end, r.messages, r.cache_bypass);
+                let names = (r.key.clone(), r.model.clone());
+                (text, c.blocks.clone(), c.message_ends.clone(), shape, names)
+            })
+        };
+        prop_assert_eq!(view(a), view(b));
+        Ok(())
+    }
+
+    /// A JSON string: escaped by serde_json, or written with the escapes a
+    /// client may choose.
+    fn string() -> impl Strategy<Value = String> {
+        let text = "[a-z \"\\\\\n\t\u{1}é]{0,24}".prop_map(|s| serde_json::json!(s).to_string());
+        let pieces = prop::collection::vec(
+            prop_oneof![
+                "[a-z ]{1,8}",
+                Just(r"\u0041".to_owned()),
+                Just(r"\/".to_owned()),
+                Just(r"\ud83d\ude00".to_owned()),
+                Just(r"\n".to_owned()),
+            ],
+            0..6,
+        );
+        prop_oneof![3 => text, 1 => pieces.prop_map(|p| format!("\"{}\"", p.concat()))]
+    }
+
+    fn content() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => string(),
+            1 => Just("null".to_owned()),
+            1 => string().prop_map(|t| format!(r#"[{{"type":"text","text":{t}}}]"#)),
+            1 => string().prop_map(|t| format!(r#"[{{"type":"tool_result","tool_use_id":"t","content":{t}}}]"#)),
+        ]
+    }
+
+    fn message() -> impl Strategy<Value = String> {
+        let role = prop::sample::select(vec!["user", "assistant", "tool", "system", "x"]);
+        (role, content(), any::<bool>(), any::<bool>()).prop_map(|(role, c, flip, calls)| {
+            let calls = if calls {
+                r#","tool_calls":[{"id":"c"}]"#
+            } else {
+                ""
+            };
+            match flip {
+                false => format!(r#"{{"role":"{role}","content":{c}{calls}}}"#),
+                true => format!(r#"{{"content":{c}{calls}, "role" : "{role}"}}"#),
+            }
+        })
+    }
+
+    /// Top-level fields other than the list.
+    fn field() -> impl Strategy<Value = String> {
+        prop_oneof![
+            string().prop_map(|s| format!(r#""model":{s}"#)),
+            content().prop_map(|s| format!(r#""system":{s}"#)),
+            string().prop_map(|s| format!(r#""prompt_cache_key":{s}"#)),
+            prop::sample::select(vec![
+                r#""cache_salt":"s""#,
+                r#""cache_salt":null"#,
+                r#""cache_salt":1"#
+            ])
+            .prop_map(str::to_owned),
+            Just(r#""stream":true"#.to_owned()),
+            Just(r#""tools":[{"type":"function","function":{"name":"f"}}]"#.to_owned()),
+            Just(r#""prompt":"p""#.to_owned()),
+            prop::collection::vec(message(), 0..3)
+                .prop_map(|m| format!(r#""messages":[{}]"#, m.join(","))),
+        ]
+    }
+
+    /// A conversation's turns: the fields before its list, its messages
+    /// turn by turn, and the fields after it on each turn.
+    #[derive(Debug, Clone)]
+    struct Turns {
+        before: Vec<String>,
+        turns: Vec<Vec<String>>,
+        after: Vec<Vec<String>>,
+    }
+
+    fn turns() -> impl Strategy<Value = Turns> {
+        let fields = || prop::collection::vec(field(), 0..3);
+        let turn = prop::collection::vec(message(), 0..4);
+        (fields(), prop::collection::vec((turn, fields()), 3)).prop_map(|(before, t)| Turns {
+            before,
+            turns: t.iter().map(|(m, _)| m.clone()).collect(),
+            after: t.into_iter().map(|(_, a)| a).collect(),
+        })
+    }
+
+    impl Turns {
+        /// The body of turn `n`: every message so far.
+        fn body(&self, n: usize) -> String {
+            let messages: Vec<&String> = self.turns[..=n].iter().flatten().collect();
+            let list = format!(
+                r#""messages":[{}]"#,
+                messages
+                    .iter()
+                    .map(|m| m.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            // Past the head, wherever the list ends.
+            let mut fields = vec![format!(r#""user":"{}""#, "u".repeat(HEAD))];
+            fields.extend(self.before.iter().cloned());
+            fields.push(list);
+            fields.extend(self.after[n].iter().cloned());
+            format!("{{{}}}", fields.join(","))
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn a_resumed_parse_reads_what_a_parse_from_the_start_reads(
+            t in turns(),
+            max in prop_oneof![Just(usize::MAX), 0usize..400],
+            block_bytes in prop_oneof![Just(1024usize), 1usize..24],
+            fault in prop::option::of((any::<prop::sample::Index>(), any::<u8>(), 0..3u8)),
+        ) {
+            let store = Checkpoints::with_min_body(0);
+            let mut left = false;
+            for n in 0..t.turns.len() {
+                let mut body = t.body(n).into_bytes();
+                // The last turn, with a byte inserted, removed or cut past
+                // the middle of the turn before.
+                if let (Some((at, byte, how)), true) = (fault, n + 1 == t.turns.len()) {
+                    let prefix = t.body(n - 1).len().min(body.len()) / 2;
+                    let i = prefix + at.index(body.len() - prefix + 1);
+                    match how {
+                        0 => body.insert(i, byte),
+                        1 if i < body.len() => { body.remove(i); }
+                        _ => body.truncate(i),
+                    }
+                }
+                let body = Bytes::from(body);
+                let got = store.parse(&body, max, block_bytes, 1 << 30, None).ok();
+                let want = whole(&body, max, block_bytes);
+                same(got.as_ref().map(|p| &p.request), want.as_ref())?;
+                // A turn after one that left a checkpoint at the end of the
+                // list it extends resumes from it.
+                if fault.is_none() && left {
+                    prop_assert!(got.is_some_and(|p| p.resumed), "turn {} did not resume", n);
+                }
+                let relisted = t.after[n].iter().any(|f| f.starts_with(r#""messages""#));
+                left = !relisted && store.lock().entries.iter().any(|(c, _)| c.body == body);
+            }
+        }
+    }
+
+    /// A conversation of `turns` turns of about 1 KiB each.
+    fn conversation(turns: usize) -> Vec<Bytes> {
+        let mut messages = Vec::new();
+        (0..turns)
+            .map(|t| {
+                messages.push(format!(
+                    r#"{{"role":"user","content":"{t}: {}"}}"#,
+                    "x".repeat(1000)
+                ));
+                let body = format!(
+                    r#"{{"model":"m","messages":[{}],"stream":true}}"#,
+                    messages.join(",")
+                );
+                Bytes::from(body)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_conversation_keeps_one_checkpoint_its_latest_turn() {
+        let store = Checkpoints::with_min_body(0);
+        let bodies = conversation(5);
+        for (n, body) in bodies.iter().enumerate() {
+            let parsed = store.parse(body, usize::MAX, 64, 1 << 30, None).unwrap();
+            assert_eq!(parsed.resumed, n > 0);
+        }
+        let entries = &store.lock().entries;
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].0.body, bodies[4]);
+    }
+
+    #[test]
+    fn the_budget_drops_the_least_recently_used() {
+        let a = conversation(3);
+        let b: Vec<Bytes> = conversation(3)
+            .into_iter()
+            .map(|x| Bytes::from(String::from_utf8_lossy(&x).replace("\"m\"", "\"n\"")))
+            .collect();
+        let probe = Checkpoints::with_min_body(0);
+        probe.parse(&a[0], usize::MAX, 64, 1 << 30, None).unwrap();
+        let one = probe.bytes();
+        // Room for about two first turns.
+        let (store, budget) = (Checkpoints::with_min_body(0), one * 5 / 2);
+        let parse = |body: &Bytes| store.parse(body, usize::MAX, 64, budget, None).unwrap();
+        parse(&a[0]);
+        parse(&b[0]);
+        assert_eq!(store.lock().entries.len(), 2);
+        // Using a's makes b's the oldest; a's second turn needs the room.
+        assert!(parse(&a[1]).resumed);
+        assert!(store.bytes() <= budget);
+        assert!(!parse(&b[1]).resumed);
+        // No budget: nothing kept.
+        let none = Checkpoints::with_min_body(0);
+        none.parse(&a[0], usize::MAX, 64, 0, None).unwrap();
+        assert!(!none.parse(&a[1], usize::MAX, 64, 0, None).unwrap().resumed);
+        assert_eq!(none.bytes(), 0);
+    }
+
+    #[test]
+    fn a_body_that_differs_before_the_checkpoint_is_read_from_the_start() {
+        let store = Checkpoints::with_min_body(0);
+        let bodies = conversation(2);
+        store
+            .parse(&bodies[0], usize::MAX, 64, 1 << 30, None)
+            .unwrap();
+        // The same length and window, one byte changed in the middle.
+        let mut forged = bodies[1].to_vec();
+        forged[400] = b'y';
+        let forged = Bytes::from(forged);
+        let parsed = store.parse(&forged, usize::MAX, 64, 1 << 30, None).unwrap();
+        assert!(!parsed.resumed);
+        let want = whole(&forged, usize::MAX, 64).unwrap();
+        assert_eq!(parsed.request.chain.text, want.chain.text);
+    }
+
+    #[test]
+    fn a_lowered_budget_is_kept_at_the_next_body_and_one_too_large_displaces_none() {
+        let store = Checkpoints::with_min_body(0);
+        let (a, b) = (conversation(2), conversation(4));
+        store.parse(&a[0], usize::MAX, 64, 1 << 30, None).unwrap();
+        let one = store.bytes();
+        // b's first turn is larger than the budget: not kept, a's stays.
+        store.parse(&b[3], usize::MAX, 64, one + 1, None).unwrap();
+        assert_eq!(store.bytes(), one);
+        assert!(
+            store
+                .parse(&a[1], usize::MAX, 64, one * 3, None)
+                .unwrap()
+                .resumed
+        );
+        // A reload to 0 frees everything at the next body, short or not.
+        store.start(b"{}", usize::MAX, 0);
+        assert_eq!((store.bytes(), store.lock().entries.len()), (0, 0));
+    }
+
+    #[test]
+    fn bodies_with_two_message_lists_or_a_salt_after_theirs_leave_none() {
+        let store = Checkpoints::with_min_body(0);
+        let pad = "u".repeat(HEAD);
+        let list = r#""messages":[{"role":"user","content":"q"}]"#;
+        for body in [
+            format!(r#"{{"x":"{pad}",{list},{list}}}"#),
+            format!(r#"{{"x":"{pad}","messages":[],{list}}}"#),
+            format!(r#"{{"x":"{pad}",{list},"cache_salt":"t"}}"#),
+            format!(r#"{{"x":"{pad}","cache_salt":"t",{list},"cache_salt":"u"}}"#),
+        ] {
+            store
+                .parse(&Bytes::from(body), usize::MAX, 64, 1 << 30, None)
+                .unwrap();
+            assert_eq!(store.bytes(), 0);
+        }
+        // A salt before the list is part of the bytes a later turn must share.
+        let salted = format!(r#"{{"x":"{pad}","cache_salt":"t",{list}}}"#);
+        store
+            .parse(&Bytes::from(salted), usize::MAX, 64, 1 << 30, None)
+            .unwrap();
+        assert!(store.bytes() > 0);
+    }
+
+    #[test]
+    fn short_bodies_leave_no_checkpoint() {
+        let store = Checkpoints::new();
+        for body in conversation(3) {
+            assert!(body.len() < MIN_BODY);
+            assert!(
+                !store
+                    .parse(&body, usize::MAX, 64, 1 << 30, None)
+                    .unwrap()
+                    .resumed
+            );
+        }
+        assert_eq!(store.bytes(), 0);
+    }
+}
