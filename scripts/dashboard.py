@@ -136,6 +136,17 @@ ROWS = [
          "Body bytes of routed requests.",
          [q(f'histogram_quantile({p}, sum by (le) (rate(prefix_router_request_body_bytes_bucket[5m])))',
             f'p{int(p * 100)}') for p in (0.5, 0.95)]),
+        ("Long bodies read from a checkpoint", "percentunit",
+         "Of chat bodies of 32 KiB and more, the share read from where the conversation's "
+         "last turn ended (a checkpoint) rather than from the first byte; low with agent "
+         "traffic means limits.max_checkpoint_bytes is too small for the conversations in "
+         "flight (compare the bytes held with it).",
+         [q('sum(rate(prefix_router_long_body_parses_total{from="checkpoint"}[5m])) / '
+            'sum(rate(prefix_router_long_body_parses_total[5m]))', 'from a checkpoint')]),
+        ("Checkpoint bytes", "bytes",
+         "Bytes held by checkpoints of long conversations' latest turns "
+         "(bounded by limits.max_checkpoint_bytes).",
+         [q('prefix_router_checkpoint_bytes', 'held')]),
     ]),
 ]
 
