@@ -71,7 +71,9 @@ results: prepare
 	  --scenario agent-loop --scenario responses-loop --policies shape,roundrobin \
 	  --label "simulated replicas, agent loops on chat and on the Responses API (replica-sim)" \
 	  --out bench-out/responses --results bench-out/results-responses.md
-	scripts/real-engine.sh compare
+	ENGINE_CPUS="0 1" \
+	  LABEL="real llama.cpp replicas, each engine on its own CPU (xllamacpp, SmolLM2-135M cut to 4 blocks, 1 thread, 1 slot of 4096 tokens)" \
+	  scripts/real-engine.sh compare
 	ENGINE_CPUS="0 1" POLICIES=shape,shape+replica.prompt_cache=last,roundrobin OUT=bench-out/real-mixed \
 	  RESULTS=bench-out/results-real-mixed.md \
 	  LABEL="real llama.cpp replicas, agent loops amid bursts, 3 rounds, each engine on its own CPU (xllamacpp, 1 slot of 4096 tokens, --cache-ram 0)" \
