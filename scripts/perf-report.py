@@ -32,7 +32,7 @@ def fmt(ns):
 
 rows = [
     ("decision path, 4 KiB agent body", "decision_path", "agent_body_kib/4", "< 10 µs"),
-    ("decision path, 400 KiB agent body (~90k tokens)", "decision_path", "agent_body_kib/400", "< 0.5 ms"),
+    ("decision path, 400 KiB agent body (~90k tokens)", "decision_path", "agent_body_kib/400", "≤ 100 µs"),
     ("  the same body through the checkpoints, first turn (leaves one)", "decision_path", "agent_first_turn_kib/400", ""),
     ("  its next turn (+1 tool call and result), read from that checkpoint", "decision_path", "agent_next_turn_kib/400", "≤ 100 µs"),
     ("  of which: parse the JSON body", "decision_parts_400kib", "parse_body", ""),
@@ -58,6 +58,9 @@ mem = re.findall(r"tracked (\d+) conversations of 2 KiB: (\d+) entries, (\d+) by
 mem_rows = [f"| {int(n):,} | {int(e):,} | {b} bytes |" for n, e, b in mem]
 # Each tracked 2 KiB conversation is two entries (one block, one end).
 per_entry = int(mem[-1][2]) / 2
+# The ≤ 100 µs target, held against this run's first 400 KiB body.
+first_body = estimate("decision_path", "agent_body_kib/400")[0]
+against_target = "inside" if first_body <= 100_000 else "outside"
 cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True, text=True).stdout.strip()
 
 doc = f"""# Performance of the decision path
@@ -98,8 +101,8 @@ body's decision path took 191.5 µs (2026-12-01, second session).
 The machine changed on 2026-12-01 (third session): another AMD EPYC, with
 AVX-512, that runs `serde_json`'s validation of the same body in 161 µs against
 277 µs before (1.7× faster) and the string scan in 30 µs against 73 µs. On it
-the same code takes the first 400 KiB body's decision path in the time the table
-shows, inside the ≤ 100 µs target: that is the machine, not a code change
+the same code takes the first 400 KiB body's decision path in {fmt(first_body)},
+{against_target} the ≤ 100 µs target: that is the machine, not a code change
 (the code still uses SSE2 only).
 
 Its later turns meet it through checkpoints (`src/request/checkpoint.rs`, 2026-12-01).
