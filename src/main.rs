@@ -31,6 +31,7 @@ use prefix_router::policy::Policy;
 use prefix_router::proxy::{Router, Settings};
 use prefix_router::reload::{Live, Reloader};
 use prefix_router::replicas::Replicas;
+use prefix_router::request::Checkpoints;
 use prefix_router::resolve::Resolver;
 use prefix_router::responses::ResponseIds;
 use prefix_router::shared::{SharedPins, SharedPinsTask};
@@ -251,7 +252,10 @@ fn main() -> anyhow::Result<()> {
         keys: keys.clone(),
         responses: Arc::clone(&responses),
         shared: shared.clone(),
-        checkpoints: Arc::default(),
+        checkpoints: Arc::new({
+            let replicas = Arc::clone(&replicas);
+            Checkpoints::serving(move |model| !replicas.nobody_serves(model))
+        }),
     };
     let capacity = CapacityWatch::new(
         cfg.working_set_window_s,

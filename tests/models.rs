@@ -232,3 +232,24 @@ fn audio_forms_go_to_the_replicas_of_their_model() {
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"]["code"], "model_not_found");
 }
+
+#[test]
+fn a_long_body_for_a_model_nobody_serves_leaves_no_checkpoint() {
+    let a = Sim::start("a", &["--models", "alpha"]);
+    let router = Router::start(&[&a], "");
+    // Long enough to leave a checkpoint (32 KiB or more, one message list).
+    let long = |model: &str| {
+        json!({"model": model, "max_tokens": 2, "messages": [
+            {"role": "user", "content": "read this file: ".repeat(4 << 10)},
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "and now?"}]})
+    };
+    // Refused at once: it would only push other conversations' checkpoints out.
+    let r = router.post("/v1/chat/completions", &long("gamma"));
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(router.metric("prefix_router_checkpoint_bytes"), 0.0);
+    // The same body for a model a replica serves leaves one.
+    let r = router.post("/v1/chat/completions", &long("alpha"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(router.metric("prefix_router_checkpoint_bytes") > 64.0 * 1024.0);
+}

@@ -20,7 +20,9 @@
 //! A body whose `cache_salt` is set (or changed) after its list leaves none:
 //! a checkpoint is found only by bodies with its bytes up to the list's end,
 //! so one with a salt is found only by requests of that salt, and a resumed
-//! parse's shorter time tells nothing across salts.
+//! parse's shorter time tells nothing across salts. A body naming a model no
+//! replica serves leaves none either (see [`Checkpoints::serving`]): it is
+//! answered 404 and would only push others out.
 //!
 //! The store holds at most `limits.max_checkpoint_bytes` (bodies counted by
 //! their length, texts and hashes), least recently used dropped first; the
@@ -47,12 +49,17 @@ const WINDOW: usize = 64;
 /// What a checkpoint holds besides its body, text and hashes.
 const OVERHEAD: usize = 256;
 
+/// Whether some replica serves a model.
+type Serves = Box<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// The checkpoints of one router (see the module header).
 pub struct Checkpoints {
     min_body: usize,
     store: Mutex<Store>,
     /// `Store::bytes`, read without the lock.
     held: AtomicUsize,
+    /// Requests naming a model this refuses leave no checkpoint.
+    serves: Option<Serves>,
 }
 
 #[derive(Default)]
@@ -138,6 +145,17 @@ impl Checkpoints {
             min_body,
             store: Mutex::default(),
             held: AtomicUsize::new(0),
+            serves: None,
+        }
+    }
+
+    /// Checkpoints kept only for requests that name no model or one
+    /// `serves` accepts (a request for another is refused before any replica
+    /// sees it).
+    pub fn serving(serves: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
+        Self {
+            serves: Some(Box::new(serves)),
+            ..Self::new()
         }
     }
 
@@ -281,6 +299,10 @@ impl Checkpoints {
         let Some(left) = left.filter(whole) else {
             return;
         };
+        let served = |m: &String| self.serves.as_ref().is_none_or(|serves| serves(m));
+        if !request.model.as_ref().is_none_or(served) {
+            return;
+        }
         let chain = request.chain.clone();
         let bytes = body.len() + chain.heap_bytes() + left.mark.fields.heap_bytes() + OVERHEAD;
         let checkpoint = Arc::new(Checkpoint {
