@@ -720,6 +720,21 @@ mod tests {
     }
 
     #[test]
+    fn a_model_nobody_serves_leaves_none() {
+        let store = Checkpoints {
+            serves: Some(Box::new(|model: &str| model == "m")),
+            ..Checkpoints::with_min_body(0)
+        };
+        let ours = conversation(2);
+        let other = String::from_utf8_lossy(&ours[0]).replace("\"m\"", "\"other\"");
+        let parse = |body: &Bytes| store.parse(body, usize::MAX, 64, 1 << 30, None).unwrap();
+        parse(&Bytes::from(other));
+        assert_eq!(store.bytes(), 0);
+        parse(&ours[0]);
+        assert!(parse(&ours[1]).resumed);
+    }
+
+    #[test]
     fn short_bodies_leave_no_checkpoint() {
         let store = Checkpoints::new();
         for body in conversation(3) {
