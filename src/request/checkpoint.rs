@@ -299,9 +299,10 @@ impl Checkpoints {
         let Some(left) = left.filter(whole) else {
             return;
         };
-        let served = |m: &String| self.serves.as_ref().is_none_or(|serves| serves(m));
-        if !request.model.as_ref().is_none_or(served) {
-            return;
+        if let (Some(serves), Some(model)) = (&self.serves, &request.model) {
+            if !serves(model) {
+                return;
+            }
         }
         let chain = request.chain.clone();
         let bytes = body.len() + chain.heap_bytes() + left.mark.fields.heap_bytes() + OVERHEAD;
