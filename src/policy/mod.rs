@@ -37,10 +37,12 @@
 //!                 a single runs there, then room beside that single (the caller computes
 //!                 it), so a burst's singles follow each other and displace one context
 //!                 per burst, not one per card. Measured on real llama.cpp replicas
-//!                 (docs/results.md, 3 rounds, each engine on its own CPU): agents' warm
-//!                 turns amid bursts 0.28-0.41 s undeclared -> 0.25-0.37 s (0.25-0.28 s
-//!                 without bursts), cache misses 4 -> 1-3 of 10; those bursts end at
-//!                 1.87-2.62 s instead of 1.26-1.47 s (round-robin 3.91-4.05 s).
+//!                 (docs/results.md, 3 rounds, each engine on its own CPU): agents'
+//!                 cache misses amid bursts 2-3 undeclared -> 1-2 of 10 warm turns, their
+//!                 median warm turn 1.00-1.08x -> 1.02-1.09x their turn without bursts
+//!                 (0.13-0.15 s either way: with one agent per engine a burst's first
+//!                 single displaces a context wherever it goes); those bursts end at
+//!                 1.09-1.25 s instead of 0.86-0.93 s (round-robin 1.20-1.37 s).
 //!   least loaded  (with `engine_load`; off by default) wherever a cold placement uses
 //!                 the counter, it runs over the least-loaded of its replicas only, and
 //!                 of equals over those whose engines report the least KV in use (10 %

@@ -295,7 +295,7 @@ async fn compare(
     let started = std::time::Instant::now();
     let mut labels = Vec::new();
     for round in 0..arms.salts {
-        for policy in policies {
+        for policy in arm_order(policies, round) {
             // With several rounds, each round's arm is a column of its own
             // in the detailed tables.
             let label = if arms.salts > 1 {
@@ -367,10 +367,20 @@ async fn compare(
             }
         }
     }
+    // Tables list the arms in the order given, rounds in order.
+    let position = |label: &str| {
+        let policy = label.split(" #").next().unwrap_or(label);
+        policies.iter().position(|p| p == policy)
+    };
+    labels.sort_by_key(|l| position(l));
+    for row in &mut rows {
+        row.1.sort_by_key(|(l, _)| position(l));
+    }
+    turns.sort_by_key(|(p, _)| position(p));
     let rounds = if arms.salts > 1 {
         format!(
-            ", {} rounds of them, each with fresh salts (headline cells list every round's \
-             figure in order; `#n` marks round n below)",
+            ", {} rounds of them, each with fresh salts and the arm order rotated by one \
+             (headline cells list every round's figure in order; `#n` marks round n below)",
             arms.salts
         )
     } else {
@@ -380,8 +390,13 @@ async fn compare(
         1 => String::new(),
         n => format!(" through {n} router instances, each request sent to one of them at random"),
     };
+    let replicas = if arms.external.is_empty() {
+        "fresh replicas"
+    } else {
+        "the same given replicas (what their caches hold carries over from one arm to the next)"
+    };
     let mut md = format!(
-        "### {label}\n\nOne run, {} arms in sequence{rounds}, each in front of fresh replicas{instances}, one \
+        "### {label}\n\nOne run, {} arms in sequence{rounds}, each in front of {replicas}{instances}, one \
          model minute of quiet between scenarios; {:.0} s wall in all. Times are model seconds \
          (wall × {}); cells give the median, the p90 and the number of requests.\n\n",
         policies.len(),
@@ -466,4 +481,31 @@ async fn compare(
     }
     println!("{md}");
     Ok(())
+}
+
+/// The arms of one round: the order given, rotated by the round's number, so
+/// drift over a long run (a shared machine, engines warming up) does not
+/// always fall on the arm that runs last.
+fn arm_order(policies: &[String], round: usize) -> impl Iterator<Item = &String> {
+    policies.iter().cycle().skip(round).take(policies.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_round_runs_every_arm_once_starting_one_later() {
+        let arms: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let order = |round| {
+            arm_order(&arms, round)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("")
+        };
+        assert_eq!(order(0), "abc");
+        assert_eq!(order(1), "bca");
+        assert_eq!(order(2), "cab");
+        assert_eq!(order(3), "abc");
+    }
 }

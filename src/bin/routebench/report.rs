@@ -117,6 +117,8 @@ pub fn summarize(scenario: &str, samples: &[Sample]) -> Cells {
                 format!("{:.2} s (n={})", makespan(ok(samples)), ok(samples).count()),
             ));
             row.push(("TTFT".into(), ttft(&|_| true).show()));
+            // Equal shares and placements: equal prefill work, whatever the makespans say.
+            row.push(("cached".into(), pct(cached_share(ok(samples)))));
             row.push(("placement".into(), placement(ok(samples))));
         }
         "mixed" | "unseen-load" => {
