@@ -182,3 +182,52 @@ fn the_capacity_scenario_overflows_a_card_and_the_router_says_so() {
         "no thrash: {cached} of {prompt} cached"
     );
 }
+
+/// `compare` rotates the arm order by one each round (so drift does not
+/// always fall on the same arm), still lists arms in the order given, and
+/// reports a burst's cached share and the router's index repairs.
+#[test]
+fn compare_rotates_the_arms_each_round_and_lists_them_in_the_order_given() {
+    let out = out_dir("compare");
+    let run = Command::new(env!("CARGO_BIN_EXE_routebench"))
+        .args(["compare", "--quick", "--time-scale", "20", "--salts", "2"])
+        .args(["--scenario", "burst", "--policies", "shape,roundrobin"])
+        .arg("--out")
+        .arg(&out)
+        .arg("--results")
+        .arg(out.join("results.md"))
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("run routebench");
+    let log = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{log}");
+    let ran: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split("routebench] ").nth(1))
+        .filter_map(|l| l.strip_suffix(": burst"))
+        .collect();
+    assert_eq!(
+        ran,
+        ["shape #1", "roundrobin #1", "roundrobin #2", "shape #2"]
+    );
+
+    let md = std::fs::read_to_string(out.join("results.md")).expect("results");
+    let table: Vec<&str> = md
+        .lines()
+        .skip_while(|l| !l.starts_with("| burst |"))
+        .take_while(|l| l.starts_with('|'))
+        .collect();
+    assert!(table.len() > 2, "{md}");
+    assert!(table[0].contains("| cached |"), "{}", table[0]);
+    assert!(table[0].ends_with("| index repairs |"), "{}", table[0]);
+    let cell = |row: &str, i: usize| row.split('|').nth(i).unwrap_or("").trim().to_owned();
+    let arms: Vec<String> = table[2..].iter().map(|r| cell(r, 1)).collect();
+    assert_eq!(
+        arms,
+        ["shape #1", "shape #2", "roundrobin #1", "roundrobin #2"]
+    );
+    for row in &table[2..] {
+        let repairs = row.trim_end_matches('|').rsplit('|').next().unwrap_or("");
+        assert_eq!(repairs.trim(), "0", "{row}");
+    }
+}

@@ -103,7 +103,11 @@
 //!                 prefix was recorded only moments before (it may still be in its first
 //!                 prefill); a replica back from a failed health check forgets
 //!                 everything (a restarted engine starts empty). Later turns are then
-//!                 placed on merit.
+//!                 placed on merit. Measured (docs/results.md, simulated cards, 3 salts,
+//!                 on after 10 s, after 1 s and never): it never fired on agent-loop,
+//!                 mixed or capacity (the cards free a context tail first, so a pin keeps
+//!                 part of its prefix) and the three arms measured alike. It stays on
+//!                 for what it is for: an engine that lost its cache between checks.
 //! ```
 //!
 //! No I/O, no clock, no threads of its own: replica liveness and load are

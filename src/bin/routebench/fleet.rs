@@ -313,20 +313,21 @@ impl Fleet {
         Ok(fleet)
     }
 
-    /// Shared-pin lookups (Redis round trips on the request path) the
-    /// router instances have made so far.
-    pub fn shared_lookups(&self) -> f64 {
-        let series = "prefix_router_shared_pins_total{op=\"lookup\"";
-        self.metrics
-            .iter()
-            .filter_map(|m| get(*m, "/metrics"))
-            .flat_map(|text| {
-                text.lines()
-                    .filter(|l| l.starts_with(series))
-                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                    .collect::<Vec<f64>>()
-            })
-            .sum()
+    /// The sum of a counter's series starting `series` over the router
+    /// instances, so far; `None` for the peer (no metrics of ours).
+    pub fn counter(&self, series: &str) -> Option<f64> {
+        (!self.metrics.is_empty()).then(|| {
+            self.metrics
+                .iter()
+                .filter_map(|m| get(*m, "/metrics"))
+                .flat_map(|text| {
+                    text.lines()
+                        .filter(|l| l.starts_with(series))
+                        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                        .collect::<Vec<f64>>()
+                })
+                .sum()
+        })
     }
 
     /// Lines of the routers' logs that contain `needle`.

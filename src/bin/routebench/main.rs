@@ -275,6 +275,10 @@ struct Arms {
     instances: usize,
 }
 
+/// Router counters read around each scenario.
+const SHARED_LOOKUPS: &str = "prefix_router_shared_pins_total{op=\"lookup\"";
+const REPAIRS: &str = "prefix_router_index_repairs_total";
+
 async fn compare(
     arms: &Arms,
     results: Option<PathBuf>,
@@ -332,10 +336,12 @@ async fn compare(
             for (i, name) in names.iter().enumerate() {
                 log::info!("{label}: {name}");
                 let before = fleet.log_lines(WARNING).len();
-                let lookups = fleet.shared_lookups();
+                let lookups = fleet.counter(SHARED_LOOKUPS).unwrap_or(0.0);
+                let repairs = fleet.counter(REPAIRS);
                 let samples = scenario(name, &c, &probe, &s).await;
                 if policy.contains("fleet.mode=redis") && !samples.is_empty() {
-                    let per_request = (fleet.shared_lookups() - lookups) / samples.len() as f64;
+                    let per_request = (fleet.counter(SHARED_LOOKUPS).unwrap_or(0.0) - lookups)
+                        / samples.len() as f64;
                     headline.push((
                         policy.clone(),
                         round,
@@ -357,9 +363,14 @@ async fn compare(
                 for (measure, value) in report::headline(name, &samples) {
                     headline.push((policy.clone(), round, measure, value));
                 }
-                rows[i]
-                    .1
-                    .push((label.clone(), report::summarize(name, &samples)));
+                let mut cells = report::summarize(name, &samples);
+                // What the engines' cache reports made the router forget.
+                let repaired = fleet.counter(REPAIRS).zip(repairs).map(|(a, b)| a - b);
+                cells.push((
+                    "index repairs".into(),
+                    repaired.map_or("–".into(), |n| format!("{n:.0}")),
+                ));
+                rows[i].1.push((label.clone(), cells));
                 // Let the router's working-set window (one model minute) pass, so the
                 // next scenario's capacity warnings are its own.
                 let quiet = (arms.window_model_s / common.time_scale).ceil().max(1.0) + 1.0;
