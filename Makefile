@@ -42,19 +42,28 @@ bench-memory: prepare
 	cargo build --release --bins
 	scripts/bench-memory.py --doc docs/performance.md
 
-# The policies, `shape` before kv_room (`shape+kv_room=off`) and the peer SMG
-# side by side, on simulated cards (3 salts, ~13 min; then engine_load and the
+# The policies, singles by the counter (`shape+singles.by=spread`, the seed's
+# rule), `shape` before kv_room (`shape+kv_room=off`) and the peer SMG
+# side by side, on simulated cards (3 salts, ~15 min; then steady singles behind
+# many tenants' prompts, 2 salts, ~20 min; engine_load and the
 # load guard on `unseen-load`, ~6 min, the capacity wall's levers, ~5 min, and
 # agent loops on the Responses API, ~3 min)
 # and on two real llama.cpp replicas (~15 min, then agent loops amid bursts in
-# 3 rounds, each engine on its own CPU, ~19 min); rewrites docs/results.md and
+# 3 rounds, each engine on its own CPU, ~19 min, then steady singles behind
+# tenants' prompts on engines of 4 slots, ~10 min); rewrites docs/results.md and
 # its plots. SMG is installed
 # from PyPI into bench-out/venv on first use.
 results: prepare
 	cargo build --release --bins
 	target/release/routebench compare --time-scale 10 --salts 3 --peer smg \
-	  --policies shape,shape+kv_room=off,roundrobin,affinity \
+	  --policies shape,shape+singles.by=spread,shape+kv_room=off,roundrobin,affinity \
 	  --out bench-out/sim --results bench-out/results-sim.md
+	target/release/routebench compare --time-scale 10 --salts 2 --peer smg \
+	  --scenario shared-prefix --scenario shared-prefix-card --scenario shared-prefix-over \
+	  --scenario shared-prefix-bursts --scenario agent-loop-shared \
+	  --policies shape,shape+singles.spread_while_all_fit=false,shape+singles.by=spread,roundrobin \
+	  --label "simulated replicas, steady singles behind many tenants' long system prompts (replica-sim)" \
+	  --out bench-out/shared --results bench-out/results-shared.md
 	target/release/routebench compare --time-scale 10 --salts 3 --peer smg --scenario unseen-load \
 	  --policies 'shape,shape+engine_load={interval_ms: 50},shape+engine_load={interval_ms: 50}+load_guard_in_flight=4,roundrobin' \
 	  --label "simulated replicas, load the router does not see (replica-sim)" \
@@ -78,10 +87,15 @@ results: prepare
 	  RESULTS=bench-out/results-real-mixed.md \
 	  LABEL="real llama.cpp replicas, agent loops amid bursts, 3 rounds, each engine on its own CPU (xllamacpp, 1 slot of 4096 tokens, --cache-ram 0)" \
 	  scripts/real-engine.sh compare --scenario agent-loop --scenario burst --scenario mixed --salts 3
-	cat docs/results-preface.md bench-out/results-sim.md bench-out/results-unseen.md \
+	ENGINE_CPUS="0 1" ENGINE_SLOTS=4 POLICIES=shape,shape+singles.by=spread,roundrobin,affinity \
+	  OUT=bench-out/real-shared RESULTS=bench-out/results-real-shared.md \
+	  LABEL="real llama.cpp replicas, steady singles behind 8 tenants' system prompts, 2 rounds, each engine on its own CPU (xllamacpp, 4 slots of 4096 tokens, --cache-ram 0)" \
+	  scripts/real-engine.sh compare --scenario shared-prefix --salts 2
+	cat docs/results-preface.md bench-out/results-sim.md bench-out/results-shared.md \
+	  bench-out/results-unseen.md \
 	  bench-out/results-capacity.md bench-out/results-capacity-one.md \
 	  bench-out/results-responses.md bench-out/results-real.md \
-	  bench-out/results-real-mixed.md > docs/results.md
+	  bench-out/results-real-mixed.md bench-out/results-real-shared.md > docs/results.md
 	cp bench-out/results-sim.svg bench-out/results-responses.svg bench-out/results-real.svg \
 	  bench-out/results-real-mixed.svg docs/
 

@@ -23,6 +23,7 @@ fn policy(max_entries: usize) -> Policy {
         kv_room: KvRoom::Off,
         load_guard: None,
         least_loaded: false,
+        singles: None,
         fleet: Fleet::Local,
     })
 }
@@ -34,6 +35,7 @@ fn fleet(n: u32) -> Vec<ReplicaState> {
             name_hash: u64::from(i) << 8,
             live: true,
             in_flight: i % 3,
+            waiting: 0,
             engine: None,
             room: None,
         })

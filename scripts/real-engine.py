@@ -5,7 +5,7 @@
     scripts/real-engine.sh serve --port P   # one replica: llama.cpp's own HTTP server in-process
 
 The replica models one GPU card whose KV holds one long context: one slot
-(n_parallel 1), no host-RAM prompt cache (cache_ram_mib 0), idle slots not
+(n_parallel 1; `--slots N` gives N of `--ctx` tokens each), no host-RAM prompt cache (cache_ram_mib 0), idle slots not
 saved to it. The 4-block model prefills ~9x faster than the full 30 blocks;
 its text is gibberish but the engine, its KV cache and its timings are real.
 """
@@ -55,14 +55,15 @@ def prepare() -> None:
     print(f"prepared {CUT} ({len(kept)} of {len(reader.tensors)} tensors)")
 
 
-def serve(port: int, ctx: int, threads: int) -> None:
+def serve(port: int, ctx: int, threads: int, slots: int) -> None:
     import xllamacpp as x
 
     p = x.CommonParams()
     p.model.path = str(CUT)
     p.model_alias = {"smollm2"}  # a set: a plain string becomes a set of its characters
-    p.n_ctx = ctx
-    p.n_parallel = 1
+    # n_ctx is the whole KV, shared out between the slots.
+    p.n_ctx = ctx * slots
+    p.n_parallel = slots
     p.cache_ram_mib = 0
     p.cache_idle_slots = False
     p.endpoint_metrics = True
@@ -88,11 +89,12 @@ def main() -> None:
     s.add_argument("--port", type=int, required=True)
     s.add_argument("--ctx", type=int, default=4096)
     s.add_argument("--threads", type=int, default=1)
+    s.add_argument("--slots", type=int, default=1, help="slots of --ctx tokens each")
     a = ap.parse_args()
     if a.cmd == "prepare":
         prepare()
     else:
-        serve(a.port, a.ctx, a.threads)
+        serve(a.port, a.ctx, a.threads, a.slots)
 
 
 if __name__ == "__main__":

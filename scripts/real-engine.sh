@@ -7,6 +7,7 @@
 #   scripts/real-engine.sh compare     # routebench compare against two of them -> bench-out/results-real.md
 #   POLICIES=shape,roundrobin OUT=bench-out/real-x RESULTS=x.md LABEL=title scripts/real-engine.sh compare --scenario unseen-load
 #   ENGINE_CPUS="0 1" scripts/real-engine.sh compare   # each engine on its own CPU (taskset), like separate cards
+#   ENGINE_SLOTS=4 scripts/real-engine.sh compare --scenario shared-prefix   # 4 slots of 4096 tokens each
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=.real-engine
@@ -32,12 +33,15 @@ case "${1:-}" in
     trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
     ports=()
     read -r -a cpus <<< "${ENGINE_CPUS:-}"
+    # Each slot keeps its own prompt (no shared prefix pool), so a replica's
+    # kv_tokens stays one slot's 4096 whatever the slots.
+    slots=${ENGINE_SLOTS:-1}
     for i in 0 1; do
       p=$((8101 + i))
       if [ -n "${cpus[$i]:-}" ]; then
-        taskset -c "${cpus[$i]}" "$py" scripts/real-engine.py serve --port "$p" > "$dir/engine-$p.log" 2>&1 &
+        taskset -c "${cpus[$i]}" "$py" scripts/real-engine.py serve --port "$p" --slots "$slots" > "$dir/engine-$p.log" 2>&1 &
       else
-        "$py" scripts/real-engine.py serve --port "$p" > "$dir/engine-$p.log" 2>&1 &
+        "$py" scripts/real-engine.py serve --port "$p" --slots "$slots" > "$dir/engine-$p.log" 2>&1 &
       fi
       pids+=($!)
       ports+=("--replica" "127.0.0.1:$p")

@@ -65,6 +65,7 @@ impl CapacityWatch {
         METRICS.index_entries.set(policy.tracked_entries() as i64);
         METRICS.index_bytes.set(policy.index_bytes() as i64);
         let ws = policy.working_set(self.window_s);
+        policy.set_recent_bytes(ws.iter().map(|(_, set)| set.all).sum());
         METRICS
             .admitted_requests
             .set(self.admission.requests() as i64);

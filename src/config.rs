@@ -107,6 +107,8 @@ pub struct Config {
     pub api_keys_file: Option<String>,
     /// `text` (default) or `json`: every log line one JSON object.
     pub log_format: LogFormat,
+    /// How a single (a one-shot prompt) is placed (see the policy module).
+    pub singles: Singles,
     /// How several router instances in front of these replicas agree on
     /// where each conversation lives.
     pub fleet: Fleet,
@@ -147,6 +149,50 @@ impl Default for Fleet {
             redis_ttl_s: 3_600,
         }
     }
+}
+
+/// `singles:` — where one-shot prompts go.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Singles {
+    /// `prefix`: a single goes to the replica holding most of its prompt (a
+    /// long shared system prompt) while that replica has at most
+    /// `bound_queued` more requests queued than the least-queued one;
+    /// `spread`: the counter for every single (the seed's rule).
+    pub by: SinglesBy,
+    /// The held prefix must be at least this long (canonical prompt bytes)...
+    pub min_prefix_bytes: usize,
+    /// ...and at least this share of the prompt.
+    pub min_prefix_percent: u8,
+    /// Requests sent and not yet answering (queued or in prefill; with
+    /// `engine_load`, plus those the engine runs beyond the router's) the
+    /// holder may have beyond the least-queued live replica.
+    pub bound_queued: u32,
+    /// While every replica's KV (`kv_tokens`, declared on all) could hold
+    /// every prompt placed within `working_set_window_s`, singles keep the
+    /// counter: each card keeps every shared prefix, and the counter
+    /// balances them better.
+    pub spread_while_all_fit: bool,
+}
+
+impl Default for Singles {
+    fn default() -> Self {
+        Self {
+            by: SinglesBy::Prefix,
+            min_prefix_bytes: 4_096,
+            min_prefix_percent: 75,
+            bound_queued: 2,
+            spread_while_all_fit: true,
+        }
+    }
+}
+
+/// `singles.by:` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SinglesBy {
+    Prefix,
+    Spread,
 }
 
 /// `fleet.mode:` values.
@@ -544,6 +590,7 @@ impl Default for Config {
             placement_headers: true,
             api_keys_file: None,
             log_format: LogFormat::Text,
+            singles: Singles::default(),
             fleet: Fleet::default(),
             replicas: Vec::new(),
             replicas_dns: Vec::new(),
@@ -722,6 +769,9 @@ impl Config {
         }
         if self.prefix_index.max_entries == 0 {
             return Err(invalid("prefix_index.max_entries", "must be positive"));
+        }
+        if self.singles.min_prefix_percent > 100 {
+            return Err(invalid("singles.min_prefix_percent", "must be 0..=100"));
         }
         if self.outlier.max_ejection_percent > 100 {
             return Err(invalid("outlier.max_ejection_percent", "must be 0..=100"));
@@ -906,6 +956,12 @@ impl Config {
             },
             load_guard: self.load_guard_in_flight,
             least_loaded: self.engine_load.is_some(),
+            singles: (self.singles.by == SinglesBy::Prefix).then_some(policy::SinglesByPrefix {
+                min_bytes: self.singles.min_prefix_bytes,
+                min_percent: self.singles.min_prefix_percent,
+                bound: self.singles.bound_queued,
+                spread_while_all_fit: self.singles.spread_while_all_fit,
+            }),
             fleet: match self.fleet.mode {
                 FleetMode::Local | FleetMode::Redis => policy::Fleet::Local,
                 FleetMode::Rendezvous => policy::Fleet::Rendezvous {
@@ -968,6 +1024,8 @@ mod tests {
             ("shed_in_flight: 0\n", "shed_in_flight"),
             ("prefix_index: {repair_on_miss_s: 0}\n", "prefix_index.repair_on_miss_s"),
             ("kv_room: sometimes\n", "kv_room"),
+            ("singles: {min_prefix_percent: 101}\n", "singles.min_prefix_percent"),
+            ("singles: {by: hash}\n", "singles.by"),
             ("engine_load: {path: metrics}\n", "engine_load.path"),
             ("health_check: {path: \"/he alth\"}\n", "health_check.path"),
             ("engine_load: {interval_ms: 0}\n", "engine_load.interval_ms"),

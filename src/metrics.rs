@@ -417,7 +417,7 @@ pub static METRICS: Lazy<Metrics> = Lazy::new(|| {
     .expect("register"),
     pin_outcomes: register_int_counter_vec!(
         "prefix_router_pin_outcomes_total",
-        "Placements that predicted cached tokens, by whether the replica reported at least half of them cached",
+        "Placements that predicted cached tokens (not singles placed by a shared prompt), by whether the replica reported at least half of them cached",
         &["replica", "outcome"]
     )
     .expect("register"),

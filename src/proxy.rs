@@ -267,6 +267,11 @@ impl Router {
         };
         let predicted = d.matched_bytes as u64 / BYTES_PER_TOKEN;
         replica.counters.usage(d.reason, predicted, cached, prompt);
+        // The verdict and the repair are about conversations: a shared prompt
+        // the engine's LRU let go says nothing of what else it holds.
+        if d.reason == Reason::Prefix {
+            return;
+        }
         let Some(outcome) = Outcome::of(predicted, cached) else {
             return;
         };
@@ -859,9 +864,10 @@ impl ProxyHttp for Router {
         if ctx.first_byte.is_none()
             && (end_of_stream || body.as_ref().is_some_and(|b| !b.is_empty()))
         {
-            if let (Some(a), Some(d)) = (&ctx.attempt, &ctx.decision) {
+            if let (Some(a), Some(d)) = (ctx.attempt.as_mut(), &ctx.decision) {
                 let at = ctx.started.elapsed();
                 ctx.first_byte = Some(at);
+                a.answered();
                 a.replica().counters.first_byte(d.reason, at);
             }
         }

@@ -44,6 +44,9 @@ pub struct Replica {
     /// `models` comes from the config (else from the replica's /v1/models).
     declared_models: AtomicBool,
     in_flight: AtomicU32,
+    /// Of those, the ones that have not answered a body byte yet: queued or
+    /// in their prefill at the engine.
+    waiting: AtomicU32,
     /// Pinned working set, bytes (the capacity watch refreshes it).
     pinned_bytes: AtomicU64,
     /// Canonical bytes of the singles' prompts in flight.
@@ -237,10 +240,12 @@ impl Replica {
     /// single's prompt (0 for others), which take KV room while it runs.
     pub fn begin(self: &Arc<Self>, cold: u64) -> InFlight {
         self.in_flight.fetch_add(1, Relaxed);
+        self.waiting.fetch_add(1, Relaxed);
         self.cold_bytes.fetch_add(cold, Relaxed);
         InFlight {
             replica: Arc::clone(self),
             cold,
+            waiting: true,
         }
     }
 
@@ -296,13 +301,25 @@ impl Replica {
                 let left = capacity.saturating_mul(u64::from(1000 - used.min(1000))) / 1000;
                 free = free.min(bytes(left));
             }
-            Room { free, cold, pinned }
+            // An engine that keeps its last prompt only holds no other.
+            let capacity = if self.last_prompt.load(Relaxed) {
+                0
+            } else {
+                capacity
+            };
+            Room {
+                free,
+                cold,
+                pinned,
+                capacity,
+            }
         });
         ReplicaState {
             id: self.id,
             name_hash: self.name_hash,
             live: self.live(),
             in_flight: self.in_flight(),
+            waiting: self.waiting.load(Relaxed),
             engine,
             room,
         }
@@ -314,16 +331,26 @@ impl Replica {
 pub struct InFlight {
     replica: Arc<Replica>,
     cold: u64,
+    /// Counted in the replica's `waiting` (no body byte yet).
+    waiting: bool,
 }
 
 impl InFlight {
     pub fn replica(&self) -> &Arc<Replica> {
         &self.replica
     }
+
+    /// The replica has started answering (its first body bytes came).
+    pub fn answered(&mut self) {
+        if std::mem::take(&mut self.waiting) {
+            self.replica.waiting.fetch_sub(1, Relaxed);
+        }
+    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        self.answered();
         self.replica.in_flight.fetch_sub(1, Relaxed);
         self.replica.cold_bytes.fetch_sub(self.cold, Relaxed);
     }
@@ -494,6 +521,7 @@ impl Replicas {
                         models: ArcSwapOption::new(c.models.clone().map(Arc::new)),
                         declared_models: AtomicBool::new(c.models.is_some()),
                         in_flight: AtomicU32::new(0),
+                        waiting: AtomicU32::new(0),
                         pinned_bytes: AtomicU64::new(0),
                         cold_bytes: AtomicU64::new(0),
                         engine_unseen: AtomicU32::new(UNKNOWN),
@@ -557,7 +585,8 @@ mod tests {
             Some(Room {
                 free: 4_000 - 1_500 - 500,
                 cold: 500,
-                pinned: 1_500
+                pinned: 1_500,
+                capacity: 4_000,
             })
         );
         drop(single);

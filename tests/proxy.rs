@@ -65,6 +65,143 @@ fn a_burst_of_singles_is_spread_over_both_replicas() {
     );
 }
 
+/// A one-shot question to application `app`, behind its ~8 KiB system prompt.
+fn app_question(app: &str, n: usize, max_tokens: u64) -> serde_json::Value {
+    let prompt = format!("You are the assistant of {app}. Its manual follows. ").repeat(160);
+    json!({"model": "sim", "max_tokens": max_tokens, "messages": [
+        {"role": "system", "content": prompt},
+        {"role": "user", "content": format!("{app} question {n}?")}]})
+}
+
+/// Sends each app's first question, then waits until the router's working
+/// set (recomputed every 500 ms) counts all of their prompts.
+fn first_sight(router: &Router, apps: &[String]) {
+    for app in apps {
+        let r = router.post("/v1/chat/completions", &app_question(app, 0, 2));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let tokens = |name: &str| {
+        router.metric(&format!(
+            "prefix_router_replica_working_set_tokens{{replica=\"{name}\"}}"
+        ))
+    };
+    // Whole 1 KiB blocks of each ~8 KiB prompt, 4 bytes a token.
+    let want = (apps.len() * 7 * 1024 / 4) as f64;
+    wait_for("the working set", Duration::from_secs(10), || {
+        (tokens("a") + tokens("b") >= want).then_some(())
+    });
+}
+
+fn apps(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("app{i}")).collect()
+}
+
+/// Two simulators declaring `kv_tokens` KV each, with `more` arguments.
+fn cards(kv_tokens: &str, more: &[&str]) -> (Sim, Sim) {
+    let args = [&["--kv-tokens", kv_tokens][..], more].concat();
+    (Sim::start("a", &args), Sim::start("b", &args))
+}
+
+#[test]
+fn singles_behind_a_shared_application_prompt_return_to_the_replica_holding_it() {
+    // Three ~8 KiB prompts, room for two on a card.
+    let (a, b) = cards("4000", &[]);
+    let router = Router::start(&[&a, &b], "");
+    let apps = apps(3);
+    first_sight(&router, &apps);
+    let mut homes = Vec::new();
+    for app in &apps {
+        let r = router.post("/v1/chat/completions", &app_question(app, 1, 2));
+        assert_eq!((r.status, r.decision()), (200, "prefix"), "{}", r.text());
+        homes.push(r.replica().to_owned());
+    }
+    assert!(
+        homes.contains(&"a".into()) && homes.contains(&"b".into()),
+        "{homes:?}"
+    );
+    for n in 2..5 {
+        for (app, home) in apps.iter().zip(&homes) {
+            let r = router.post("/v1/chat/completions", &app_question(app, n, 2));
+            assert_eq!(
+                (r.replica(), r.decision()),
+                (home.as_str(), "prefix"),
+                "{app} {n}"
+            );
+            let cached = &r.json()["usage"]["prompt_tokens_details"]["cached_tokens"];
+            assert!(cached.as_u64() > Some(1_500), "{app} {n}: {cached}");
+        }
+    }
+    // The seed's rule, kept as a mode: every single by the counter.
+    let (a, b) = cards("4000", &[]);
+    let router = Router::start(&[&a, &b], "singles: {by: spread}\n");
+    first_sight(&router, &apps);
+    let picks: Vec<String> = (1..5)
+        .map(|n| {
+            let r = router.post("/v1/chat/completions", &app_question("app0", n, 2));
+            assert_eq!(r.decision(), "spread");
+            r.replica().to_owned()
+        })
+        .collect();
+    assert!(picks.windows(2).all(|w| w[0] != w[1]), "{picks:?}");
+}
+
+#[test]
+fn singles_spread_while_every_replica_could_hold_every_shared_prompt() {
+    let apps = apps(3);
+    // Room for all three on each card: the counter, as the seed's rule.
+    let (a, b) = cards("20000", &[]);
+    let router = Router::start(&[&a, &b], "");
+    first_sight(&router, &apps);
+    let picks: Vec<String> = (1..5)
+        .map(|n| {
+            let r = router.post("/v1/chat/completions", &app_question("app0", n, 2));
+            assert_eq!((r.status, r.decision()), (200, "spread"));
+            r.replica().to_owned()
+        })
+        .collect();
+    assert!(picks.windows(2).all(|w| w[0] != w[1]), "{picks:?}");
+    // Room for two: each prompt stays where it is held.
+    let (a, b) = cards("4000", &[]);
+    let router = Router::start(&[&a, &b], "");
+    first_sight(&router, &apps);
+    for n in 1..5 {
+        let r = router.post("/v1/chat/completions", &app_question("app0", n, 2));
+        assert_eq!((r.status, r.decision()), (200, "prefix"), "{n}");
+    }
+}
+
+#[test]
+fn a_burst_behind_one_shared_prompt_still_uses_both_replicas() {
+    // Twelve ~8 KiB prompts, room for ten on a card; slow decoding keeps
+    // every request of the burst in flight while the others are placed.
+    let (a, b) = cards("20000", &["--decode-tps", "10"]);
+    let router = Router::start(&[&a, &b], "");
+    first_sight(&router, &apps(12));
+    let addr = router.addr;
+    let placed: Vec<(String, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (1..=8)
+            .map(|n| {
+                s.spawn(move || {
+                    let body = app_question("app0", n, 10);
+                    let r = http::post_json(addr, "/v1/chat/completions", &body);
+                    assert_eq!(r.status, 200, "{}", r.text());
+                    (r.replica().to_owned(), r.decision().to_owned())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    let on_a = placed.iter().filter(|(r, _)| r == "a").count();
+    // The holder takes requests while it has at most 2 more waiting for
+    // their first byte than the other (`bound_queued`), so neither gets more
+    // than 5 of 8.
+    assert!((3..=5).contains(&on_a), "{placed:?}");
+    assert!(placed.iter().any(|(_, d)| d == "prefix"), "{placed:?}");
+}
+
 #[test]
 fn bodies_reach_the_replica_byte_for_byte_at_every_size_and_framing() {
     let a = Sim::start("a", &[]);

@@ -20,6 +20,7 @@ fn config(mode: Mode) -> PolicyConfig {
         kv_room: KvRoom::Off,
         load_guard: None,
         least_loaded: false,
+        singles: None,
         fleet: Fleet::Local,
     }
 }
@@ -44,6 +45,7 @@ fn fleet(live: &[bool]) -> Vec<ReplicaState> {
             name_hash: u64::from(i as u32) << 8,
             live: *l,
             in_flight: 0,
+            waiting: 0,
             engine: None,
             room: None,
         })
@@ -244,6 +246,7 @@ proptest! {
             kv_room: KvRoom::Off,
             load_guard: Some(1),
             least_loaded: false,
+            singles: None,
             fleet: Fleet::Local,
         });
         for (conv, len, live, model_turn) in ops {
@@ -276,6 +279,7 @@ fn a_flood_of_singles_larger_than_the_index_leaves_a_live_conversation_pinned() 
         kv_room: KvRoom::Off,
         load_guard: None,
         least_loaded: false,
+        singles: None,
         fleet: Fleet::Local,
     });
     let rs = fleet(&[true, true]);

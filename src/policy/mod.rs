@@ -8,7 +8,23 @@
 //!                             model_turn     (default) an assistant / tool / function turn is present
 //!                             multi_message  (the seed's literal rule) more than one message
 //!             = single      otherwise
-//!   single        -> counter over live replicas                          reason `spread`
+//!   single        with `singles` (default) and every replica's KV capacity declared:
+//!                 -> while every live replica could hold every prompt placed within the
+//!                    window beside its singles in flight (`spread_while_all_fit`): a
+//!                    cold placement                                      reason `spread`
+//!                 -> else the live replica holding its longest prefix, when that
+//!                    prefix is at least `min_bytes` and `min_percent` of the prompt,
+//!                    the replica has room for the whole prompt (see kv room: a single
+//!                    may be a conversation's first turn), at most `bound` more requests
+//!                    queued (sent, no body byte yet: queued or in prefill, or a whole
+//!                    non-streamed answer; with `engine_load`, plus those its engine
+//!                    runs beyond the router's) than the least-queued live replica,
+//!                    and in flight at most twice the least loaded's plus four (else
+//!                    the next such match)                                reason `prefix`
+//!                 -> else a cold placement (see kv room), among the replicas within
+//!                    the bounds when a held prefix was refused for load  reason `spread`
+//!                    Otherwise (`singles: {by: spread}`, the seed's rule, or a replica
+//!                    without a declared capacity): every single is a cold placement.
 //!   continuation  -> known explicit key on a live replica                reason `key`
 //!                 -> else the live replica holding the longest prefix    reason `pin`
 //!                    (`fallback` when a longer match sat on a down replica)
@@ -25,24 +41,11 @@
 //!                 instead of every card's, while its load is at most twice the least
 //!                 loaded replica's plus two (with none pinned anywhere
 //!                 there is nothing to protect: a pure burst keeps the plain counter).
-//!                 Measured (docs/results.md, simulated cards, 3 salts): agents' warm
-//!                 turns amid bursts 1.44-1.53 s (off) -> 1.17-1.18 s (1.12-1.13 s without
-//!                 bursts), burst makespan amid agents 9.5 -> 10.6 s (round-robin
-//!                 10.5-11.0 s), no change on agent-loop or burst; `spread` alone changed
-//!                 nothing (1.46 s): neither card had room for its share. On capacity
-//!                 no systematic change: which families share a card follows the order
-//!                 their first turns arrive in (docs/results.md).
 //!                 A replica whose engine keeps only its last prompt (`prompt_cache: last`:
 //!                 one llama.cpp slot) has room for nothing beside a pinned context until
 //!                 a single runs there, then room beside that single (the caller computes
 //!                 it), so a burst's singles follow each other and displace one context
-//!                 per burst, not one per card. Measured on real llama.cpp replicas
-//!                 (docs/results.md, 3 rounds, each engine on its own CPU): agents'
-//!                 cache misses amid bursts 2-3 undeclared -> 1-2 of 10 warm turns, their
-//!                 median warm turn 1.00-1.08x -> 1.02-1.09x their turn without bursts
-//!                 (0.13-0.15 s either way: with one agent per engine a burst's first
-//!                 single displaces a context wherever it goes); those bursts end at
-//!                 1.09-1.25 s instead of 0.86-0.93 s (round-robin 1.20-1.37 s).
+//!                 per burst, not one per card.
 //!   least loaded  (with `engine_load`; off by default) wherever a cold placement uses
 //!                 the counter, it runs over the least-loaded of its replicas only, and
 //!                 of equals over those whose engines report the least KV in use (10 %
@@ -50,24 +53,27 @@
 //!                 flight there plus those the engine last reported running or waiting
 //!                 beyond them (requests the router never saw: other router instances,
 //!                 clients sent straight to the engine); the room above is also at most the KV
-//!                 the engine reports free (the caller computes both). Measured
-//!                 (docs/results.md, simulated cards, 3 salts; `unseen-load`: the agents
-//!                 and bursts of `mixed` while 8 clients load one card past the router):
-//!                 agents' warm turns 13.0-13.8 s -> 10.4-12.8 s, bursts' makespan
-//!                 21.7-22.3 s -> 11.3-11.7 s (SMG: 14.1-15.9 s, 21.9-22.2 s). On `mixed`
-//!                 alone: agents' p90 warm turn 7.0 -> 2.6 s (median 1.16-1.17 s either
-//!                 way), bursts' makespan 10.6 -> 11.1 s (round-robin 10.5-11.1 s), so
-//!                 off by default; no change on agent-loop, burst or capacity.
+//!                 the engine reports free (the caller computes both).
 //!   load guard    (off by default) a prefix placement whose replica has a load more
 //!                 than `load_guard` above the least-loaded live replica's moves
 //!                 inside that window: to the best-cached replica there, else a cold
 //!                 placement among them (a cached replica first, not the least loaded:
 //!                 SGLang users report losing all affinity to a shortest-queue
 //!                 fallback)                                          reason `guard`
-//!                 Measured with `engine_load` at 4 on `unseen-load`: the agent pinned to
-//!                 the loaded card moves at its first warm turn, agents' warm turns
-//!                 10.4-12.8 s -> 4.4-4.5 s, bursts' makespan 11.3-11.7 s -> 12.3-16.2 s;
-//!                 no change on agent-loop, burst, mixed or capacity.
+//!   shared prefix why singles go by their prefix: steady one-shot traffic (chat
+//!                 front-ends, RAG, agent platforms: every conversation's first turn)
+//!                 shares long per-application prompts; spread over every card, each
+//!                 card must hold every such prompt, and once they outgrow one card's KV
+//!                 its LRU thrashes. The bound keeps the seed's spread where it pays: a
+//!                 burst's later members see the earlier ones in flight at the holder and
+//!                 go to the others (a prefix held there moves with them); the share
+//!                 keeps a burst of distinct documents behind a short shared system
+//!                 prompt on the counter, where its cold prefill is the cost. While every
+//!                 card could hold every recent prompt, spreading costs no cache and
+//!                 balances the cards better, so the counter stays. The bound
+//!                 counts queued requests, not requests in flight: on a batching engine
+//!                 steady traffic keeps several decoding on the holder, which delay a
+//!                 cached prefill little, while each miss costs a whole cold prefill.
 //! MODES
 //!   roundrobin    counter for everything
 //!   affinity      everything by prefix: longest live match, else a rendezvous
@@ -88,7 +94,7 @@
 //!                 their whole prompt, which is their conversation's root if it goes
 //!                 on.                                                    reason `hash`
 //! PARAMETERS      PolicyConfig: mode, continuation, block_bytes, max_entries, kv_room,
-//!                 load_guard, least_loaded, fleet
+//!                 load_guard, least_loaded, singles, fleet
 //! MODELS          the caller offers (as live) only the replicas serving the request's
 //!                 `model`; every rule above runs within them. The counter is one per
 //!                 set of replicas counted over, so one model's replicas take turns
@@ -103,12 +109,12 @@
 //!                 prefix was recorded only moments before (it may still be in its first
 //!                 prefill); a replica back from a failed health check forgets
 //!                 everything (a restarted engine starts empty). Later turns are then
-//!                 placed on merit. Measured (docs/results.md, simulated cards, 3 salts,
-//!                 on after 10 s, after 1 s and never): it never fired on agent-loop,
-//!                 mixed or capacity (the cards free a context tail first, so a pin keeps
-//!                 part of its prefix) and the three arms measured alike. It stays on
-//!                 for what it is for: an engine that lost its cache between checks.
+//!                 placed on merit. It covers an engine that lost its cache between
+//!                 checks. Singles placed by a shared prompt (`prefix`) never repair.
 //! ```
+//!
+//! What each lever measured, and why its default is what it is:
+//! `docs/results.md` (regenerated by `make results`).
 //!
 //! No I/O, no clock, no threads of its own: replica liveness and load are
 //! passed in; worker threads share one `Policy` (`&self` throughout).
@@ -116,8 +122,10 @@
 mod index;
 mod prefix;
 mod shards;
+mod singles;
 
 pub use prefix::PrefixChain;
+pub use singles::SinglesByPrefix;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -185,6 +193,9 @@ pub struct PolicyConfig {
     /// Cold placements go to the least-loaded live replicas (see `load`),
     /// the counter only among equals; off: the counter over all.
     pub least_loaded: bool,
+    /// Singles by their held prefix (see `single`); `None`: every single
+    /// is a cold placement (the seed's rule).
+    pub singles: Option<SinglesByPrefix>,
     /// How router instances sharing the replicas agree (see FLEET).
     pub fleet: Fleet,
 }
@@ -215,6 +226,9 @@ pub struct ReplicaState {
     pub live: bool,
     /// Requests the router has in flight there.
     pub in_flight: u32,
+    /// Of those, the ones that have not answered a body byte yet (queued,
+    /// or in their prefill).
+    pub waiting: u32,
     /// What the engine itself last reported, when it is read.
     pub engine: Option<EngineLoad>,
     /// KV headroom in bytes of canonical prompt, when its capacity is declared.
@@ -227,6 +241,14 @@ impl ReplicaState {
     /// router instances, clients sent straight to the engine).
     pub fn load(&self) -> u32 {
         self.in_flight
+            .saturating_add(self.engine.map_or(0, |e| e.unseen))
+    }
+
+    /// Requests queued before a new one's prefill: the router's that have not
+    /// started answering, plus those its engine reported beyond the router's
+    /// (running or waiting: the report does not tell them apart).
+    pub fn queued(&self) -> u32 {
+        self.waiting
             .saturating_add(self.engine.map_or(0, |e| e.unseen))
     }
 }
@@ -252,6 +274,9 @@ pub struct Room {
     pub cold: u64,
     /// Bytes of its pinned working set.
     pub pinned: u64,
+    /// Bytes of prompt its KV holds for reuse beside what runs (0 for an
+    /// engine that keeps only its last prompt).
+    pub capacity: u64,
 }
 
 /// The pinned and the whole working set of one replica, in bytes.
@@ -313,6 +338,8 @@ pub enum Reason {
     Pin,
     /// The counter (singles, unmatched continuations, roundrobin mode).
     Spread,
+    /// A single on the live replica holding most of its prompt (see `single`).
+    Prefix,
     /// The replica that served this explicit conversation key.
     Key,
     /// The replica holding a longer prefix is down; placed on the best live one.
@@ -328,9 +355,10 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for pre-registering metric labels.
-    pub const ALL: [Reason; 7] = [
+    pub const ALL: [Reason; 8] = [
         Reason::Pin,
         Reason::Spread,
+        Reason::Prefix,
         Reason::Key,
         Reason::Fallback,
         Reason::Guard,
@@ -342,6 +370,7 @@ impl Reason {
         match self {
             Reason::Pin => "pin",
             Reason::Spread => "spread",
+            Reason::Prefix => "prefix",
             Reason::Key => "key",
             Reason::Fallback => "fallback",
             Reason::Guard => "guard",
@@ -407,6 +436,8 @@ pub struct Policy {
     /// Spread counters, one per set of replicas (hashed; see `count`).
     counters: [AtomicU64; COUNTERS],
     clock_s: AtomicU32,
+    /// Distinct prompt bytes placed recently, on all replicas together.
+    recent_bytes: AtomicU64,
 }
 
 /// Spread counters kept (sets hashing alike share one).
@@ -423,6 +454,7 @@ impl Policy {
             cfg: ArcSwap::from_pointee(cfg),
             counters: std::array::from_fn(|_| AtomicU64::new(0)),
             clock_s: AtomicU32::new(0),
+            recent_bytes: AtomicU64::new(0),
         }
     }
 
@@ -457,6 +489,14 @@ impl Policy {
             ws.pinned += if pinned { bytes } else { 0 };
         });
         sets.into_iter().map(|(r, ws)| (ReplicaId(r), ws)).collect()
+    }
+
+    /// Sets the distinct prompt bytes placed recently on all replicas
+    /// together (the sum of [`Policy::working_set`]'s, which counts each
+    /// block on the replica it was placed on last): what each replica would
+    /// hold if singles kept spreading.
+    pub fn set_recent_bytes(&self, bytes: u64) {
+        self.recent_bytes.store(bytes, Relaxed);
     }
 
     /// The parameters in force.
@@ -579,8 +619,7 @@ impl Policy {
                 d.reason = Reason::Fallback;
             }
         } else {
-            d.replica = self.cold(&live, req.chain.len());
-            d.reason = Reason::Spread;
+            self.single(&req.chain, &matches, &live, &mut d);
         }
         if let Some(r) = d.replica {
             self.record(&req.chain, key, r, shape == Shape::Continuation);

@@ -714,6 +714,10 @@ async fn main() -> std::io::Result<()> {
             _ = accepting.wait_for(|on| !*on) => continue,
             r = listener.accept() => r?,
         };
+        // As uvicorn (vLLM) and SGLang's server do: without it, Nagle holds a
+        // streamed token behind the response head until the client's delayed
+        // ACK (~40 ms).
+        let _ = stream.set_nodelay(true);
         let sim = Arc::clone(&sim);
         let served = Arc::new(AtomicU64::new(0));
         tokio::spawn(async move {

@@ -8,7 +8,12 @@
 //! `overload` (more one-shot clients than the cards hold), `unseen-load`
 //! (`mixed` while other clients load one replica past the router) and
 //! `responses-loop` (`agent-loop` on the Responses API, chained by
-//! `previous_response_id`, so each turn sends only its new items). Every run salts its
+//! `previous_response_id`, so each turn sends only its new items), and
+//! `shared-prefix` (steady one-shot questions from many tenants, each behind its
+//! own long system prompt; `-card`: a third of the tenants, whose prompts fit
+//! one card, `-over`: twice as many, more than the fleet holds, `-bursts`: with
+//! `mixed`'s bursts arriving meanwhile), and `agent-loop-shared` (`agent-loop`
+//! with every agent starting from one system prompt). Every run salts its
 //! prompts; every median comes with its p90 and sample size. Times are model
 //! seconds: wall seconds times `--time-scale` (the simulators' own; 1 for real engines).
 //!   cargo run --release --bin routebench -- run --url http://127.0.0.1:8080 --probe-url http://127.0.0.1:8001
@@ -28,7 +33,7 @@ use clap::{Parser, Subcommand};
 use client::{Client, Sample};
 use scenarios::Sizes;
 
-const ALL: [&str; 8] = [
+const ALL: [&str; 13] = [
     "agent-loop",
     "burst",
     "mixed",
@@ -37,6 +42,11 @@ const ALL: [&str; 8] = [
     "overload",
     "unseen-load",
     "responses-loop",
+    "shared-prefix",
+    "shared-prefix-card",
+    "shared-prefix-over",
+    "shared-prefix-bursts",
+    "agent-loop-shared",
 ];
 /// Run when no `--scenario` is given (the others are asked for by name).
 const DEFAULT: usize = 5;
@@ -165,7 +175,8 @@ fn chosen(c: &Common) -> Vec<String> {
 async fn scenario(name: &str, c: &Client, probe: &Client, s: &Sizes) -> Vec<Sample> {
     let salt = salt();
     match name {
-        "agent-loop" => scenarios::agent_loop(c, &salt, s).await,
+        "agent-loop" => scenarios::agent_loop(c, &salt, s, false).await,
+        "agent-loop-shared" => scenarios::agent_loop(c, &salt, s, true).await,
         "burst" => {
             scenarios::burst(c, &salt, s, "burst", s.burst_requests, s.burst_doc_tokens).await
         }
@@ -175,6 +186,12 @@ async fn scenario(name: &str, c: &Client, probe: &Client, s: &Sizes) -> Vec<Samp
         "overload" => scenarios::overload(c, &salt, s).await,
         "unseen-load" => scenarios::unseen_load(c, probe, &salt, s).await,
         "responses-loop" => scenarios::responses_loop(c, &salt, s).await,
+        "shared-prefix" => scenarios::shared_prefix(c, &salt, s, s.tenants, false).await,
+        "shared-prefix-card" => {
+            scenarios::shared_prefix(c, &salt, s, s.tenants.div_ceil(3), false).await
+        }
+        "shared-prefix-over" => scenarios::shared_prefix(c, &salt, s, s.tenants * 2, false).await,
+        "shared-prefix-bursts" => scenarios::shared_prefix(c, &salt, s, s.tenants, true).await,
         _ => Vec::new(),
     }
 }
@@ -345,7 +362,7 @@ async fn compare(
                     headline.push((
                         policy.clone(),
                         round,
-                        report::redis_lookups(name),
+                        report::redis_lookups(name).to_owned(),
                         per_request,
                     ));
                 }

@@ -102,7 +102,7 @@ pub fn summarize(scenario: &str, samples: &[Sample]) -> Cells {
     };
     let mut row = Vec::new();
     match scenario {
-        "agent-loop" | "responses-loop" => {
+        "agent-loop" | "agent-loop-shared" | "responses-loop" => {
             row.push(("cold first turn TTFT".into(), ttft(&|s| s.turn == 0).show()));
             row.push(("warm turn TTFT".into(), ttft(&|s| s.turn > 0).show()));
             row.push((
@@ -196,6 +196,33 @@ pub fn summarize(scenario: &str, samples: &[Sample]) -> Cells {
             ));
             row.push(("placement".into(), placement(ok(samples))));
         }
+        name if name.starts_with("shared-prefix") => {
+            for (g, v) in groups(samples) {
+                if g.starts_with("burst") {
+                    continue;
+                }
+                let asked: Vec<&Sample> = v.into_iter().filter(|s| s.turn > 0).collect();
+                let st = Stat::of(asked.iter().map(|s| s.ttft_s).collect());
+                row.push((
+                    format!("{g}: cached"),
+                    pct(cached_share(asked.iter().copied())),
+                ));
+                row.push((format!("{g}: TTFT"), st.show()));
+                row.push((format!("{g}: placement"), placement(asked.into_iter())));
+            }
+            if burst_spans(samples).is_empty() {
+                return finish(scenario, samples, row);
+            }
+            let burst = |s: &&Sample| s.group.starts_with("burst");
+            row.push((
+                "burst makespan".into(),
+                Stat::of(burst_spans(samples)).show(),
+            ));
+            row.push((
+                "burst placement".into(),
+                placement(ok(samples).filter(burst)),
+            ));
+        }
         "capacity" => {
             for (g, v) in groups(samples) {
                 let warm: Vec<&Sample> = v.iter().copied().filter(|s| s.turn > 0).collect();
@@ -212,6 +239,11 @@ pub fn summarize(scenario: &str, samples: &[Sample]) -> Cells {
         }
         _ => {}
     }
+    finish(scenario, samples, row)
+}
+
+/// The cells every scenario ends with: errors, requests and duration.
+fn finish(scenario: &str, samples: &[Sample], mut row: Cells) -> Cells {
     // A shed request is the point of `overload`, not an error there.
     let shed = match scenario {
         "overload" => samples.iter().filter(|s| s.status == 429).count(),
@@ -249,7 +281,7 @@ fn groups(samples: &[Sample]) -> BTreeMap<String, Vec<&Sample>> {
 /// The headline measures of one scenario run: median warm-turn TTFT for
 /// agent loops and capacity families, makespan for bursts, agent warm TTFT
 /// and the median burst makespan within mixed traffic.
-pub fn headline(scenario: &str, samples: &[Sample]) -> Vec<(&'static str, f64)> {
+pub fn headline(scenario: &str, samples: &[Sample]) -> Vec<(String, f64)> {
     let warm = |f: &dyn Fn(&Sample) -> bool| {
         Stat::of(
             ok(samples)
@@ -259,8 +291,21 @@ pub fn headline(scenario: &str, samples: &[Sample]) -> Vec<(&'static str, f64)> 
         )
         .median
     };
-    match scenario {
+    if scenario == "shared-prefix" {
+        // Per rate: the engines' cached share and the p90 TTFT of the
+        // measured questions.
+        let mut out = Vec::new();
+        for (g, v) in groups(samples) {
+            let asked = || v.iter().copied().filter(|s| s.turn > 0);
+            out.push((format!("{scenario} {g}: {CACHED}"), cached_share(asked())));
+            let p90 = Stat::of(asked().map(|s| s.ttft_s).collect()).p90;
+            out.push((format!("{scenario} {g}: p90 TTFT"), p90));
+        }
+        return out;
+    }
+    let v: Vec<(&str, f64)> = match scenario {
         "agent-loop" => vec![(AGENT_LOOP, warm(&|_| true))],
+        "agent-loop-shared" => vec![(AGENT_LOOP_SHARED, warm(&|_| true))],
         "responses-loop" => vec![(RESPONSES_LOOP, warm(&|_| true))],
         "burst" => vec![(BURST, makespan(ok(samples)))],
         "mixed" => vec![
@@ -273,8 +318,12 @@ pub fn headline(scenario: &str, samples: &[Sample]) -> Vec<(&'static str, f64)> 
         ],
         "capacity" => vec![(CAPACITY, warm(&|_| true))],
         _ => Vec::new(),
-    }
+    };
+    v.into_iter().map(|(m, x)| (m.to_owned(), x)).collect()
 }
+
+/// Headline measures ending so are shares, shown in percent.
+const CACHED: &str = "cached share";
 
 /// The headline row of Redis round trips per request in `scenario`.
 pub fn redis_lookups(scenario: &str) -> &'static str {
@@ -293,6 +342,7 @@ const REDIS_OTHER: &str = "other scenarios: Redis round trips per request";
 
 const AGENT_LOOP: &str = "agent-loop warm-turn TTFT (median)";
 const RESPONSES_LOOP: &str = "responses-loop warm-turn TTFT (median)";
+const AGENT_LOOP_SHARED: &str = "agent-loop-shared warm-turn TTFT (median)";
 const BURST: &str = "burst makespan";
 const MIXED_AGENT: &str = "agent warm TTFT amid bursts (median)";
 const MIXED_BURST: &str = "burst makespan amid agents (median of bursts)";
@@ -301,7 +351,7 @@ const UNSEEN_BURST: &str = "burst makespan amid agents and unseen load (median o
 const CAPACITY: &str = "capacity warm-turn TTFT (median, all families)";
 
 /// One headline figure: arm, salt (round), measure, value.
-pub type Headline = (String, usize, &'static str, f64);
+pub type Headline = (String, usize, String, f64);
 
 /// This run's headline figures per arm (every salt's, in run order), with the
 /// seed's measurements beside them when the run used the seed's sizes.
@@ -310,9 +360,15 @@ pub fn seed_table(headline: &[Headline], arms: &[String], with_seed: bool) -> St
         let values: Vec<String> = headline
             .iter()
             .filter(|(a, _, m, _)| a == arm && *m == measure)
-            .map(|(_, _, _, v)| format!("{v:.2}"))
+            .map(|(_, _, _, v)| {
+                if measure.ends_with(CACHED) {
+                    format!("{:.0} %", v * 100.0)
+                } else {
+                    format!("{v:.2}")
+                }
+            })
             .collect();
-        let unit = if measure.contains("per request") {
+        let unit = if measure.contains("per request") || measure.ends_with(CACHED) {
             ""
         } else {
             " s"
@@ -333,7 +389,7 @@ pub fn seed_table(headline: &[Headline], arms: &[String], with_seed: bool) -> St
     out.push_str("\n|---|");
     out.push_str(&"---|".repeat(arms.len() + if with_seed { 3 } else { 0 }));
     out.push('\n');
-    for (measure, seed) in [
+    let fixed = [
         (AGENT_LOOP, ["1.10 s", "2.68 s", "1.10 s"]),
         (BURST, ["30.1 s", "18.6 s", "19.97 s"]),
         (MIXED_AGENT, ["–", "–", "–"]),
@@ -345,8 +401,16 @@ pub fn seed_table(headline: &[Headline], arms: &[String], with_seed: bool) -> St
         (REDIS_BURST, ["–", "–", "–"]),
         (REDIS_MIXED, ["–", "–", "–"]),
         (REDIS_OTHER, ["–", "–", "–"]),
-    ] {
-        if !headline.iter().any(|(_, _, m, _)| *m == measure) {
+    ];
+    // Then the measures named per run (`shared-prefix`'s rates), as they came.
+    let mut named: Vec<(&str, [&str; 3])> = Vec::new();
+    for (_, _, m, _) in headline {
+        if !fixed.iter().any(|(f, _)| f == m) && !named.iter().any(|(n, _)| n == m) {
+            named.push((m, ["–", "–", "–"]));
+        }
+    }
+    for (measure, seed) in fixed.into_iter().chain(named) {
+        if !headline.iter().any(|(_, _, m, _)| m == measure) {
             continue;
         }
         let _ = write!(out, "| {measure} |");

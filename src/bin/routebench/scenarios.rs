@@ -27,6 +27,17 @@ pub struct Sizes {
     pub overload_s: f64,
     pub overload_tokens: usize,
     pub overload_max_tokens: u64,
+    /// `shared-prefix`: tenants whose prompts fit the fleet (not one card);
+    /// `-card` runs a third of them (fit one card), `-over` twice as many.
+    pub tenants: usize,
+    pub tenant_prompt_tokens: usize,
+    pub tenant_question_tokens: usize,
+    pub tenant_max_tokens: u64,
+    /// Arrival rates (questions per model second) run one after the other;
+    /// 0: one question at a time.
+    pub tenant_rates: Vec<f64>,
+    /// Questions measured at each rate, after one from every tenant.
+    pub tenant_questions: usize,
 }
 
 impl Sizes {
@@ -52,6 +63,13 @@ impl Sizes {
             overload_s: 60.0,
             overload_tokens: 8_000,
             overload_max_tokens: 200,
+            // 30 x 6k = 180k tokens: over one 122,636-token card, within two.
+            tenants: 30,
+            tenant_prompt_tokens: 6_000,
+            tenant_question_tokens: 40,
+            tenant_max_tokens: 32,
+            tenant_rates: vec![4.0, 7.0],
+            tenant_questions: 300,
         }
     }
 
@@ -77,6 +95,14 @@ impl Sizes {
             overload_s: 30.0,
             overload_tokens: 500,
             overload_max_tokens: 8,
+            // With 4 slots of 4096 tokens each (ENGINE_SLOTS=4): each engine
+            // keeps 4 prompts, 8 tenants fit the two, not one.
+            tenants: 8,
+            tenant_prompt_tokens: 2_000,
+            tenant_question_tokens: 20,
+            tenant_max_tokens: 8,
+            tenant_rates: vec![0.0],
+            tenant_questions: 48,
         }
     }
 
@@ -102,6 +128,13 @@ impl Sizes {
             overload_s: 5.0,
             overload_tokens: 1_000,
             overload_max_tokens: 8,
+            // With --kv-tokens 12000: 6 x 3k over one card, within two.
+            tenants: 6,
+            tenant_prompt_tokens: 3_000,
+            tenant_question_tokens: 20,
+            tenant_max_tokens: 4,
+            tenant_rates: vec![4.0],
+            tenant_questions: 30,
         }
     }
 }
@@ -125,10 +158,20 @@ fn reply(max_tokens: u64) -> String {
     "tok ".repeat(max_tokens as usize).trim_end().to_owned()
 }
 
+/// The first context of an agent conversation: its own, or with `shared`
+/// one every agent of the run starts from (an agent platform's system prompt).
+fn agent_prompt(salt: &str, name: &str, s: &Sizes, shared: bool) -> String {
+    let whose = if shared { "every agent" } else { name };
+    format!(
+        "{salt} {whose}: you are a coding agent.\n{}",
+        filler(whose, s.agent_initial_tokens)
+    )
+}
+
 /// One agent conversation: a big first context, then tool results growing it.
-pub async fn agent(c: &Client, salt: &str, name: &str, s: &Sizes, pause_s: f64) -> Vec<Sample> {
+pub async fn agent(c: &Client, system: String, name: &str, s: &Sizes, pause_s: f64) -> Vec<Sample> {
     let mut messages = vec![
-        json!({"role": "system", "content": format!("{salt} {name}: you are a coding agent.\n{}", filler(name, s.agent_initial_tokens))}),
+        json!({"role": "system", "content": system}),
         json!({"role": "user", "content": format!("{name}: fix the failing test")}),
     ];
     let mut out = Vec::new();
@@ -195,13 +238,15 @@ pub async fn responses_loop(c: &Client, salt: &str, s: &Sizes) -> Vec<Sample> {
     join_all(runs).await.into_iter().flatten().collect()
 }
 
-/// `agents` conversations side by side, each a sequential-turn client.
-pub async fn agent_loop(c: &Client, salt: &str, s: &Sizes) -> Vec<Sample> {
+/// `agents` conversations side by side, each a sequential-turn client; with
+/// `shared` all starting from one system prompt (`agent-loop-shared`).
+pub async fn agent_loop(c: &Client, salt: &str, s: &Sizes, shared: bool) -> Vec<Sample> {
     // Different tool times per conversation, so their turns do not arrive in
     // lockstep (which would let a counter pin them by accident).
     let runs = (0..s.agents).map(|i| {
         let name = format!("agent{i}");
-        async move { agent(c, salt, &name, s, 0.2 + 1.3 * i as f64).await }
+        let system = agent_prompt(salt, &name, s, shared);
+        async move { agent(c, system, &name, s, 0.2 + 1.3 * i as f64).await }
     });
     join_all(runs).await.into_iter().flatten().collect()
 }
@@ -250,7 +295,7 @@ pub async fn mixed(c: &Client, salt: &str, s: &Sizes) -> Vec<Sample> {
         }
         out
     };
-    let (mut agents, bursts) = tokio::join!(agent_loop(c, salt, s), bursts);
+    let (mut agents, bursts) = tokio::join!(agent_loop(c, salt, s, false), bursts);
     agents.extend(bursts);
     agents
 }
@@ -288,6 +333,115 @@ pub async fn unseen_load(c: &Client, direct: &Client, salt: &str, s: &Sizes) -> 
     out
 }
 
+/// Steady one-shot questions from `tenants` applications, each behind its own
+/// long system prompt, tenants drawn uniformly: at each of `tenant_rates` in
+/// turn, one question from every tenant (turn 0: the prompts' first sight),
+/// then `tenant_questions` measured (turn 1..), arriving as a Poisson
+/// process (one at a time at rate 0). The group is the rate (`4/s`,
+/// `serial`). With `bursts`, `mixed`'s bursts of cold documents arrive
+/// meanwhile, every 10 model seconds from the first measured question.
+pub async fn shared_prefix(
+    c: &Client,
+    salt: &str,
+    s: &Sizes,
+    tenants: usize,
+    bursts: bool,
+) -> Vec<Sample> {
+    let prompts: Vec<String> = (0..tenants)
+        .map(|t| {
+            format!(
+                "{salt} tenant {t}: you are the assistant of application {t}.\n{}",
+                filler(&format!("application {t} manual"), s.tenant_prompt_tokens)
+            )
+        })
+        .collect();
+    let mut rng = XorShift(0x2545_f491_4f6c_dd1d);
+    let mut out = Vec::new();
+    for rate in &s.tenant_rates {
+        let group = if *rate > 0.0 {
+            format!("{rate}/s")
+        } else {
+            "serial".to_owned()
+        };
+        let ask = |turn: usize, t: usize| {
+            let messages = vec![
+                json!({"role": "system", "content": prompts[t]}),
+                json!({"role": "user", "content": format!("Question {turn} for application {t}: {}",
+                    filler(&format!("{group} question {turn}"), s.tenant_question_tokens))}),
+            ];
+            let group = group.clone();
+            async move { c.chat(&group, turn, &messages, s.tenant_max_tokens).await }
+        };
+        let arrivals: Vec<(usize, usize)> = (0..tenants)
+            .map(|t| (0, t))
+            .chain((1..=s.tenant_questions).map(|n| (n, rng.below(tenants))))
+            .collect();
+        if *rate <= 0.0 {
+            for (turn, t) in arrivals {
+                out.push(ask(turn, t).await);
+            }
+            continue;
+        }
+        let mut at = 0.0;
+        let timed: Vec<_> = arrivals
+            .into_iter()
+            .map(|(turn, t)| {
+                at += -rng.unit().ln() / rate;
+                let due = at;
+                let ask = &ask;
+                async move {
+                    sleep_model(c, due).await;
+                    ask(turn, t).await
+                }
+            })
+            .collect();
+        // Bursts start with the measured questions: after every tenant's first.
+        let warm_s = tenants as f64 / rate;
+        let mixed_in = async {
+            let mut b_out = Vec::new();
+            if !bursts {
+                return b_out;
+            }
+            sleep_model(c, warm_s).await;
+            for b in 0..s.mixed_bursts {
+                sleep_model(c, 10.0).await;
+                let label = format!("burst{b}");
+                let (n, doc) = (s.burst_requests / 2, s.burst_doc_tokens / 2);
+                b_out.extend(burst(c, salt, s, &label, n, doc).await);
+            }
+            b_out
+        };
+        let (asked, burst_samples) = tokio::join!(join_all(timed), mixed_in);
+        out.extend(asked);
+        out.extend(burst_samples);
+        if bursts {
+            break; // bursts are measured at the first rate only
+        }
+    }
+    out
+}
+
+/// A small deterministic generator: every arm sees the same arrivals.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in (0, 1].
+    fn unit(&mut self) -> f64 {
+        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
 /// The seed's direct cache question, on one replica: the same long prompt twice
 /// on an idle replica (cold, then warm), then with three different tails.
 pub async fn probe(c: &Client, salt: &str, s: &Sizes) -> Vec<Sample> {
@@ -317,7 +471,8 @@ pub async fn capacity(c: &Client, salt: &str, s: &Sizes) -> Vec<Sample> {
             ..s.clone()
         };
         let name = format!("family{i}-{}k", tokens / 1000);
-        async move { agent(c, salt, &name, &sizes, 0.5).await }
+        let system = agent_prompt(salt, &name, &sizes, false);
+        async move { agent(c, system, &name, &sizes, 0.5).await }
     });
     join_all(runs).await.into_iter().flatten().collect()
 }
