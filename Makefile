@@ -13,7 +13,7 @@ run: prepare
 # llama.cpp engine), then the TLS test, which needs the `tls` build.
 test: prepare
 	scripts/real-engine.sh prepare
-	cargo test
+	cargo test --workspace
 	cargo test --features tls --test tls
 
 # Criterion benches of the decision path; rewrites docs/performance.md.

@@ -79,7 +79,7 @@ tool calls and code-like tool output (escapes every ~12 bytes), built by
 |---|---|---|---|---|
 {chr(10).join(out)}
 
-Parsing dominates. The parser is a single-pass byte scanner (`src/request/scan.rs`,
+Parsing dominates. The parser is a single-pass byte scanner (`crates/routing/src/request/scan.rs`,
 `walk.rs`). It classifies 64 bytes at a time with SSE2 compares (through
 `safe_arch`; a byte-at-a-time fallback elsewhere, tested equal), finds escapes
 without visiting them (simdjson's odd-backslash-run trick), keeps prompt text in
@@ -105,7 +105,7 @@ the same code takes the first 400 KiB body's decision path in {fmt(first_body)},
 {against_target} the ≤ 100 µs target: that is the machine, not a code change
 (the code still uses SSE2 only).
 
-Its later turns meet it through checkpoints (`src/request/checkpoint.rs`, 2026-12-01).
+Its later turns meet it through checkpoints (`crates/routing/src/request/checkpoint.rs`, 2026-12-01).
 An agent loop sends its whole conversation again each turn, a few hundred bytes
 longer. A chat body of 32 KiB or more leaves, at the end of its message list, a
 checkpoint: the body (shared, not copied), the offset past its last message,

@@ -15,8 +15,8 @@ use crate::admission::Ticket;
 use crate::errors::RouterError;
 use crate::metrics::METRICS;
 use crate::policy::Request;
-use crate::proxy::Settings;
 use crate::request::{Checkpoints, Prompt, CHECKPOINT_MIN_BODY};
+use crate::settings::Settings;
 
 /// Bodies up to this size are parsed on the async worker (tens of µs);
 /// larger ones on the blocking pool, so one request never stalls others.

@@ -559,7 +559,7 @@ mod host_port_tests {
 }
 
 /// Longest model name the router keeps (names are metric label values).
-pub const MAX_MODEL_NAME: usize = 256;
+pub use crate::request::MAX_MODEL_NAME;
 
 impl Default for Config {
     fn default() -> Self {

@@ -28,12 +28,13 @@ use prefix_router::engine_load::EngineLoadWatch;
 use prefix_router::fleet::{fleet, own_host, own_requests, HealthProbe};
 use prefix_router::metrics::METRICS;
 use prefix_router::policy::Policy;
-use prefix_router::proxy::{Router, Settings};
+use prefix_router::proxy::Router;
 use prefix_router::reload::{Live, Reloader};
 use prefix_router::replicas::Replicas;
 use prefix_router::request::Checkpoints;
 use prefix_router::resolve::Resolver;
 use prefix_router::responses::ResponseIds;
+use prefix_router::settings::Settings;
 use prefix_router::shared::{SharedPins, SharedPinsTask};
 
 /// A load balancer for LLM replicas that routes by request shape.

@@ -44,15 +44,15 @@ use crate::admission::{Admission, Ticket};
 use crate::auth::KeyFile;
 use crate::body;
 use crate::capacity::BYTES_PER_TOKEN;
-use crate::config::{ms, Config};
 use crate::errors::RouterError;
 use crate::fleet::{addr_key, Fleet};
 use crate::metrics::{Repair, METRICS};
 use crate::paths::{carries_prompt, response_id, routed_path, RESPONSES_PATH};
 use crate::policy::{Decision, Hint, Policy, Reason, ReplicaId, Request, Shape};
-use crate::replicas::{Failure, InFlight, OutlierRules, Replica, Replicas};
+use crate::replicas::{Failure, InFlight, Replica, Replicas};
 use crate::request::Checkpoints;
 use crate::responses::{IdScan, ResponseIds};
+use crate::settings::Settings;
 use crate::shared::{SharedPins, LOOKUP_ENDS};
 use crate::usage::{Outcome, UsageScan};
 
@@ -62,57 +62,6 @@ pub const REPLICA_HEADER: &str = "x-prefix-router-replica";
 pub const DECISION_HEADER: &str = "x-prefix-router-decision";
 /// Request header carrying an explicit conversation key.
 pub const SESSION_HEADER: &str = "x-session-id";
-
-/// Proxy settings; a reload swaps them whole (`block_bytes` and `tls` stay
-/// as started).
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub max_body_bytes: usize,
-    pub body_read_timeout: Duration,
-    pub block_bytes: usize,
-    pub max_prompt_bytes: usize,
-    pub max_checkpoint_bytes: usize,
-    pub connect_timeout: Duration,
-    pub read_timeout: Duration,
-    pub response_header_timeout: Duration,
-    pub write_timeout: Duration,
-    pub idle_timeout: Duration,
-    pub client_keepalive_s: u64,
-    pub client_header_timeout: Duration,
-    pub client_write_timeout: Duration,
-    pub placement_headers: bool,
-    /// `prefix_index.repair_on_miss_s`.
-    pub repair_on_miss_s: Option<u32>,
-    /// `shed_in_flight`.
-    pub shed_in_flight: Option<u32>,
-    pub outlier: OutlierRules,
-    pub tls: crate::config::ReplicaTls,
-}
-
-impl Settings {
-    pub fn from_config(c: &Config) -> Self {
-        Self {
-            max_body_bytes: c.max_body_bytes,
-            body_read_timeout: ms(c.body_read_timeout_ms),
-            block_bytes: c.prefix_index.block_bytes,
-            max_prompt_bytes: c.limits.max_prompt_bytes,
-            max_checkpoint_bytes: c.limits.max_checkpoint_bytes,
-            connect_timeout: ms(c.timeouts.connect_ms),
-            read_timeout: ms(c.timeouts.read_ms),
-            response_header_timeout: ms(c.timeouts.response_header_ms),
-            write_timeout: ms(c.timeouts.write_ms),
-            idle_timeout: ms(c.timeouts.idle_ms),
-            client_keepalive_s: c.client_timeouts.keepalive_idle_s,
-            client_header_timeout: ms(c.client_timeouts.header_ms),
-            client_write_timeout: ms(c.client_timeouts.write_ms),
-            placement_headers: c.placement_headers,
-            repair_on_miss_s: c.prefix_index.repair_on_miss_s,
-            shed_in_flight: c.shed_in_flight,
-            outlier: c.outlier_rules(),
-            tls: c.replica_tls.clone(),
-        }
-    }
-}
 
 /// The proxy: settings plus the state shared with reload and health checks.
 pub struct Router {

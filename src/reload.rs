@@ -28,9 +28,9 @@ use crate::config::{Config, ConfigError};
 use crate::fleet::HealthProbe;
 use crate::metrics::METRICS;
 use crate::policy::Policy;
-use crate::proxy::Settings;
 use crate::replicas::{Change, Replicas};
 use crate::resolve::Resolver;
+use crate::settings::Settings;
 
 /// How often the series of replica names that left the set are looked for
 /// (a request or a check in flight at a removal may record under one again).

@@ -1,7 +1,7 @@
 //! Structure-aware JSON for property tests of the body parser: the keys it
 //! acts on, nested at random, and top-level keys written more than once.
 //! Shared by `tests/fuzz_parse.rs` and the parser's oracle tests
-//! (`src/request/reference.rs`), each through a `#[path]` module.
+//! (`crates/routing/src/request/reference.rs`), each through a `#[path]` module.
 
 use proptest::prelude::*;
 use serde_json::Value;

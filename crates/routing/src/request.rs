@@ -31,8 +31,11 @@ mod walk;
 
 use crate::policy::{PrefixChain, Request};
 
-pub use checkpoint::{Checkpoints, MIN_BODY as CHECKPOINT_MIN_BODY};
+pub use checkpoint::{Checkpoints, Parsed, Start, MIN_BODY as CHECKPOINT_MIN_BODY};
 pub use scan::JsonError;
+
+/// Longest model name kept (names are metric label values downstream).
+pub const MAX_MODEL_NAME: usize = 256;
 
 const ROLE_SEP: u8 = 0x1F;
 const MESSAGE_END: u8 = 0x1E;
@@ -110,8 +113,7 @@ impl Prompt {
             let value = &rest[start..];
             let end = memchr::memmem::find(value, b"\r\n--")?;
             let model = std::str::from_utf8(&value[..end]).ok()?.trim();
-            (!model.is_empty() && model.len() <= crate::config::MAX_MODEL_NAME)
-                .then(|| model.to_owned())
+            (!model.is_empty() && model.len() <= MAX_MODEL_NAME).then(|| model.to_owned())
         })();
         Self {
             model,

@@ -16,7 +16,8 @@
 use std::fmt;
 
 use super::blocks::{
-    block, brackets, classify, escaped, letter_n, letters, prefix_xor, short_plain,
+    block, brackets, canonical_escape, classify, escaped, letter_n, letters, prefix_xor,
+    short_plain,
 };
 
 /// Why a body is not JSON (or not the JSON the parser expects), and where.
@@ -88,11 +89,6 @@ pub struct Text<'o, const CANONICAL: bool> {
 pub type Unescaped<'o> = Text<'o, false>;
 /// Prompt text.
 pub type Canonical<'o> = Text<'o, true>;
-
-/// Whether `e` after a `\` makes an escape of the canonical form.
-pub(super) const fn canonical_escape(e: u8) -> bool {
-    matches!(e, b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't')
-}
 
 impl<const CANONICAL: bool> Sink for Text<'_, CANONICAL> {
     const PAIRS: bool = true;

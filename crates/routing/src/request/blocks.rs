@@ -5,7 +5,10 @@
 //! backslash escapes (simdjson's branchless scan, with a carry across blocks);
 //! and which are inside strings.
 
-use super::scan::canonical_escape;
+/// Whether `e` after a `\` makes an escape of the canonical form.
+pub(super) const fn canonical_escape(e: u8) -> bool {
+    matches!(e, b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't')
+}
 
 /// Bit `i` set where byte `i` of a 64-byte block is `"`, `\`, a control byte,
 /// or non-ASCII.

@@ -3,8 +3,8 @@
 //! top-level keys repeated). 256 cases per `cargo test`; a longer run:
 //!   PROPTEST_CASES=200000 cargo test --release --test fuzz_parse
 
-use prefix_router::request::Prompt;
 use proptest::prelude::*;
+use routing::request::Prompt;
 
 #[path = "strategies/json.rs"]
 mod strategies;
