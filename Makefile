@@ -61,7 +61,7 @@ results: prepare
 	target/release/routebench compare --time-scale 10 --salts 2 --peer smg \
 	  --scenario shared-prefix --scenario shared-prefix-card --scenario shared-prefix-over \
 	  --scenario shared-prefix-bursts --scenario agent-loop-shared \
-	  --policies shape,shape+singles.spread_while_all_fit=false,shape+singles.by=spread,roundrobin \
+	  --policies shape,shape+singles.spread_while_all_fit=false,shape+singles.by=spread,roundrobin,affinity \
 	  --label "simulated replicas, steady singles behind many tenants' long system prompts (replica-sim)" \
 	  --out bench-out/shared --results bench-out/results-shared.md
 	target/release/routebench compare --time-scale 10 --salts 3 --peer smg --scenario unseen-load \
