@@ -82,13 +82,15 @@ impl Policy {
             }
             refused |= !within(s);
         }
-        if refused {
-            // Held where the load is over the bounds: cold within them.
-            let window: Vec<ReplicaState> = live.iter().filter(|s| within(s)).copied().collect();
-            d.replica = self.cold(&window, chain.len());
-        } else {
-            d.replica = self.cold(live, chain.len());
-        }
+        // Held where the load is over the bounds: cold within them, when
+        // any replica is within both (the least queued and the least loaded
+        // need not be one replica).
+        let window: Vec<ReplicaState> = match refused {
+            true => live.iter().filter(|s| within(s)).copied().collect(),
+            false => Vec::new(),
+        };
+        let among = if window.is_empty() { live } else { &window };
+        d.replica = self.cold(among, chain.len());
     }
 
     /// Whether, with `spread_while_all_fit`, every live replica's KV could

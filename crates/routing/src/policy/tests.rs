@@ -724,3 +724,18 @@ fn a_pile_of_decoding_requests_bounds_the_holder_too() {
         (Some(ReplicaId(o as u32)), Reason::Spread)
     );
 }
+
+#[test]
+fn a_single_is_placed_even_when_no_replica_is_within_both_bounds() {
+    let p = by_prefix(2);
+    let mut rs = roomy(2);
+    let holder = p.place(&question("app", 0), &rs).replica.unwrap();
+    let (h, o) = (holder.0 as usize, 1 - holder.0 as usize);
+    // The holder: nothing queued, a pile decoding; the other: a queue.
+    rs[h].in_flight = 20;
+    rs[o].in_flight = 5;
+    rs[o].waiting = 5;
+    let d = p.place(&question("app", 1), &rs);
+    assert!(d.replica.is_some(), "{d:?}");
+    assert_eq!(d.reason, Reason::Spread);
+}
