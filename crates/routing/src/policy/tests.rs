@@ -545,6 +545,13 @@ fn question(app: &str, n: usize) -> Request {
     req(&format!("{prompt}q{n}"), false)
 }
 
+/// Places the app's first question (the counter: no prefix is held yet);
+/// returns the replica that holds its prompt now, and its index in `rs`.
+fn first_sight(p: &Policy, rs: &[ReplicaState]) -> (ReplicaId, usize) {
+    let holder = p.place(&question("app", 0), rs).replica.unwrap();
+    (holder, holder.0 as usize)
+}
+
 #[test]
 fn singles_holding_most_of_their_prompt_return_to_its_replica() {
     let p = by_prefix(2);
@@ -585,8 +592,7 @@ fn a_single_sharing_under_the_minimum_share_keeps_the_counter() {
 fn a_holder_over_the_bound_is_passed_over_for_a_cold_placement_within_it() {
     let p = by_prefix(1);
     let mut rs = roomy(3);
-    let holder = p.place(&question("app", 0), &rs).replica.unwrap();
-    let h = holder.0 as usize;
+    let (holder, h) = first_sight(&p, &rs);
     rs[h].waiting = 1;
     let d = p.place(&question("app", 1), &rs);
     assert_eq!((d.replica, d.reason), (Some(holder), Reason::Prefix));
@@ -631,8 +637,8 @@ fn a_burst_of_singles_behind_one_prompt_still_uses_every_replica() {
 fn a_down_holder_sends_its_singles_to_a_cold_placement() {
     let p = by_prefix(2);
     let mut rs = roomy(2);
-    let holder = p.place(&question("app", 0), &rs).replica.unwrap();
-    rs[holder.0 as usize].live = false;
+    let (holder, h) = first_sight(&p, &rs);
+    rs[h].live = false;
     let d = p.place(&question("app", 1), &rs);
     assert_eq!(d.reason, Reason::Spread);
     assert_ne!(d.replica, Some(holder));
@@ -642,8 +648,7 @@ fn a_down_holder_sends_its_singles_to_a_cold_placement() {
 fn requests_decoding_at_the_holder_count_only_loosely_against_it() {
     let p = by_prefix(1);
     let mut rs = roomy(2);
-    let holder = p.place(&question("app", 0), &rs).replica.unwrap();
-    let h = holder.0 as usize;
+    let (holder, h) = first_sight(&p, &rs);
     rs[h].in_flight = 4; // all answering already: within the in-flight bound
     let d = p.place(&question("app", 1), &rs);
     assert_eq!((d.replica, d.reason), (Some(holder), Reason::Prefix));
@@ -699,8 +704,7 @@ fn singles_follow_their_prefix_only_where_every_replica_declares_its_capacity() 
 fn a_holder_without_room_for_the_whole_prompt_is_passed_over() {
     let p = by_prefix(2);
     let mut rs = roomy(2);
-    let holder = p.place(&question("app", 0), &rs).replica.unwrap();
-    let h = holder.0 as usize;
+    let (holder, h) = first_sight(&p, &rs);
     // A conversation that began on this prompt fills its KV now.
     rs[h].room = rs[h].room.map(|r| Room { free: 40, ..r });
     let d = p.place(&question("app", 1), &rs);
@@ -712,8 +716,8 @@ fn a_holder_without_room_for_the_whole_prompt_is_passed_over() {
 fn a_pile_of_decoding_requests_bounds_the_holder_too() {
     let p = by_prefix(2);
     let mut rs = roomy(2);
-    let holder = p.place(&question("app", 0), &rs).replica.unwrap();
-    let (h, o) = (holder.0 as usize, 1 - holder.0 as usize);
+    let (_, h) = first_sight(&p, &rs);
+    let o = 1 - h;
     rs[o].in_flight = 1;
     rs[h].in_flight = 6; // twice the other's plus four: still within
     assert_eq!(p.place(&question("app", 1), &rs).reason, Reason::Prefix);
@@ -729,8 +733,8 @@ fn a_pile_of_decoding_requests_bounds_the_holder_too() {
 fn a_single_is_placed_even_when_no_replica_is_within_both_bounds() {
     let p = by_prefix(2);
     let mut rs = roomy(2);
-    let holder = p.place(&question("app", 0), &rs).replica.unwrap();
-    let (h, o) = (holder.0 as usize, 1 - holder.0 as usize);
+    let (_, h) = first_sight(&p, &rs);
+    let o = 1 - h;
     // The holder: nothing queued, a pile decoding; the other: a queue.
     rs[h].in_flight = 20;
     rs[o].in_flight = 5;
