@@ -9,19 +9,10 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 
-use serde::Deserialize;
-
 /// Log target of the access log.
 pub const TARGET: &str = "access";
 
-/// `log_format:` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
-}
+pub use crate::config::LogFormat;
 
 static JSON: AtomicBool = AtomicBool::new(false);
 

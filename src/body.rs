@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 
 use crate::admission::Ticket;
 use crate::errors::RouterError;
-use crate::metrics::METRICS;
+use crate::metrics::Metrics;
 use crate::policy::Request;
 use crate::request::{Checkpoints, Prompt, CHECKPOINT_MIN_BODY};
 use crate::settings::Settings;
@@ -114,7 +114,9 @@ pub async fn parse(
     settings: &Settings,
     checkpoints: Arc<Checkpoints>,
     header_key: Option<String>,
+    metrics: &Arc<Metrics>,
 ) -> Option<Request> {
+    let metrics = Arc::clone(metrics);
     let (max_prompt_bytes, block_bytes) = (settings.max_prompt_bytes, settings.block_bytes);
     let budget = settings.max_checkpoint_bytes;
     let chat = crate::paths::carries_prompt(path) && path != crate::paths::RESPONSES_PATH;
@@ -137,7 +139,7 @@ pub async fn parse(
                 checkpoints.parse_from(start, &body, max_prompt_bytes, block_bytes, budget, key);
             let parsed = parsed.ok()?;
             if body.len() >= CHECKPOINT_MIN_BODY {
-                METRICS.long_parse(parsed.resumed, checkpoints.bytes());
+                metrics.long_parse(parsed.resumed, checkpoints.bytes());
             }
             return Some(parsed.request);
         }

@@ -13,13 +13,9 @@ use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 
 use crate::admission::Admission;
-use crate::metrics::METRICS;
-use crate::policy::{Policy, ReplicaId, WorkingSet};
+use crate::metrics::Metrics;
+use crate::policy::{Policy, ReplicaId, WorkingSet, BYTES_PER_TOKEN};
 use crate::replicas::Replicas;
-
-/// Bytes of canonical prompt text per token: the estimate used everywhere
-/// (close to BPE tokenizers on English and code).
-pub const BYTES_PER_TOKEN: u64 = 4;
 
 /// How often the working set is recomputed, and how often a warning repeats
 /// while a replica stays over its capacity.
@@ -35,6 +31,7 @@ pub struct CapacityWatch {
     pub policy: Arc<Policy>,
     pub replicas: Arc<Replicas>,
     pub admission: Arc<Admission>,
+    metrics: Arc<Metrics>,
     /// Replicas now over capacity, with the clock of their last warning.
     over: Mutex<Vec<(ReplicaId, u32)>>,
 }
@@ -45,6 +42,7 @@ impl CapacityWatch {
         policy: Arc<Policy>,
         replicas: Arc<Replicas>,
         admission: Arc<Admission>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             started: Instant::now(),
@@ -52,6 +50,7 @@ impl CapacityWatch {
             policy,
             replicas,
             admission,
+            metrics,
             over: Mutex::new(Vec::new()),
         }
     }
@@ -62,19 +61,21 @@ impl CapacityWatch {
         let now = self.started.elapsed().as_secs() as u32;
         let policy = &self.policy;
         policy.set_clock(now);
-        METRICS.index_entries.set(policy.tracked_entries() as i64);
-        METRICS.index_bytes.set(policy.index_bytes() as i64);
+        self.metrics
+            .index_entries
+            .set(policy.tracked_entries() as i64);
+        self.metrics.index_bytes.set(policy.index_bytes() as i64);
         let ws = policy.working_set(self.window_s);
         policy.set_recent_bytes(ws.iter().map(|(_, set)| set.all).sum());
-        METRICS
+        self.metrics
             .admitted_requests
             .set(self.admission.requests() as i64);
-        METRICS
+        self.metrics
             .buffered_body_bytes
             .set(self.admission.bytes() as i64);
         let mut over = self.over.lock().unwrap_or_else(|p| p.into_inner());
         for r in self.replicas.snapshot().iter() {
-            METRICS
+            self.metrics
                 .in_flight
                 .with_label_values(&[&r.name])
                 .set(i64::from(r.in_flight()));
@@ -83,12 +84,12 @@ impl CapacityWatch {
                 .find(|(id, _)| *id == r.id)
                 .map_or(WorkingSet::default(), |(_, set)| *set);
             r.set_pinned_bytes(set.pinned);
-            METRICS
+            self.metrics
                 .pinned_working_set
                 .with_label_values(&[&r.name])
                 .set((set.pinned / BYTES_PER_TOKEN) as i64);
             let tokens = set.all / BYTES_PER_TOKEN;
-            METRICS
+            self.metrics
                 .working_set
                 .with_label_values(&[&r.name])
                 .set(tokens as i64);

@@ -18,8 +18,8 @@ use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use pingora_core::upstreams::peer::HttpPeer;
 
-use crate::fleet::OwnGet;
-use crate::metrics::METRICS;
+use crate::engine_client::OwnGet;
+use crate::metrics::Metrics;
 use crate::policy::{EngineLoad, ReplicaId};
 use crate::replicas::{Replica, Replicas};
 
@@ -143,6 +143,7 @@ pub struct EngineLoadWatch {
 struct Reader {
     replicas: Arc<Replicas>,
     page: OwnGet,
+    metrics: Arc<Metrics>,
     /// Reads in a row that gave nothing, per replica.
     misses: Mutex<HashMap<ReplicaId, u32>>,
 }
@@ -157,6 +158,7 @@ impl EngineLoadWatch {
         host: &str,
         interval: Duration,
         (peer, connector): (HttpPeer, HttpConnector),
+        metrics: Arc<Metrics>,
     ) -> pingora_core::Result<Self> {
         // A pooled connection is kept under the engines' own keep-alive (uvicorn: 5 s).
         let idle = (interval * 2).min(Duration::from_secs(4));
@@ -164,6 +166,7 @@ impl EngineLoadWatch {
             reader: Arc::new(Reader {
                 replicas,
                 page: OwnGet::new(path, host, (peer, connector), idle, MAX_PAGE_BYTES)?,
+                metrics,
                 misses: Mutex::new(HashMap::new()),
             }),
             interval,
@@ -208,7 +211,7 @@ impl Reader {
             Err(Unread::Failed) => "failed",
             Err(Unread::Unrecognised) => "unrecognised",
         };
-        METRICS
+        self.metrics
             .engine_reads
             .with_label_values(&[&r.name, result])
             .inc();
@@ -217,7 +220,7 @@ impl Reader {
             // Reloaded away while being read: nothing of it is shown again
             // (unless a replica of that name is still there).
             if !listed.iter().any(|x| x.name == r.name) {
-                METRICS.engine_load(&r.name, None);
+                self.metrics.engine_load(&r.name, None);
             }
             return;
         }
@@ -230,7 +233,8 @@ impl Reader {
                 }
                 *missed = 0;
                 r.set_engine(Some(load.seen_beside(own)));
-                METRICS.engine_load(&r.name, Some(load));
+                self.metrics
+                    .engine_load(&r.name, Some((load.requests, load.kv_used_permille)));
             }
             Err(why) => {
                 *missed = missed.saturating_add(1);
@@ -238,7 +242,7 @@ impl Reader {
                     return;
                 }
                 r.set_engine(None);
-                METRICS.engine_load(&r.name, None);
+                self.metrics.engine_load(&r.name, None);
                 log::warn!(
                     "replica {}: engine load not readable ({} reads in a row: {}); placing by the \
                      router's own counts until it is",

@@ -2,14 +2,19 @@
 //! conversation's continuations to the replica holding its prefix in KV cache and
 //! spreads everything else with a counter.
 //!
+//! Layers, lowest first (`scripts/check-layers.py` keeps them; see
+//! `docs/architecture.md`):
 //! - [`policy`], [`request`]: the pure routing core, the `routing` crate
-//!   (`crates/routing`), re-exported: the rule, and request body -> canonical
-//!   prompt text and shape signals.
-//! - [`config`]: the YAML file; [`reload`]: hot reload of its replica list.
-//! - [`replicas`]: the live set; [`fleet`]: Pingora discovery, health checks, selection.
-//! - [`proxy`]: the Pingora `ProxyHttp`; [`errors`]: OpenAI-style error bodies;
-//!   [`metrics`]: every Prometheus metric; [`capacity`]: working set vs KV capacity;
-//!   [`usage`]: the cache figures engines report in their responses.
+//!   (`crates/routing`), re-exported.
+//! - Leaves: [`config`] (the YAML file's types and checks), [`errors`],
+//!   [`paths`], [`usage`], [`admission`], [`auth`], [`response_ids`].
+//! - Built from the config: [`metrics`] (handles, passed in), [`access_log`],
+//!   [`resolve`], [`upgrade`], [`engine_client`], [`policy_config`], [`drain`].
+//! - [`replicas`]: the live set, published whole; [`shared_pins`]: Redis.
+//! - Over the set: [`balancer`] (Pingora's discovery, health checks and
+//!   selection), [`engine_load`], [`capacity`], [`status`] (the metrics
+//!   listener), [`settings`]; then [`body`].
+//! - [`proxy`]: the one `ProxyHttp`; [`reload`]: hot reload.
 #![forbid(unsafe_code)]
 
 pub use routing::{policy, request};
@@ -17,24 +22,26 @@ pub use routing::{policy, request};
 pub mod access_log;
 pub mod admission;
 pub mod auth;
+pub mod balancer;
 pub mod body;
 pub mod capacity;
 pub mod config;
 pub mod drain;
+pub mod engine_client;
 pub mod engine_load;
 pub mod errors;
-pub mod fleet;
 #[cfg(feature = "tls")]
 pub mod listen_tls;
 pub mod metrics;
 pub mod paths;
-pub mod probes;
+pub mod policy_config;
 pub mod proxy;
 pub mod reload;
 pub mod replicas;
 pub mod resolve;
-pub mod responses;
+pub mod response_ids;
 pub mod settings;
-pub mod shared;
+pub mod shared_pins;
+pub mod status;
 pub mod upgrade;
 pub mod usage;

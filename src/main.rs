@@ -20,22 +20,23 @@ use pingora_core::services::background::background_service;
 
 use prefix_router::admission::Admission;
 use prefix_router::auth::KeyFile;
+use prefix_router::balancer::{balancer, HealthProbe};
 use prefix_router::capacity::CapacityWatch;
 use prefix_router::config::FleetMode;
 use prefix_router::config::{Config, EMBEDDED_DEFAULT, POLICY_ENV};
 use prefix_router::drain::Drain;
+use prefix_router::engine_client::{own_host, own_requests};
 use prefix_router::engine_load::EngineLoadWatch;
-use prefix_router::fleet::{fleet, own_host, own_requests, HealthProbe};
-use prefix_router::metrics::METRICS;
+use prefix_router::metrics::Metrics;
 use prefix_router::policy::Policy;
 use prefix_router::proxy::Router;
 use prefix_router::reload::{Live, Reloader};
 use prefix_router::replicas::Replicas;
 use prefix_router::request::Checkpoints;
 use prefix_router::resolve::Resolver;
-use prefix_router::responses::ResponseIds;
+use prefix_router::response_ids::ResponseIds;
 use prefix_router::settings::Settings;
-use prefix_router::shared::{SharedPins, SharedPinsTask};
+use prefix_router::shared_pins::{SharedPins, SharedPinsTask};
 
 /// A load balancer for LLM replicas that routes by request shape.
 #[derive(Parser)]
@@ -64,7 +65,7 @@ fn main() -> anyhow::Result<()> {
     prefix_router::access_log::init();
     let cli = Cli::parse();
     if let Some(url) = &cli.probe {
-        match prefix_router::probes::probe(url, std::time::Duration::from_secs(2)) {
+        match prefix_router::status::probe(url, std::time::Duration::from_secs(2)) {
             Ok(line) => {
                 println!("{line}");
                 return Ok(());
@@ -105,7 +106,9 @@ fn main() -> anyhow::Result<()> {
         HealthProbe::new(&cfg.health_check.path, &cfg.replica_tls).context("health check")?;
     let resolver = Arc::new(Resolver::default());
     let listed = resolver.expand(&cfg, |_| None);
-    let replicas = Arc::new(Replicas::new(&listed));
+    let metrics =
+        Arc::new(Metrics::new(prometheus::default_registry().clone()).context("metrics registry")?);
+    let replicas = Arc::new(Replicas::new(&listed, Arc::clone(&metrics)));
     let engine_load = match &cfg.engine_load {
         Some(e) => Some(
             EngineLoadWatch::new(
@@ -114,6 +117,7 @@ fn main() -> anyhow::Result<()> {
                 own_host(&cfg.replica_tls),
                 prefix_router::config::ms(e.interval_ms),
                 own_requests(&cfg.replica_tls),
+                Arc::clone(&metrics),
             )
             .context("engine_load")?,
         ),
@@ -206,11 +210,13 @@ fn main() -> anyhow::Result<()> {
     };
     let mut server = Server::new_with_opt_and_conf(Some(opt), conf);
 
-    METRICS.init();
+    metrics.init();
     for r in replicas.snapshot().iter() {
-        METRICS.add_replica(r);
+        metrics.add_replica(&r.name, r.live(), r.in_flight(), r.kv_tokens());
     }
-    let policy = Arc::new(Policy::new(cfg.policy_config()));
+    let policy = Arc::new(Policy::new(prefix_router::policy_config::policy_config(
+        &cfg,
+    )));
     if cfg.fleet.mode != FleetMode::Local {
         // Instances of one fleet: counters started apart, so concurrent
         // first turns through different instances are not all sent alike.
@@ -219,27 +225,29 @@ fn main() -> anyhow::Result<()> {
             .map_or(0, |d| d.as_nanos() as u64);
         policy.seed_counters(now ^ u64::from(std::process::id()) << 32);
     }
-    let fleet_service = background_service(
+    let balancer_service = background_service(
         "replicas",
-        fleet(
+        balancer(
             Arc::clone(&replicas),
             Arc::clone(&policy),
             Arc::clone(&probe),
             prefix_router::config::ms(cfg.health_check.interval_ms),
+            Arc::clone(&metrics),
         ),
     );
     let settings = Arc::new(arc_swap::ArcSwap::from_pointee(Settings::from_config(&cfg)));
-    let responses = Arc::new(ResponseIds::new(prefix_router::responses::DEFAULT_CAP));
+    let responses = Arc::new(ResponseIds::new(prefix_router::response_ids::DEFAULT_CAP));
     let admission = Admission::new(cfg.limits.max_requests, cfg.limits.max_buffered_bytes);
     // Shared pins: a background task owns the Redis connection.
     let shared = match (&cfg.fleet.mode, &cfg.fleet.redis_url) {
         (FleetMode::Redis, Some(url)) => {
-            let target = prefix_router::shared::parse_url(url)
+            let target = prefix_router::config::parse_redis_url(url)
                 .map_err(|why| anyhow::anyhow!("fleet.redis_url: {why}"))?;
             Some(Arc::new(SharedPins::new(
                 target,
                 prefix_router::config::ms(cfg.fleet.redis_budget_ms),
                 cfg.fleet.redis_ttl_s,
+                Arc::clone(&metrics),
             )))
         }
         _ => None,
@@ -248,7 +256,7 @@ fn main() -> anyhow::Result<()> {
         settings: Arc::clone(&settings),
         policy: Arc::clone(&policy),
         replicas: Arc::clone(&replicas),
-        fleet: fleet_service.task(),
+        balancer: balancer_service.task(),
         admission: Arc::clone(&admission),
         keys: keys.clone(),
         responses: Arc::clone(&responses),
@@ -257,12 +265,14 @@ fn main() -> anyhow::Result<()> {
             let replicas = Arc::clone(&replicas);
             Checkpoints::serving(move |model| !replicas.nobody_serves(model))
         }),
+        metrics: Arc::clone(&metrics),
     };
     let capacity = CapacityWatch::new(
         cfg.working_set_window_s,
         Arc::clone(&policy),
         Arc::clone(&replicas),
         Arc::clone(&admission),
+        Arc::clone(&metrics),
     );
     let mut proxy = pingora_proxy::http_proxy_service(&server.configuration, router);
     proxy.add_tcp(&cfg.listen);
@@ -270,17 +280,17 @@ fn main() -> anyhow::Result<()> {
     if let Some((addr, tls)) = listen_tls {
         proxy.add_tls_with_settings(&addr, None, tls);
     }
-    let mut metrics = prefix_router::probes::service(Arc::clone(&replicas));
-    metrics.add_tcp(&cfg.metrics_listen);
+    let mut status = prefix_router::status::service(Arc::clone(&replicas), Arc::clone(&metrics));
+    status.add_tcp(&cfg.metrics_listen);
 
     if let Some(watch) = engine_load {
         server.add_service(background_service("engine load", watch));
     }
     let gate = server.add_service(background_service(
         "ready gate",
-        prefix_router::probes::ReadyGate {
+        prefix_router::status::ReadyGate {
             replicas: Arc::clone(&replicas),
-            max_wait: prefix_router::probes::READY_GATE_MAX_WAIT,
+            max_wait: prefix_router::status::READY_GATE_MAX_WAIT,
         },
     ));
     if let Some(path) = cli.config {
@@ -292,6 +302,7 @@ fn main() -> anyhow::Result<()> {
             probe,
             keys,
             resolver,
+            metrics,
         };
         let reloader = Reloader::new(path, cfg, env_policy, live);
         server.add_service(background_service("reload", reloader));
@@ -301,9 +312,9 @@ fn main() -> anyhow::Result<()> {
     }
     server.add_service(background_service("drain", Drain { admission }));
     server.add_service(background_service("capacity", capacity));
-    server.add_service(fleet_service);
+    server.add_service(balancer_service);
     server.add_service(proxy).add_dependency(&gate);
-    server.add_service(metrics);
+    server.add_service(status);
     // Under `-u`: receive the listening sockets (waits ~6 s for them).
     server.bootstrap();
     server.run_forever()

@@ -24,9 +24,9 @@ use pingora_core::services::background::BackgroundService;
 
 use crate::admission::Admission;
 use crate::auth::{self, KeyFile, KeysError};
+use crate::balancer::HealthProbe;
 use crate::config::{Config, ConfigError};
-use crate::fleet::HealthProbe;
-use crate::metrics::METRICS;
+use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::replicas::{Change, Replicas};
 use crate::resolve::Resolver;
@@ -46,6 +46,7 @@ pub struct Live {
     pub keys: Option<Arc<KeyFile>>,
     /// Replica names to addresses, the last good ones kept.
     pub resolver: Arc<Resolver>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// Watches one config file.
@@ -90,7 +91,7 @@ async fn settled<E>(
 impl Reloader {
     pub fn new(path: PathBuf, running: Config, env_policy: Option<String>, live: Live) -> Self {
         let last = std::fs::read_to_string(&path).ok();
-        METRICS.restart_pending.set(0);
+        live.metrics.restart_pending.set(0);
         Self {
             interval: crate::config::ms(running.reload_interval_ms),
             path,
@@ -150,9 +151,9 @@ impl Reloader {
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         let (cfg, pending) = running.reloaded(cfg);
         if pending.is_empty() {
-            METRICS.restart_pending.set(0);
+            self.live.metrics.restart_pending.set(0);
         } else {
-            METRICS.restart_pending.set(1);
+            self.live.metrics.restart_pending.set(1);
             log::warn!(
                 "config: {} changed: needs restart (the running value stays in force until then)",
                 pending.join(", ")
@@ -163,7 +164,8 @@ impl Reloader {
         }
         let live = &self.live;
         let change = self.apply_replicas(&cfg);
-        live.policy.set_config(cfg.policy_config());
+        live.policy
+            .set_config(crate::policy_config::policy_config(&cfg));
         crate::access_log::set_format(cfg.log_format);
         live.settings.store(Arc::new(Settings::from_config(&cfg)));
         live.admission
@@ -197,13 +199,16 @@ impl Reloader {
         let now = live.replicas.snapshot();
         for r in &change.removed {
             live.policy.forget_replica(r.id);
-            METRICS.forget_replica(&r.name);
+            self.live.metrics.forget_replica(&r.name);
         }
         if !change.removed.is_empty() {
-            METRICS.sweep_replicas(&now);
+            live.metrics
+                .sweep_replicas(|name| now.iter().any(|r| r.name == name));
         }
         for r in now.iter() {
-            METRICS.add_replica(r);
+            self.live
+                .metrics
+                .add_replica(&r.name, r.live(), r.in_flight(), r.kv_tokens());
         }
         change
     }
@@ -235,7 +240,7 @@ impl Reloader {
         match result {
             Ok(None) => {}
             Ok(Some(change)) => {
-                METRICS.reloads.with_label_values(&["ok"]).inc();
+                self.live.metrics.reloads.with_label_values(&["ok"]).inc();
                 log::info!(
                     "config reloaded from {}: settings applied; replicas added [{}] (join after a passing health check), removed [{}] (draining)",
                     self.path.display(),
@@ -244,7 +249,11 @@ impl Reloader {
                 );
             }
             Err(e) => {
-                METRICS.reloads.with_label_values(&["error"]).inc();
+                self.live
+                    .metrics
+                    .reloads
+                    .with_label_values(&["error"])
+                    .inc();
                 log::error!(
                     "config reload rejected, the previous configuration stays in force: {}: {e}",
                     self.path.display()
@@ -269,12 +278,20 @@ impl Reloader {
         match text.and_then(|t| keys.apply(t)) {
             Ok(()) => {
                 *last_error() = None;
-                METRICS.key_reloads.with_label_values(&["ok"]).inc();
+                self.live
+                    .metrics
+                    .key_reloads
+                    .with_label_values(&["ok"])
+                    .inc();
                 log::info!("api keys reloaded from {}", keys.path.display());
             }
             Err(e) => {
                 *last_error() = Some(e.to_string());
-                METRICS.key_reloads.with_label_values(&["error"]).inc();
+                self.live
+                    .metrics
+                    .key_reloads
+                    .with_label_values(&["error"])
+                    .inc();
                 log::error!(
                     "api keys reload rejected, previous keys stay in force: {}: {e}",
                     keys.path.display()
@@ -314,7 +331,10 @@ impl BackgroundService for Reloader {
                     // meets a replica half added.
                     if swept.elapsed() >= SWEEP_EVERY {
                         swept = Instant::now();
-                        METRICS.sweep_replicas(&self.live.replicas.snapshot());
+                        let now = self.live.replicas.snapshot();
+                        self.live
+                            .metrics
+                            .sweep_replicas(|name| now.iter().any(|r| r.name == name));
                     }
                 }
             }
@@ -330,14 +350,16 @@ mod tests {
         let path = dir.join("router.yaml");
         std::fs::write(&path, yaml).unwrap();
         let cfg = Config::parse(yaml, None).unwrap();
+        let metrics = Metrics::standalone();
         let live = Live {
-            replicas: Arc::new(Replicas::new(&cfg.replicas)),
-            policy: Arc::new(Policy::new(cfg.policy_config())),
+            replicas: Arc::new(Replicas::new(&cfg.replicas, Arc::clone(&metrics))),
+            policy: Arc::new(Policy::new(crate::policy_config::policy_config(&cfg))),
             settings: Arc::new(ArcSwap::from_pointee(Settings::from_config(&cfg))),
             admission: Admission::new(1, 1),
             probe: HealthProbe::new("/health", &cfg.replica_tls).unwrap(),
             keys: None,
             resolver: Arc::default(),
+            metrics,
         };
         Reloader::new(path, cfg, None, live)
     }

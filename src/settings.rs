@@ -51,7 +51,7 @@ impl Settings {
             placement_headers: c.placement_headers,
             repair_on_miss_s: c.prefix_index.repair_on_miss_s,
             shed_in_flight: c.shed_in_flight,
-            outlier: c.outlier_rules(),
+            outlier: OutlierRules::from(&c.outlier),
             tls: c.replica_tls.clone(),
         }
     }

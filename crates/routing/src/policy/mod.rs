@@ -119,13 +119,21 @@
 //! No I/O, no clock, no threads of its own: replica liveness and load are
 //! passed in; worker threads share one `Policy` (`&self` throughout).
 
+mod cold;
 mod index;
 mod prefix;
+mod rendezvous;
 mod shards;
 mod singles;
+mod types;
 
 pub use prefix::PrefixChain;
 pub use singles::SinglesByPrefix;
+pub use types::*;
+
+/// Bytes of canonical prompt text per token: the estimate used everywhere
+/// bytes meet tokens (close to BPE tokenizers on English and code).
+pub const BYTES_PER_TOKEN: u64 = 4;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -136,280 +144,7 @@ use arc_swap::ArcSwap;
 use shards::{Shards, Upsert};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-/// Which rule places requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Pin continuations, spread singles (the product's rule).
-    Shape,
-    /// Counter for everything (comparison arm).
-    RoundRobin,
-    /// Prefix for everything (comparison arm).
-    Affinity,
-}
-
-/// Which requests count as continuations on their own (without a prefix match).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ContinuationRule {
-    /// An earlier model turn is present: an assistant message or a tool result.
-    ModelTurn,
-    /// More than one message (the seed's literal rule; pins shared-system-prompt one-shots).
-    MultiMessage,
-}
-
-/// `pack` sends overflow to a replica only while it has at most this many
-/// times the least busy live replica's requests in flight, plus the slack: a
-/// long burst is then shared again instead of queueing on one card.
-const PACK_LOAD_FACTOR: u32 = 2;
-const PACK_LOAD_SLACK: u32 = 2;
-
-/// `least_loaded` compares engines' KV use in steps this wide (10 %), so a
-/// stale scrape's small differences do not decide placements.
-const KV_STEP_PERMILLE: u16 = 100;
-
-/// How cold placements use KV headroom (see `kv room` above).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvRoom {
-    /// The plain counter.
-    Off,
-    /// Counter over replicas with room; all or none: plain counter.
-    Spread,
-    /// As `Spread`, but overflow goes to the replica already displaced most.
-    Pack,
-}
-
-/// Policy parameters; defaults live in the config module.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PolicyConfig {
-    pub mode: Mode,
-    pub continuation: ContinuationRule,
-    /// Block size of the prefix hash chain, 1..=65535 bytes.
-    pub block_bytes: usize,
-    /// Cap on prefix index entries (blocks plus prompt ends plus explicit keys).
-    pub max_entries: usize,
-    pub kv_room: KvRoom,
-    /// Load excess over the least-loaded live replica that moves a pinned
-    /// request within that window (see `load guard`); `None` disables it.
-    pub load_guard: Option<u32>,
-    /// Cold placements go to the least-loaded live replicas (see `load`),
-    /// the counter only among equals; off: the counter over all.
-    pub least_loaded: bool,
-    /// Singles by their held prefix (see `single`); `None`: every single
-    /// is a cold placement (the seed's rule).
-    pub singles: Option<SinglesByPrefix>,
-    /// How router instances sharing the replicas agree (see FLEET).
-    pub fleet: Fleet,
-}
-
-/// How several router instances in front of the same replicas agree on
-/// where a conversation lives.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Fleet {
-    /// Each instance by what it has seen (its own index).
-    #[default]
-    Local,
-    /// Continuations by a rendezvous hash of their conversation root, which
-    /// every instance computes alike; singles too when `singles`.
-    Rendezvous { singles: bool },
-}
-
-/// A replica as the policy sees it; the id is stable across reloads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ReplicaId(pub u32);
-
-/// Liveness and load of one replica at decision time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReplicaState {
-    pub id: ReplicaId,
-    /// A hash of the replica's name: the same in every router instance, so
-    /// rendezvous hashing agrees between them (ids are per instance).
-    pub name_hash: u64,
-    pub live: bool,
-    /// Requests the router has in flight there.
-    pub in_flight: u32,
-    /// Of those, the ones that have not answered a body byte yet (queued,
-    /// or in their prefill).
-    pub waiting: u32,
-    /// What the engine itself last reported, when it is read.
-    pub engine: Option<EngineLoad>,
-    /// KV headroom in bytes of canonical prompt, when its capacity is declared.
-    pub room: Option<Room>,
-}
-
-impl ReplicaState {
-    /// Requests at the replica: the router's own, plus those its engine
-    /// last reported beyond them (traffic the router does not see: other
-    /// router instances, clients sent straight to the engine).
-    pub fn load(&self) -> u32 {
-        self.in_flight
-            .saturating_add(self.engine.map_or(0, |e| e.unseen))
-    }
-
-    /// Requests queued before a new one's prefill: the router's that have not
-    /// started answering, plus those its engine reported beyond the router's
-    /// (running or waiting: the report does not tell them apart).
-    pub fn queued(&self) -> u32 {
-        self.waiting
-            .saturating_add(self.engine.map_or(0, |e| e.unseen))
-    }
-}
-
-/// A replica's load as its engine reports it (its `/metrics`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EngineLoad {
-    /// Requests running or waiting there that the router did not send (its
-    /// count less the router's own in flight when it was read).
-    pub unseen: u32,
-    /// KV cache in use by running requests, per mille, when the engine says.
-    pub kv_used_permille: Option<u16>,
-}
-
-/// What a replica's KV cache can still take without displacing the contexts
-/// pinned to it, in bytes of canonical prompt text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Room {
-    /// Capacity less the pinned working set and the singles in flight
-    /// (negative: those singles displace pinned contexts now).
-    pub free: i64,
-    /// Bytes of the singles' prompts in flight there.
-    pub cold: u64,
-    /// Bytes of its pinned working set.
-    pub pinned: u64,
-    /// Bytes of prompt its KV holds for reuse beside what runs (0 for an
-    /// engine that keeps only its last prompt).
-    pub capacity: u64,
-}
-
-/// The pinned and the whole working set of one replica, in bytes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WorkingSet {
-    /// Distinct blocks placed within the window.
-    pub all: u64,
-    /// Of which a continuation recorded last (contexts expected back).
-    pub pinned: u64,
-}
-
-/// What the policy needs of a request: its prefix chain and shape signals.
-#[derive(Debug, Clone)]
-pub struct Request {
-    pub chain: PrefixChain,
-    /// An assistant / tool / function turn is present.
-    pub model_turn: bool,
-    /// Where its conversation's root ends in the text: the messages before
-    /// its first model turn (none without a model turn).
-    pub root_end: Option<usize>,
-    /// A prefix of it that another router instance placed (shared pins),
-    /// used when this instance's own index knows nothing of the prompt.
-    pub hint: Option<Hint>,
-    /// Number of messages (1 for a completions prompt).
-    pub messages: usize,
-    /// Explicit conversation key (`prompt_cache_key`, then `x-session-id`).
-    pub key: Option<String>,
-    /// The request tells the engine not to reuse its prefix cache: its
-    /// placement is as usual, but its reported reuse is no evidence.
-    pub cache_bypass: bool,
-    /// The body's `model`: the caller offers only replicas serving it.
-    pub model: Option<String>,
-    /// Responses API, for the caller: the response this request continues
-    /// (the caller offers only the replica holding it), and whether the
-    /// engine keeps this one (`store`).
-    pub previous_response_id: Option<String>,
-    pub store: bool,
-}
-
-/// A placement another router instance recorded: the replica that holds the
-/// first `pos` bytes of the prompt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Hint {
-    pub replica: ReplicaId,
-    pub pos: usize,
-}
-
-/// The request's shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
-    Continuation,
-    Single,
-}
-
-/// Why a replica was chosen; `as_str` is the header and metric label value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    /// The live replica holding the longest matching prefix.
-    Pin,
-    /// The counter (singles, unmatched continuations, roundrobin mode).
-    Spread,
-    /// A single on the live replica holding most of its prompt (see `single`).
-    Prefix,
-    /// The replica that served this explicit conversation key.
-    Key,
-    /// The replica holding a longer prefix is down; placed on the best live one.
-    Fallback,
-    /// The load guard moved the request off an overloaded cached replica.
-    Guard,
-    /// A rendezvous hash: of the first block (affinity mode, no match), or
-    /// of the conversation root (`fleet: rendezvous`).
-    Hash,
-    /// No replica is live.
-    NoReplica,
-}
-
-impl Reason {
-    /// Every reason, for pre-registering metric labels.
-    pub const ALL: [Reason; 8] = [
-        Reason::Pin,
-        Reason::Spread,
-        Reason::Prefix,
-        Reason::Key,
-        Reason::Fallback,
-        Reason::Guard,
-        Reason::Hash,
-        Reason::NoReplica,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Pin => "pin",
-            Reason::Spread => "spread",
-            Reason::Prefix => "prefix",
-            Reason::Key => "key",
-            Reason::Fallback => "fallback",
-            Reason::Guard => "guard",
-            Reason::Hash => "hash",
-            Reason::NoReplica => "none",
-        }
-    }
-}
-
-impl Shape {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Shape::Continuation => "continuation",
-            Shape::Single => "single",
-        }
-    }
-}
-
-/// One placement and its explanation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decision {
-    /// `None` when no replica is live.
-    pub replica: Option<ReplicaId>,
-    pub shape: Shape,
-    pub reason: Reason,
-    /// Bytes of canonical prompt already seen on the chosen replica.
-    pub matched_bytes: usize,
-    /// Clock (seconds) at which that prefix was last recorded (0 without one).
-    pub matched_at: u32,
-    /// Clock (seconds) of this placement.
-    pub placed_at: u32,
-}
-
-impl Decision {
-    /// Seconds between the matched prefix's last record and this placement.
-    pub fn matched_age_s(&self) -> u32 {
-        self.placed_at.saturating_sub(self.matched_at)
-    }
-}
+use rendezvous::rendezvous;
 
 /// A prefix the index knows: where it ends and who served it.
 #[derive(Debug, Clone, Copy)]
@@ -643,51 +378,6 @@ impl Policy {
             .map_or(0, |r| self.index.forget_replica(r.0, d.matched_at))
     }
 
-    /// With `fleet: rendezvous`, the hash a request is placed by (see FLEET).
-    fn rendezvous_root(&self, req: &Request, shape: Shape) -> Option<u64> {
-        let cfg = self.config();
-        let Fleet::Rendezvous { singles } = cfg.fleet else {
-            return None;
-        };
-        if cfg.mode != Mode::Shape || (shape == Shape::Single && !singles) {
-            return None;
-        }
-        let chain = &req.chain;
-        let root = req.root_end.filter(|e| *e > 0 && *e <= chain.len());
-        let ends = &chain.message_ends;
-        Some(match (&req.key, root) {
-            (Some(k), _) => chain.key_hash(k),
-            (None, Some(end)) => chain.end_hash(end),
-            // A single (a conversation's first turn): all of it is its
-            // later turns' root.
-            (None, None) if shape == Shape::Single && !ends.is_empty() => {
-                chain.end_hash(chain.len())
-            }
-            // A continuation without a model turn: its first two messages
-            // (a system prompt shared by many conversations is not enough).
-            (None, None) => match ends.get(1).or(ends.first()) {
-                Some(end) => chain.end_hash(*end),
-                None => chain.head_hash(),
-            },
-        })
-    }
-
-    /// The live replica ranked first for `root`, or with a load guard the
-    /// first not over it (ranked as every instance ranks them).
-    fn by_root(&self, root: u64, live: &[ReplicaState]) -> Option<ReplicaId> {
-        let Some(limit) = self.config().load_guard else {
-            return rendezvous(root, live);
-        };
-        let floor = live.iter().map(ReplicaState::load).min().unwrap_or(0);
-        let mut ranked: Vec<&ReplicaState> = live.iter().collect();
-        ranked.sort_by_key(|s| std::cmp::Reverse(score(root, s)));
-        ranked
-            .iter()
-            .find(|s| s.load() <= floor.saturating_add(limit))
-            .or(ranked.first())
-            .map(|s| s.id)
-    }
-
     fn shape_of(&self, req: &Request, extends: bool) -> Shape {
         let rule = match self.config().continuation {
             ContinuationRule::ModelTurn => req.model_turn,
@@ -838,81 +528,6 @@ impl Policy {
         self.index
             .upsert_all(&ops, replica.0, self.clock_s.load(Relaxed), pinned);
     }
-
-    /// A cold placement of a prompt of `bytes` (see `kv room`).
-    fn cold(&self, live: &[ReplicaState], bytes: usize) -> Option<ReplicaId> {
-        // Room is only comparable when every replica declares its capacity.
-        if self.config().kv_room == KvRoom::Off || live.iter().any(|s| s.room.is_none()) {
-            return self.balance(live);
-        }
-        let bytes = bytes as i64;
-        let fits: Vec<ReplicaState> = live
-            .iter()
-            .filter(|s| s.room.is_some_and(|r| r.free >= bytes))
-            .copied()
-            .collect();
-        if !fits.is_empty() {
-            return self.balance(&fits);
-        }
-        let protects = || live.iter().any(|s| s.room.is_some_and(|r| r.pinned > 0));
-        if self.config().kv_room == KvRoom::Pack && protects() {
-            // Room taken by singles in flight, not by the pinned set alone
-            // (that is the capacity wall, where packing rescues nothing), on a
-            // replica not already far busier than the least busy one.
-            let least = live.iter().map(ReplicaState::load).min().unwrap_or(0);
-            let bound = least
-                .saturating_mul(PACK_LOAD_FACTOR)
-                .saturating_add(PACK_LOAD_SLACK);
-            let displaced = live
-                .iter()
-                .filter(|s| s.load() <= bound)
-                .filter_map(|s| s.room.map(|r| (s.id, r)))
-                .filter(|(_, r)| r.free.saturating_add(r.cold as i64) >= bytes)
-                .min_by_key(|(id, r)| (r.free, *id));
-            if let Some((id, _)) = displaced {
-                return Some(id);
-            }
-        }
-        self.balance(live)
-    }
-
-    /// The counter over `live`; with `least_loaded`, over the least loaded
-    /// of them, and of those the ones whose engines report the least KV in
-    /// use (in steps of `KV_STEP_PERMILLE`, when all of them report it).
-    fn balance(&self, live: &[ReplicaState]) -> Option<ReplicaId> {
-        if !self.config().least_loaded {
-            return self.count(live);
-        }
-        let least = live.iter().map(ReplicaState::load).min()?;
-        let mut idle: Vec<ReplicaState> =
-            live.iter().filter(|s| s.load() == least).copied().collect();
-        let kv_step = |s: &ReplicaState| {
-            s.engine
-                .and_then(|e| e.kv_used_permille)
-                .map(|k| k / KV_STEP_PERMILLE)
-        };
-        let steps: Option<Vec<u16>> = idle.iter().map(kv_step).collect();
-        if let Some(low) = steps.and_then(|v| v.into_iter().min()) {
-            idle.retain(|s| kv_step(s) == Some(low));
-        }
-        self.count(&idle)
-    }
-
-    /// The counter of this set of replicas: each set its own, so the
-    /// replicas of one model (the caller offers only those) take turns
-    /// whatever other models' traffic does between.
-    fn count(&self, live: &[ReplicaState]) -> Option<ReplicaId> {
-        if live.is_empty() {
-            return None;
-        }
-        let mut set = 0u64;
-        for s in live {
-            set = xxh3_64_with_seed(&s.id.0.to_le_bytes(), set);
-        }
-        let counter = &self.counters[(set % COUNTERS as u64) as usize];
-        let i = (counter.fetch_add(1, Relaxed) % live.len() as u64) as usize;
-        Some(live[i].id)
-    }
 }
 
 fn live_sorted(replicas: &[ReplicaState]) -> Vec<ReplicaState> {
@@ -927,17 +542,6 @@ fn reason_or_none(live: &[ReplicaState], reason: Reason) -> Reason {
     } else {
         reason
     }
-}
-
-/// Highest-random-weight choice: stable per key, and only the keys of a
-/// replica that leaves move.
-fn rendezvous(key: u64, live: &[ReplicaState]) -> Option<ReplicaId> {
-    live.iter().max_by_key(|s| score(key, s)).map(|s| s.id)
-}
-
-/// A replica's rendezvous score for `key`, alike in every router instance.
-fn score(key: u64, s: &ReplicaState) -> u64 {
-    xxh3_64_with_seed(&s.name_hash.to_le_bytes(), key)
 }
 
 #[cfg(test)]

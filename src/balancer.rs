@@ -17,27 +17,24 @@ use pingora_load_balancing::health_check::{HealthCheck, HttpHealthCheck};
 use pingora_load_balancing::selection::{BackendIter, BackendSelection};
 use pingora_load_balancing::{Backend, LoadBalancer};
 
-use pingora_core::connectors::http::Connector as HttpConnector;
-use pingora_core::connectors::ConnectorOptions;
-use pingora_core::upstreams::peer::HttpPeer;
-use pingora_http::RequestHeader;
-
 use crate::config::ReplicaTls;
-use crate::metrics::{Repair, METRICS};
+use crate::engine_client::{own_host, own_requests, OwnGet};
+use crate::metrics::{Metrics, Repair};
 use crate::policy::Policy;
 use crate::replicas::Replicas;
 
 /// The load balancer type the router runs.
-pub type Fleet = LoadBalancer<PolicySelection>;
+pub type Balancer = LoadBalancer<PolicySelection>;
 
 /// Builds the background service: discovery every 200 ms (so reloads join fast)
 /// and a health check of every replica every `interval`, by `probe`.
-pub fn fleet(
+pub fn balancer(
     replicas: Arc<Replicas>,
     policy: Arc<Policy>,
     probe: Arc<HealthProbe>,
     interval: Duration,
-) -> Fleet {
+    metrics: Arc<Metrics>,
+) -> Balancer {
     let backends =
         pingora_load_balancing::Backends::new(Box::new(Discovery(Arc::clone(&replicas))));
     let mut lb = LoadBalancer::from_backends(backends);
@@ -45,6 +42,7 @@ pub fn fleet(
         probe,
         replicas,
         policy,
+        metrics,
     }));
     lb.health_check_frequency = Some(interval);
     lb.update_frequency = Some(Duration::from_millis(200));
@@ -120,102 +118,9 @@ fn http_check(path: &str, tls: &ReplicaTls) -> Result<HttpHealthCheck> {
     Ok(http)
 }
 
-/// A GET the router sends replicas itself (engine metrics, model lists):
-/// replica TLS and `Host` as the health checks, a pooled connection, the
-/// answer's body capped.
-pub struct OwnGet {
-    connector: HttpConnector,
-    peer: HttpPeer,
-    request: RequestHeader,
-    /// A pooled connection is kept this long between requests.
-    idle: Duration,
-    max_bytes: usize,
-}
-
-impl OwnGet {
-    pub fn new(
-        path: &str,
-        host: &str,
-        (peer, connector): (HttpPeer, HttpConnector),
-        idle: Duration,
-        max_bytes: usize,
-    ) -> Result<Self> {
-        let mut request = RequestHeader::build("GET", path.as_bytes(), None)?;
-        request.insert_header("Host", host)?;
-        Ok(Self {
-            connector,
-            peer,
-            request,
-            idle,
-            max_bytes,
-        })
-    }
-
-    /// The body of a 200 answer from `addr`; an error for any other status
-    /// or a body over the cap (a cut body could end inside a figure).
-    pub async fn get(&self, addr: std::net::SocketAddr) -> Result<Vec<u8>> {
-        let mut peer = self.peer.clone();
-        peer._address = pingora_core::protocols::l4::socket::SocketAddr::Inet(addr);
-        let (mut session, _) = self.connector.get_http_session(&peer).await?;
-        session
-            .write_request_header(Box::new(self.request.clone()))
-            .await?;
-        session.finish_request_body().await?;
-        session.read_response_header().await?;
-        let status = session.response_header().map(|h| h.status.as_u16());
-        if status != Some(200) {
-            return pingora_core::Error::e_explain(
-                ErrorType::HTTPStatus(status.unwrap_or(0)),
-                "status",
-            );
-        }
-        let mut body = Vec::new();
-        while let Some(chunk) = session.read_response_body().await? {
-            if body.len() + chunk.len() > self.max_bytes {
-                return pingora_core::Error::e_explain(
-                    ErrorType::InvalidHTTPHeader,
-                    "body over the size cap",
-                );
-            }
-            body.extend_from_slice(&chunk);
-        }
-        self.connector
-            .release_http_session(session, &peer, Some(self.idle))
-            .await;
-        Ok(body)
-    }
-}
-
 /// A whole health check: connect (1 s) plus the answer, and the model list
 /// read after a pass.
 const CHECK_DEADLINE: Duration = Duration::from_secs(3);
-
-/// The peer settings (its address a placeholder) and connector of the
-/// router's own requests to replicas, health checks and engine metrics:
-/// replica TLS as configured, a 1 s connect timeout.
-pub fn own_requests(tls: &ReplicaTls) -> (HttpPeer, HttpConnector) {
-    let mut peer = HttpPeer::new("0.0.0.0:1", tls.enabled, tls.sni.clone());
-    peer.options.connection_timeout = Some(Duration::from_secs(1));
-    peer.options.read_timeout = Some(Duration::from_secs(2));
-    if !tls.enabled {
-        return (peer, HttpConnector::new(None));
-    }
-    peer.options.verify_cert = tls.verify;
-    peer.options.verify_hostname = tls.verify_hostname();
-    let mut options = ConnectorOptions::new(0);
-    options.ca_file = tls.ca_file.clone();
-    (peer, HttpConnector::new(Some(options)))
-}
-
-/// The `Host` of the router's own requests to replicas: the TLS server
-/// name when one is set.
-pub fn own_host(tls: &ReplicaTls) -> &str {
-    if tls.sni.is_empty() {
-        "localhost"
-    } else {
-        &tls.sni
-    }
-}
 
 /// Discovery: the current replica set.
 struct Discovery(Arc<Replicas>);
@@ -247,6 +152,7 @@ struct ReplicaHealth {
     probe: Arc<HealthProbe>,
     replicas: Arc<Replicas>,
     policy: Arc<Policy>,
+    metrics: Arc<Metrics>,
 }
 
 #[async_trait]
@@ -272,7 +178,7 @@ impl HealthCheck for ReplicaHealth {
             if r.came_back(result.is_ok(), timed_out) {
                 let forgotten = self.policy.forget_replica(r.id);
                 if forgotten > 0 {
-                    METRICS.repaired(&r.name, Repair::Restart, forgotten);
+                    self.metrics.repaired(&r.name, Repair::Restart, forgotten);
                 }
             }
             if result.is_ok() && !r.declares_models() {
@@ -301,7 +207,7 @@ impl HealthCheck for ReplicaHealth {
                         .unwrap_or_default()
                 );
             }
-            METRICS.show_live(&r);
+            self.metrics.show_live(&r.name, r.live());
         }
         result
     }

@@ -22,16 +22,18 @@ use pingora_core::services::listening::Service;
 use pingora_core::services::ServiceReadyNotifier;
 use prometheus::{Encoder, TextEncoder, TEXT_FORMAT};
 
+use crate::metrics::Metrics;
 use crate::replicas::Replicas;
 
 /// Serves metrics and probes.
 pub struct MetricsApp {
     replicas: Arc<Replicas>,
+    metrics: Arc<Metrics>,
 }
 
 /// The metrics listener's service (gzip when the client accepts it).
-pub fn service(replicas: Arc<Replicas>) -> Service<HttpServer<MetricsApp>> {
-    let mut server = HttpServer::new_app(MetricsApp { replicas });
+pub fn service(replicas: Arc<Replicas>, metrics: Arc<Metrics>) -> Service<HttpServer<MetricsApp>> {
+    let mut server = HttpServer::new_app(MetricsApp { replicas, metrics });
     server.add_module(ResponseCompressionBuilder::enable(7));
     Service::new("metrics and probes".to_owned(), server)
 }
@@ -64,7 +66,7 @@ impl ServeHttp for MetricsApp {
             }
             _ => {
                 let mut buffer = Vec::new();
-                match TextEncoder::new().encode(&prometheus::gather(), &mut buffer) {
+                match TextEncoder::new().encode(&self.metrics.registry().gather(), &mut buffer) {
                     Ok(()) => answer(StatusCode::OK, TEXT_FORMAT, buffer),
                     Err(e) => answer(
                         StatusCode::INTERNAL_SERVER_ERROR,

@@ -22,7 +22,7 @@
 //! beyond its budget.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -32,7 +32,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::metrics::METRICS;
+use crate::config::RedisTarget;
+use crate::metrics::Metrics;
 
 /// Message ends a lookup asks about, the latest first: the previous turn's
 /// prompt ends at one of the last few.
@@ -46,49 +47,6 @@ const LOOKUP_QUEUE: usize = 1024;
 /// Response-id lookups waiting at once; more are answered "unavailable".
 pub const RESPONSE_LOOKUPS: usize = 128;
 const KEY_PREFIX: &str = "prefix-router:";
-
-/// Where Redis is and how it is used.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RedisTarget {
-    /// `host:port`.
-    pub addr: String,
-    pub db: u32,
-    pub password: Option<String>,
-}
-
-/// A `redis://[:PASSWORD@]HOST:PORT[/DB]` URL.
-pub fn parse_url(url: &str) -> Result<RedisTarget, String> {
-    let rest = url
-        .strip_prefix("redis://")
-        .ok_or("must start with redis://")?;
-    let (auth, rest) = match rest.rsplit_once('@') {
-        Some((auth, rest)) => (Some(auth), rest),
-        None => (None, rest),
-    };
-    let password = auth
-        .map(|a| a.split_once(':').map_or(a, |(_, p)| p).to_owned())
-        .filter(|p| !p.is_empty());
-    let (addr, db) = match rest.split_once('/') {
-        Some((addr, "")) => (addr, 0),
-        Some((addr, db)) => (
-            addr,
-            db.parse()
-                .map_err(|_| format!("database `{db}` is not a number"))?,
-        ),
-        None => (rest, 0),
-    };
-    let port_ok = addr
-        .rsplit_once(':')
-        .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
-    if !port_ok {
-        return Err(format!("`{addr}` is not HOST:PORT"));
-    }
-    Ok(RedisTarget {
-        addr: addr.to_owned(),
-        db,
-        password,
-    })
-}
 
 /// A write: a key and its replica's name (`keep` an existing value: a
 /// response id's holder never changes), or a key to delete.
@@ -122,10 +80,11 @@ pub struct SharedPins {
     response_lookups: AtomicUsize,
     /// The receiving ends, taken by the background task when it starts.
     queues: Mutex<Option<Queues>>,
+    metrics: Arc<Metrics>,
 }
 
 impl SharedPins {
-    pub fn new(target: RedisTarget, budget: Duration, ttl_s: u64) -> Self {
+    pub fn new(target: RedisTarget, budget: Duration, ttl_s: u64, metrics: Arc<Metrics>) -> Self {
         let (lookups, lookups_rx) = mpsc::channel(LOOKUP_QUEUE);
         let (writes, writes_rx) = mpsc::channel(WRITE_QUEUE);
         Self {
@@ -136,6 +95,7 @@ impl SharedPins {
             writes,
             response_lookups: AtomicUsize::new(0),
             queues: Mutex::new(Some((lookups_rx, writes_rx))),
+            metrics,
         }
     }
 
@@ -163,7 +123,7 @@ impl SharedPins {
             answer,
         };
         if self.lookups.try_send(lookup).is_err() {
-            count(op, "unavailable");
+            self.count(op, "unavailable");
             return None;
         }
         let (found, result) = match tokio::time::timeout(self.budget, rx).await {
@@ -173,7 +133,7 @@ impl SharedPins {
             Ok(Err(_)) => (None, "unavailable"),
             Err(_) => (None, "timeout"),
         };
-        count(op, result);
+        self.count(op, result);
         found
     }
 
@@ -193,7 +153,7 @@ impl SharedPins {
     pub async fn response_holder(&self, id: &str) -> Option<String> {
         let key = response_key(id)?;
         let _slot = Slot::take(&self.response_lookups, RESPONSE_LOOKUPS).or_else(|| {
-            count("response_lookup", "unavailable");
+            self.count("response_lookup", "unavailable");
             None
         })?;
         let found = self.ask("response_lookup", vec![key], true).await;
@@ -222,7 +182,7 @@ impl SharedPins {
     fn write(&self, w: Write) {
         let op = w.op();
         if self.writes.try_send(w).is_err() {
-            count(op, "dropped");
+            self.count(op, "dropped");
         }
     }
 }
@@ -264,8 +224,13 @@ impl Write {
     }
 }
 
-fn count(op: &str, result: &str) {
-    METRICS.shared_pins.with_label_values(&[op, result]).inc();
+impl SharedPins {
+    fn count(&self, op: &str, result: &str) {
+        self.metrics
+            .shared_pins
+            .with_label_values(&[op, result])
+            .inc();
+    }
 }
 
 fn redis_key(k: u64) -> String {
@@ -275,7 +240,7 @@ fn redis_key(k: u64) -> String {
 /// A response id's key: the id itself (a hash could be made to collide);
 /// none for an id no instance keeps (empty or longer than `MAX_ID`).
 fn response_key(id: &str) -> Option<String> {
-    let kept = !id.is_empty() && id.len() <= crate::responses::MAX_ID;
+    let kept = !id.is_empty() && id.len() <= crate::response_ids::MAX_ID;
     kept.then(|| format!("{KEY_PREFIX}response:{id}"))
 }
 
@@ -445,7 +410,7 @@ impl SharedPinsTask {
                         if !w.accepts(&reply(io).await?) {
                             return Err(std::io::Error::other("write: unexpected reply"));
                         }
-                        count(w.op(), "ok");
+                        self.0.count(w.op(), "ok");
                     }
                 }
             }
@@ -502,7 +467,7 @@ impl BackgroundService for SharedPinsTask {
                         None => return,
                     },
                     w = writes.recv() => match w {
-                        Some(w) => count(w.op(), "unavailable"),
+                        Some(w) => self.0.count(w.op(), "unavailable"),
                         None => return,
                     },
                 }
@@ -515,31 +480,6 @@ impl BackgroundService for SharedPinsTask {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn urls_name_host_port_database_and_password() {
-        assert_eq!(
-            parse_url("redis://127.0.0.1:6379/2"),
-            Ok(RedisTarget {
-                addr: "127.0.0.1:6379".into(),
-                db: 2,
-                password: None
-            })
-        );
-        let t = parse_url("redis://:s3cret@redis.fleet:6380").unwrap();
-        assert_eq!(
-            (t.addr.as_str(), t.db, t.password.as_deref()),
-            ("redis.fleet:6380", 0, Some("s3cret"))
-        );
-        for bad in [
-            "http://x:1",
-            "redis://nohost",
-            "redis://h:0/1",
-            "redis://h:1/x",
-        ] {
-            assert!(parse_url(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn a_write_accepts_only_its_own_reply() {

@@ -18,6 +18,8 @@
 //! seconds: wall seconds times `--time-scale` (the simulators' own; 1 for real engines).
 //!   cargo run --release --bin routebench -- run --url http://127.0.0.1:8080 --probe-url http://127.0.0.1:8001
 //!   cargo run --release --bin routebench -- compare --results docs/results.md
+//!
+//! The `routebench` binary of the root package runs [`main`].
 
 mod client;
 mod fleet;
@@ -203,8 +205,9 @@ fn save(out: &std::path::Path, file: &str, samples: &[Sample], sizes: &Sizes) ->
     Ok(())
 }
 
+/// Runs routebench with the process's arguments.
 #[tokio::main]
-async fn main() -> Result<()> {
+pub async fn main() -> Result<()> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     match Cli::parse().cmd {
         Cmd::Run {

@@ -26,6 +26,18 @@
 //!
 //! A `100 Continue` is not "a response": every check of whether the client has
 //! seen a response looks past 1xx ([`response_started`]).
+//!
+//! One module per concern beside this seam: `place` (the attempt's
+//! replica and peer), `steps` (prompt, Responses API ids, shared pins,
+//! usage verdicts, failures, refusals, `/v1/models`, keys), `answer` (the
+//! router's own answers).
+
+mod answer;
+mod place;
+mod steps;
+
+pub use answer::response_started;
+use answer::{expects_continue, failed_writing_request, header, respond, respond_json};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,18 +54,17 @@ use arc_swap::ArcSwap;
 use crate::access_log;
 use crate::admission::{Admission, Ticket};
 use crate::auth::KeyFile;
+use crate::balancer::Balancer;
 use crate::body;
-use crate::capacity::BYTES_PER_TOKEN;
 use crate::errors::RouterError;
-use crate::fleet::{addr_key, Fleet};
-use crate::metrics::{Repair, METRICS};
+use crate::metrics::{Metrics, Repair};
 use crate::paths::{carries_prompt, response_id, routed_path, RESPONSES_PATH};
-use crate::policy::{Decision, Hint, Policy, Reason, ReplicaId, Request, Shape};
+use crate::policy::{Decision, Hint, Policy, Reason, ReplicaId, Request, Shape, BYTES_PER_TOKEN};
 use crate::replicas::{Failure, InFlight, Replica, Replicas};
 use crate::request::Checkpoints;
-use crate::responses::{IdScan, ResponseIds};
+use crate::response_ids::{IdScan, ResponseIds};
 use crate::settings::Settings;
-use crate::shared::{SharedPins, LOOKUP_ENDS};
+use crate::shared_pins::{SharedPins, LOOKUP_ENDS};
 use crate::usage::{Outcome, UsageScan};
 
 /// Response header naming the replica that served the request.
@@ -69,7 +80,7 @@ pub struct Router {
     pub settings: Arc<ArcSwap<Settings>>,
     pub policy: Arc<Policy>,
     pub replicas: Arc<Replicas>,
-    pub fleet: Arc<Fleet>,
+    pub balancer: Arc<Balancer>,
     pub admission: Arc<Admission>,
     /// Client API keys, when `api_keys_file` is set.
     pub keys: Option<Arc<KeyFile>>,
@@ -79,6 +90,7 @@ pub struct Router {
     pub shared: Option<Arc<SharedPins>>,
     /// Where long conversations' last turns were read to.
     pub checkpoints: Arc<Checkpoints>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// Per-request state.
@@ -121,280 +133,6 @@ pub struct Ctx {
     evidence: bool,
     /// When the routed attempt's first response body bytes came (from `started`).
     first_byte: Option<Duration>,
-}
-
-/// Whether the client has seen the start of a final response (a `100
-/// Continue` does not count).
-pub fn response_started(session: &Session) -> bool {
-    session
-        .response_written()
-        .is_some_and(|r| !r.status.is_informational())
-}
-
-impl Router {
-    /// Parses the body in `ctx` into the policy's view of its prompt, its
-    /// canonical text reserved on the request's ticket; `false` (nothing kept)
-    /// when the budget cannot hold it. A body that is not a prompt is still
-    /// forwarded, spread: the engine answers it.
-    async fn read_prompt(&self, session: &Session, ctx: &mut Ctx) -> bool {
-        let Some(body) = ctx.body.clone() else {
-            return true;
-        };
-        let key = header(session, SESSION_HEADER).map(str::to_owned);
-        let s = self.settings.load();
-        let path = ctx.routed.unwrap_or_default();
-        let checkpoints = Arc::clone(&self.checkpoints);
-        let request = body::parse(body, path, &s, checkpoints, key).await;
-        let parsed_bytes = request.as_ref().map_or(0, |r| r.chain.heap_bytes());
-        if !ctx.ticket.as_mut().is_some_and(|t| t.reserve(parsed_bytes)) {
-            return false;
-        }
-        if let Some(r) = &request {
-            ctx.model.clone_from(&r.model);
-            // Looked up once per request, not again on a retry's re-read.
-            if let (Some(id), None) = (&r.previous_response_id, &ctx.response) {
-                ctx.response = Some((id.clone(), self.response_holder(id).await));
-            }
-            if path == RESPONSES_PATH && r.store {
-                ctx.learn_id = Some(IdScan::default());
-            }
-        }
-        ctx.request = request;
-        // A response's holder places the request alone: no pins to look up
-        // (and no second wait on Redis).
-        if ctx.response.is_none() {
-            self.ask_shared(ctx).await;
-        }
-        true
-    }
-
-    /// The replica holding response `id`. With shared pins, as Redis names
-    /// it (the first instance to record an id names its holder for the
-    /// fleet), kept here too; this instance's own record when Redis does not
-    /// answer or names no replica of this set.
-    async fn response_holder(&self, id: &str) -> Option<ReplicaId> {
-        let Some(shared) = &self.shared else {
-            return self.responses.get(id);
-        };
-        let name = shared.response_holder(id).await;
-        let list = self.replicas.snapshot();
-        match name.and_then(|name| list.iter().find(|x| x.name == name)) {
-            Some(r) => {
-                self.responses.insert(id, r.id);
-                METRICS.response_ids.set(self.responses.len() as i64);
-                Some(r.id)
-            }
-            None => self.responses.get(id),
-        }
-    }
-
-    /// With shared pins, a prompt this instance knows nothing of is looked
-    /// up in what other instances placed (within the budget).
-    async fn ask_shared(&self, ctx: &mut Ctx) {
-        let (Some(shared), Some(r)) = (&self.shared, ctx.request.as_mut()) else {
-            return;
-        };
-        if r.chain.is_empty() || self.policy.knows(r) {
-            return;
-        }
-        let keys = r.chain.shared_keys(r.key.as_deref(), LOOKUP_ENDS);
-        if let Some((pos, name)) = shared.lookup(keys).await {
-            let list = self.replicas.snapshot();
-            r.hint = list
-                .iter()
-                .find(|x| x.name == name)
-                .map(|x| Hint { replica: x.id, pos });
-        }
-    }
-
-    /// Counts what the engine reported reusing against what the placement
-    /// predicted (responses that report no usage are left out, so the
-    /// counters stay comparable), and repairs the index after a lost pin.
-    fn reported(&self, replica: &Replica, d: &Decision, u: &UsageScan) {
-        let Some((cached, prompt)) = u.figures() else {
-            return;
-        };
-        let predicted = d.matched_bytes as u64 / BYTES_PER_TOKEN;
-        replica.counters.usage(d.reason, predicted, cached, prompt);
-        // The verdict and the repair are about conversations: a shared prompt
-        // the engine's LRU let go says nothing of what else it holds.
-        if d.reason == Reason::Prefix {
-            return;
-        }
-        let Some(outcome) = Outcome::of(predicted, cached) else {
-            return;
-        };
-        replica.counters.outcome(outcome);
-        let Some(every) = self.settings.load().repair_on_miss_s else {
-            return;
-        };
-        // A prefix recorded moments before may still be in its first prefill.
-        let old_enough = d.matched_age_s() >= every;
-        if outcome == Outcome::Lost && old_enough && replica.may_repair(self.policy.clock(), every)
-        {
-            let forgotten = self.policy.forget_stale(d);
-            if forgotten > 0 {
-                METRICS.repaired(&replica.name, Repair::Miss, forgotten);
-            }
-        }
-    }
-
-    /// The replica's name for error bodies, unless placement is hidden.
-    fn shown(&self, replica: &Replica) -> Option<String> {
-        self.settings
-            .load()
-            .placement_headers
-            .then(|| replica.name.clone())
-    }
-
-    /// Records a failed attempt; logs and counts an ejection it causes.
-    fn failed(&self, replica: &Replica, failure: Failure, why: &dyn std::fmt::Display) {
-        let ejected = self.replicas.on_failure(
-            replica,
-            failure,
-            &self.settings.load().outlier,
-            Instant::now(),
-        );
-        if let Some(kind) = ejected {
-            log::warn!(
-                "replica {} ejected ({}): {why}",
-                replica.name,
-                kind.as_str()
-            );
-            // A replica replaced meanwhile is no longer the name's.
-            if self.replicas.is_current(replica) {
-                METRICS.show_live(replica);
-                METRICS.ejected(&replica.name, kind);
-            }
-        }
-    }
-
-    /// Answers `err` and closes the connection. With `drain`, the unread rest
-    /// of the body is read and discarded first (bounded), so a client that
-    /// sends before it reads gets the answer; not when the client waits for a
-    /// `100 Continue` it never got. The request's slot is released first.
-    async fn refuse(
-        &self,
-        session: &mut Session,
-        ctx: &mut Ctx,
-        err: &RouterError,
-        drain: bool,
-    ) -> Result<bool> {
-        ctx.ticket = None;
-        session.set_keepalive(None);
-        respond(session, err).await?;
-        let waits_for_continue =
-            expects_continue(session) && session.response_written().is_none_or(|r| r.status != 100);
-        if drain && !waits_for_continue {
-            body::drain(session, self.drain_bytes()).await;
-        }
-        Ok(true)
-    }
-
-    /// The router's own answer to `GET /v1/models` (the union of the live
-    /// replicas' models, in OpenAI's list format) and `GET /v1/models/{id}`,
-    /// when every live replica's list is known; `None`: forward it.
-    fn models_answer(&self, path: &str) -> Option<std::result::Result<Vec<u8>, RouterError>> {
-        let id = match path.strip_prefix("/v1/models") {
-            Some("" | "/") => None,
-            Some(rest) => Some(rest.strip_prefix('/')?),
-            None => return None,
-        };
-        let list = self.replicas.snapshot();
-        let mut models = std::collections::BTreeSet::new();
-        let mut any_live = false;
-        for r in list.iter().filter(|r| r.live()) {
-            any_live = true;
-            // A list that cannot be read (an engine behind its own API key):
-            // the union would be a guess.
-            models.extend(r.models()?.iter().cloned());
-        }
-        if !any_live {
-            return None;
-        }
-        let object = |m: &str| serde_json::json!({"id": m, "object": "model", "created": 0, "owned_by": "prefix-router"});
-        Some(match id {
-            None => {
-                let data: Vec<_> = models.iter().map(|m| object(m)).collect();
-                Ok(serde_json::json!({"object": "list", "data": data})
-                    .to_string()
-                    .into_bytes())
-            }
-            Some(id) if models.contains(id) => Ok(object(id).to_string().into_bytes()),
-            Some(id) => Err(RouterError::ModelNotFound {
-                model: id.chars().take(crate::config::MAX_MODEL_NAME).collect(),
-            }),
-        })
-    }
-
-    /// How much of a refused body is read and discarded at most.
-    fn drain_bytes(&self) -> usize {
-        self.settings
-            .load()
-            .max_body_bytes
-            .saturating_mul(2)
-            .max(64 << 20)
-    }
-
-    /// The API key check; `true` when the client may go on.
-    fn authorised(&self, session: &Session) -> bool {
-        let Some(keys) = &self.keys else {
-            return true;
-        };
-        let h = &session.req_header().headers;
-        let key = crate::auth::presented(
-            h.get("authorization").map(|v| v.as_bytes()),
-            h.get("x-api-key").map(|v| v.as_bytes()),
-        );
-        key.is_some_and(|k| keys.keys().accepts(k))
-    }
-}
-
-/// Writes an OpenAI-style JSON error and counts it.
-async fn respond(session: &mut Session, err: &RouterError) -> Result<()> {
-    METRICS.errors.with_label_values(&[err.code()]).inc();
-    let body = Bytes::from(err.body());
-    let mut resp = ResponseHeader::build(err.status(), Some(4))?;
-    resp.insert_header("content-type", "application/json")?;
-    resp.insert_header("content-length", body.len().to_string())?;
-    if let Some(s) = err.retry_after_s() {
-        resp.insert_header("retry-after", s.to_string())?;
-    }
-    if let Some(retry) = err.should_retry() {
-        resp.insert_header("x-should-retry", if retry { "true" } else { "false" })?;
-    }
-    session.write_response_header(Box::new(resp), false).await?;
-    session.write_response_body(Some(body), true).await
-}
-
-/// A JSON answer of the router's own.
-async fn respond_json(session: &mut Session, status: u16, body: Vec<u8>) -> Result<()> {
-    let body = Bytes::from(body);
-    let mut resp = ResponseHeader::build(status, Some(2))?;
-    resp.insert_header("content-type", "application/json")?;
-    resp.insert_header("content-length", body.len().to_string())?;
-    session.write_response_header(Box::new(resp), false).await?;
-    session.write_response_body(Some(body), true).await
-}
-
-fn header<'a>(session: &'a Session, name: &str) -> Option<&'a str> {
-    session
-        .req_header()
-        .headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-}
-
-/// The client sent `Expect: 100-continue`.
-fn expects_continue(session: &Session) -> bool {
-    header(session, "expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
-}
-
-/// Whether `e` failed while writing the request to the replica: the engine
-/// then never had the whole request, so it cannot have started on it.
-fn failed_writing_request(e: &Error) -> bool {
-    matches!(e.etype(), ErrorType::WriteError | ErrorType::WriteTimedout)
-        && e.esource() == &ErrorSource::Upstream
 }
 
 #[async_trait]
@@ -516,7 +254,7 @@ impl ProxyHttp for Router {
                 return self.refuse(session, ctx, &err, drain).await;
             }
         };
-        METRICS.request_body_bytes.observe(body.len() as f64);
+        self.metrics.request_body_bytes.observe(body.len() as f64);
         ctx.body = Some(body);
         if !self.read_prompt(session, ctx).await {
             return self
@@ -559,95 +297,39 @@ impl ProxyHttp for Router {
                 holder = None;
             }
         }
-        // The holder is offered whatever `model` says: the engine answers.
-        let model = ctx.model.as_deref().filter(|_| holder.is_none());
-        for _ in 0..=list.len() {
-            // Only a response's holder is offered; other requests exclude
-            // just the replicas tried (no copy of the list on that path).
-            let others: Vec<ReplicaId>;
-            let excluded = match holder {
-                Some(h) => {
-                    others = (ctx.tried.iter().copied())
-                        .chain(list.iter().map(|r| r.id).filter(|id| *id != h))
-                        .collect();
-                    &others
-                }
-                None => &ctx.tried,
-            };
-            let (states, panic) = Replicas::states(&list, excluded, model);
-            let mut decision = match &ctx.request {
-                Some(r) => self.policy.place(r, &states),
-                None => self.policy.spread(&states),
-            };
-            if holder.is_some() && decision.replica.is_some() {
-                decision.reason = Reason::Key;
-                decision.shape = Shape::Continuation;
-            }
-            let replica = decision
-                .replica
-                .and_then(|id| list.iter().find(|r| r.id == id));
-            let Some(replica) = replica else {
-                break;
-            };
-            // Pingora's own view: still a member (not removed by reload) and healthy.
-            if self
-                .fleet
-                .select_with(&addr_key(&replica.addr), 1, |_, healthy| healthy)
-                .is_none()
-            {
-                ctx.tried.push(replica.id);
-                continue;
-            }
-            let s = self.settings.load();
-            let tls = &s.tls;
-            let mut peer = HttpPeer::new(replica.addr, tls.enabled, tls.sni.clone());
-            let o = &mut peer.options;
-            o.verify_cert = tls.verify;
-            o.verify_hostname = tls.verify_hostname();
-            o.connection_timeout = Some(s.connect_timeout);
-            o.total_connection_timeout = Some(s.connect_timeout);
-            o.read_timeout = Some(s.read_timeout);
-            o.write_timeout = Some(s.write_timeout);
-            o.idle_timeout = Some(s.idle_timeout);
-            if panic {
-                METRICS.panic_routed.inc();
-            }
-            // A single's prompt takes KV room on its replica while it runs (a
-            // continuation's counts in the pinned working set instead).
-            let cold = match (&ctx.request, decision.shape) {
-                (Some(r), Shape::Single) => r.chain.len() as u64,
-                _ => 0,
-            };
-            ctx.evidence = ctx.request.as_ref().is_some_and(|r| !r.cache_bypass);
-            ctx.attempt = Some(replica.begin(cold));
-            ctx.decision = Some(decision);
-            if let (Some(shared), Some(r)) = (&self.shared, &ctx.request) {
-                let keys: Vec<u64> = r
-                    .chain
-                    .shared_keys(r.key.as_deref(), 0)
-                    .into_iter()
-                    .map(|(_, k)| k)
-                    .collect();
-                shared.record(&keys, &replica.name);
-            }
-            if let Some(r) = ctx.request.take() {
-                if let Some(t) = ctx.ticket.as_mut() {
-                    t.release(r.chain.heap_bytes());
-                }
-                ctx.reparse = true;
-            }
-            ctx.first_attempt.get_or_insert_with(Instant::now);
-            return Ok(Box::new(peer));
+        let Some((replica, decision, panic)) = self.choose(ctx, &list, holder) else {
+            return self.unplaced(ctx, holder.is_some());
+        };
+        let peer = self.peer(&replica.addr);
+        if panic {
+            self.metrics.panic_routed.inc();
         }
-        if let (Some((id, Some(_))), true) = (&ctx.response, holder.is_some()) {
-            ctx.error = Some(RouterError::ResponseUnavailable {
-                id: id.chars().take(crate::responses::MAX_ID).collect(),
-            });
-            return Error::e_explain(ErrorType::HTTPStatus(503), "response's replica down");
+        // A single's prompt takes KV room on its replica while it runs (a
+        // continuation's counts in the pinned working set instead).
+        let cold = match (&ctx.request, decision.shape) {
+            (Some(r), Shape::Single) => r.chain.len() as u64,
+            _ => 0,
+        };
+        ctx.evidence = ctx.request.as_ref().is_some_and(|r| !r.cache_bypass);
+        ctx.attempt = Some(replica.begin(cold));
+        ctx.decision = Some(decision);
+        if let (Some(shared), Some(r)) = (&self.shared, &ctx.request) {
+            let keys: Vec<u64> = r
+                .chain
+                .shared_keys(r.key.as_deref(), 0)
+                .into_iter()
+                .map(|(_, k)| k)
+                .collect();
+            shared.record(&keys, &replica.name);
         }
-        METRICS.no_replica.inc();
-        ctx.error = Some(RouterError::NoReplica);
-        Error::e_explain(ErrorType::HTTPStatus(503), "no live replica")
+        if let Some(r) = ctx.request.take() {
+            if let Some(t) = ctx.ticket.as_mut() {
+                t.release(r.chain.heap_bytes());
+            }
+            ctx.reparse = true;
+        }
+        ctx.first_attempt.get_or_insert_with(Instant::now);
+        Ok(Box::new(peer))
     }
 
     async fn upstream_request_filter(
@@ -779,8 +461,8 @@ impl ProxyHttp for Router {
             r.counters.routed(d.reason, d.shape);
             let model = ctx.model.as_deref();
             let listed = model.is_some_and(|m| self.replicas.lists(m));
-            METRICS.model_routed(model, listed, d.reason);
-            METRICS
+            self.metrics.model_routed(model, listed, d.reason);
+            self.metrics
                 .upstream_header_seconds
                 .observe(ctx.started.elapsed().as_secs_f64());
             if upstream_response.status.is_success() && ctx.routed.is_some_and(carries_prompt) {
@@ -793,7 +475,7 @@ impl ProxyHttp for Router {
             {
                 if let Some((id, _)) = &ctx.response {
                     self.responses.remove(id);
-                    METRICS.response_ids.set(self.responses.len() as i64);
+                    self.metrics.response_ids.set(self.responses.len() as i64);
                     if let Some(shared) = &self.shared {
                         shared.forget_response(id);
                     }
@@ -824,7 +506,7 @@ impl ProxyHttp for Router {
         {
             if let Some(id) = scan.feed(b) {
                 self.responses.insert(&id, a.replica().id);
-                METRICS.response_ids.set(self.responses.len() as i64);
+                self.metrics.response_ids.set(self.responses.len() as i64);
                 if let Some(shared) = &self.shared {
                     shared.record_response(&id, &a.replica().name);
                 }
@@ -867,7 +549,7 @@ impl ProxyHttp for Router {
             // The connection is not reused after a failure: say so, or a
             // keep-alive client sends its next request into a closed socket.
             session.set_keepalive(None);
-            if let Err(we) = respond(session, &err).await {
+            if let Err(we) = respond(session, &err, &self.metrics).await {
                 log::debug!("could not send error response: {we}");
             }
             // A body the router did not read (other paths): drain it too.

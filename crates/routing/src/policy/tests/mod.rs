@@ -1,0 +1,305 @@
+//! Unit tests of the policy's mechanics on canonical texts (bodies: `tests/routing.rs`).
+
+use super::*;
+
+const B: usize = 16;
+
+fn cfg(mode: Mode) -> PolicyConfig {
+    PolicyConfig {
+        mode,
+        continuation: ContinuationRule::ModelTurn,
+        block_bytes: B,
+        max_entries: 10_000,
+        kv_room: KvRoom::Off,
+        load_guard: None,
+        least_loaded: false,
+        singles: None,
+        fleet: Fleet::Local,
+    }
+}
+
+fn replicas(live: &[bool]) -> Vec<ReplicaState> {
+    live.iter()
+        .enumerate()
+        .map(|(i, l)| ReplicaState {
+            id: ReplicaId(i as u32),
+            name_hash: u64::from(i as u32) << 8,
+            live: *l,
+            in_flight: 0,
+            waiting: 0,
+            engine: None,
+            room: None,
+        })
+        .collect()
+}
+
+/// A request whose text is `text`, one message ending at its end.
+fn req(text: &str, model_turn: bool) -> Request {
+    Request {
+        chain: PrefixChain::new(text.as_bytes().to_vec(), vec![text.len()], B),
+        model_turn,
+        root_end: None,
+        hint: None,
+        messages: 1,
+        key: None,
+        cache_bypass: false,
+        model: None,
+        previous_response_id: None,
+        store: true,
+    }
+}
+
+#[test]
+fn singles_alternate_and_continuations_follow_their_prefix() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let rs = replicas(&[true, true]);
+    let first = p.place(&req("conversation A: hello", false), &rs);
+    let other = p.place(&req("unrelated one-shot", false), &rs);
+    assert_ne!(first.replica, other.replica);
+    let next = p.place(&req("conversation A: hello / reply / more", true), &rs);
+    assert_eq!(next.replica, first.replica);
+    assert_eq!(next.reason, Reason::Pin);
+    assert_eq!(next.matched_bytes, "conversation A: hello".len());
+}
+
+#[test]
+fn extending_an_earlier_prompt_is_a_continuation_without_a_model_turn() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let rs = replicas(&[true, true]);
+    let a = p.place(
+        &req("a prompt of some length that spans blocks", false),
+        &rs,
+    );
+    p.place(&req("filler", false), &rs);
+    let b = p.place(
+        &req("a prompt of some length that spans blocks, extended", false),
+        &rs,
+    );
+    assert_eq!(b.shape, Shape::Continuation);
+    assert_eq!(b.replica, a.replica);
+}
+
+#[test]
+fn shared_blocks_alone_do_not_make_a_continuation() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let rs = replicas(&[true, true]);
+    let system = "a long shared system prompt, several blocks long. ";
+    let a = p.place(&req(&format!("{system}question one"), false), &rs);
+    let b = p.place(&req(&format!("{system}question two"), false), &rs);
+    assert_eq!(b.shape, Shape::Single);
+    assert_ne!(a.replica, b.replica);
+}
+
+#[test]
+fn pinned_replica_down_falls_back_and_the_pin_moves() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let both = replicas(&[true, true]);
+    p.place(&req("x", false), &both); // advance the counter
+    let first = p.place(&req("the conversation", false), &both);
+    assert_eq!(first.replica, Some(ReplicaId(1)));
+    let down = replicas(&[true, false]);
+    let moved = p.place(&req("the conversation and more", true), &down);
+    assert_eq!(moved.replica, Some(ReplicaId(0)));
+    assert_eq!(moved.reason, Reason::Fallback);
+    // Replica 1 comes back: the conversation stays where it moved.
+    let after = p.place(&req("the conversation and more and more", true), &both);
+    assert_eq!(after.replica, Some(ReplicaId(0)));
+    assert_eq!(after.reason, Reason::Pin);
+}
+
+#[test]
+fn a_replica_that_comes_back_keeps_its_pins() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let both = replicas(&[true, true]);
+    let a = p.place(&req("conversation one", false), &both);
+    let b = p.place(&req("conversation two", false), &both);
+    assert_ne!(a.replica, b.replica);
+    // An unrelated request while b's replica is down does not touch b's pin.
+    let mut down = both.clone();
+    down[b.replica.unwrap().0 as usize].live = false;
+    p.place(&req("something else", false), &down);
+    let again = p.place(&req("conversation two, turn two", true), &both);
+    assert_eq!(again.replica, b.replica);
+}
+
+#[test]
+fn explicit_key_wins_over_the_prefix() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let rs = replicas(&[true, true]);
+    let mut first = req("turn one", false);
+    first.key = Some("session-9".into());
+    let d1 = p.place(&first, &rs);
+    assert_eq!(d1.shape, Shape::Continuation);
+    let mut unrelated = req("completely different text", false);
+    unrelated.key = Some("session-9".into());
+    for _ in 0..3 {
+        let d = p.place(&unrelated, &rs);
+        assert_eq!((d.replica, d.reason), (d1.replica, Reason::Key));
+    }
+}
+
+#[test]
+fn load_guard_moves_to_the_next_best_cached_replica_not_the_least_loaded() {
+    let p = Policy::new(PolicyConfig {
+        load_guard: Some(2),
+        ..cfg(Mode::Affinity)
+    });
+    let mut rs = replicas(&[true, true, true]);
+    let shared = "a shared prefix of two blocks.."; // 30 bytes: one full block
+    p.place(&req(shared, false), &rs); // affinity: hash placement
+    let long = format!("{shared} then a longer conversation");
+    let owner_of_long = p.place(&req(&long, false), &rs).replica.unwrap();
+    // Make the short prefix live elsewhere: re-place it with the long owner down.
+    rs[owner_of_long.0 as usize].live = false;
+    let short_owner = p.place(&req(shared, false), &rs).replica.unwrap();
+    rs[owner_of_long.0 as usize].live = true;
+    assert_ne!(short_owner, owner_of_long);
+    rs[owner_of_long.0 as usize].in_flight = 10;
+    let d = p.place(&req(&format!("{long}!"), true), &rs);
+    assert_eq!(d.reason, Reason::Guard);
+    assert_eq!(d.replica, Some(short_owner));
+}
+
+#[test]
+fn load_guard_with_nothing_cached_in_its_window_places_cold_there() {
+    let p = Policy::new(PolicyConfig {
+        load_guard: Some(2),
+        least_loaded: true,
+        fleet: Fleet::Local,
+        ..cfg(Mode::Shape)
+    });
+    let mut rs = replicas(&[true, true, true]);
+    let context = "an agent's context, several blocks long: ".repeat(3);
+    let owner = p.place(&req(&context, false), &rs).replica.unwrap();
+    let turn = |p: &Policy, rs: &[ReplicaState], n: usize| {
+        p.place(&req(&format!("{context} turn {n}"), true), rs)
+    };
+    let o = owner.0 as usize;
+    rs[o].in_flight = 2;
+    let d = turn(&p, &rs, 1);
+    assert_eq!(
+        (d.replica, d.reason),
+        (Some(owner), Reason::Pin),
+        "within the bound"
+    );
+    rs[o].in_flight = 3;
+    rs[(o + 1) % 3].in_flight = 1;
+    let d = turn(&p, &rs, 2);
+    assert_eq!(d.reason, Reason::Guard);
+    assert_eq!(d.matched_bytes, 0);
+    assert_eq!(
+        d.replica,
+        Some(ReplicaId(((o + 2) % 3) as u32)),
+        "the least loaded in the window"
+    );
+}
+
+#[test]
+fn no_live_replica_is_no_decision() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let d = p.place(&req("hello", true), &replicas(&[false, false]));
+    assert_eq!((d.replica, d.reason), (None, Reason::NoReplica));
+    let d = p.spread(&[]);
+    assert_eq!((d.replica, d.reason), (None, Reason::NoReplica));
+}
+
+#[test]
+fn forgetting_a_replica_drops_its_pins() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let rs = replicas(&[true, true]);
+    let a = p.place(&req("conversation", false), &rs);
+    p.forget_replica(a.replica.unwrap());
+    let d = p.place(&req("conversation, continued", true), &rs);
+    assert_eq!(d.reason, Reason::Spread);
+}
+
+#[test]
+fn a_lost_pin_forgets_what_its_replica_held_before_it_and_keeps_the_rest() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let one = replicas(&[true]);
+    let text = |name: &str, turn: usize| format!("{name}: {}", "turn. ".repeat(4 * (turn + 1)));
+    p.set_clock(5);
+    p.place(&req(&text("older", 0), false), &one);
+    p.set_clock(10);
+    p.place(&req(&text("lost", 0), false), &one);
+    p.set_clock(15);
+    p.place(&req(&text("newer", 0), false), &one);
+    p.set_clock(20);
+    let d = p.place(&req(&text("lost", 1), true), &one);
+    assert_eq!((d.reason, d.matched_at), (Reason::Pin, 10));
+    assert_eq!(d.matched_age_s(), 10);
+    // The engine reported it all gone: "older" went before it, "newer" came
+    // after it (an LRU keeps it), and the turn just placed is held now.
+    assert!(p.forget_stale(&d) > 0);
+    let two = replicas(&[true, true]);
+    let placed = |name, turn| p.place(&req(&text(name, turn), true), &two).reason;
+    assert_eq!(placed("lost", 2), Reason::Pin);
+    assert_eq!(placed("newer", 1), Reason::Pin);
+    assert_eq!(placed("older", 1), Reason::Spread);
+}
+
+#[test]
+fn working_set_counts_distinct_recent_blocks_per_replica() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let rs = replicas(&[true, true]);
+    p.set_clock(100);
+    let a = "a".repeat(B * 10);
+    let first = p.place(&req(&a, false), &rs).replica.unwrap();
+    // The same conversation grown: its blocks count once.
+    p.place(&req(&format!("{a}{}", "b".repeat(B * 5)), true), &rs);
+    p.set_clock(200);
+    let other = p
+        .place(&req(&"c".repeat(B * 3), false), &rs)
+        .replica
+        .unwrap();
+    assert_ne!(first, other);
+    let ws = p.working_set(1000);
+    let bytes = |r: ReplicaId| ws.iter().find(|(id, _)| *id == r).map_or(0, |(_, b)| b.all);
+    assert_eq!(bytes(first), (B * 15) as u64);
+    assert_eq!(bytes(other), (B * 3) as u64);
+    // Only the last 50 seconds: the first conversation has aged out.
+    assert_eq!(p.working_set(50).len(), 1);
+}
+
+#[test]
+fn threads_sharing_a_sharded_policy_keep_every_conversation_pinned() {
+    let p = Policy::new(PolicyConfig {
+        max_entries: shards::SHARDED_FROM,
+        ..cfg(Mode::Shape)
+    });
+    let rs = replicas(&[true, true, true, true]);
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (p, rs) = (&p, &rs);
+            s.spawn(move || {
+                for c in 0..50 {
+                    let mut text = format!("thread {t} conversation {c}: the task is");
+                    let first = p.place(&req(&text, false), rs).replica;
+                    for turn in 0..5 {
+                        text.push_str(&format!(" / turn {turn} of a growing context"));
+                        let d = p.place(&req(&text, true), rs);
+                        assert_eq!((d.replica, d.reason), (first, Reason::Pin));
+                    }
+                }
+            });
+        }
+    });
+    assert!(p.tracked_entries() > 4 * 50 * 6);
+}
+
+/// Replicas with `(free, cold)` room, each holding 1,000 pinned bytes.
+fn with_room(free: &[(i64, u64)]) -> Vec<ReplicaState> {
+    let mut rs = replicas(&vec![true; free.len()]);
+    for (s, (free, cold)) in rs.iter_mut().zip(free) {
+        s.room = Some(Room {
+            free: *free,
+            cold: *cold,
+            pinned: 1_000,
+            capacity: 10_000,
+        });
+    }
+    rs
+}
+
+mod kv_room;
+mod singles;

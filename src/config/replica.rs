@@ -1,0 +1,145 @@
+//! One `replicas:` entry and its checks.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+
+use super::sections::PromptCache;
+use super::{invalid, ConfigError, MAX_MODEL_NAME};
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Replica {
+    pub name: String,
+    /// `IP:port` or `host:port` of an OpenAI-compatible server.
+    pub addr: String,
+    /// KV cache capacity in tokens, for the capacity gauges.
+    #[serde(default)]
+    pub kv_tokens: Option<u64>,
+    /// What the engine's prefix cache keeps (see [`PromptCache`]).
+    #[serde(default)]
+    pub prompt_cache: PromptCache,
+    /// The models it serves (the `model` of requests it may get). Unset: as
+    /// its own `GET /v1/models` lists them, read at each passing health check
+    /// (until read, or when it lists none: any model).
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
+}
+
+impl Replica {
+    /// Checks one entry; `names` and `addrs` collect those seen before it.
+    pub(super) fn validate<'a>(
+        &'a self,
+        field: impl Fn(&str) -> String,
+        names: &mut HashSet<&'a str>,
+        addrs: &mut HashSet<String>,
+    ) -> Result<(), ConfigError> {
+        let name_char = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+        if self.name.is_empty() || !self.name.chars().all(name_char) {
+            return Err(invalid(
+                field("name"),
+                format!("`{}` must be non-empty [A-Za-z0-9._-]", self.name),
+            ));
+        }
+        if !names.insert(&self.name) {
+            return Err(invalid(
+                field("name"),
+                format!("`{}` is used twice", self.name),
+            ));
+        }
+        let addr = host_port(&self.addr)
+            .map_err(|why| invalid(field("addr"), format!("`{}` {why}", self.addr)))?;
+        if !addrs.insert(addr) {
+            return Err(invalid(
+                field("addr"),
+                format!("`{}` is used twice", self.addr),
+            ));
+        }
+        if self.models.as_ref().is_some_and(Vec::is_empty) {
+            return Err(invalid(
+                field("models"),
+                "lists no model (leave it out to read the replica's own list)",
+            ));
+        }
+        for m in self.models.iter().flatten() {
+            if m.is_empty() || m.len() > MAX_MODEL_NAME {
+                return Err(invalid(
+                    field("models"),
+                    format!("model names are 1 to {MAX_MODEL_NAME} bytes"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `IP:port`, or `host:port` with a DNS name (resolved by `resolve`); the
+/// address in one spelling (to find one listed twice).
+fn host_port(addr: &str) -> Result<String, &'static str> {
+    if let Ok(a) = addr.parse::<SocketAddr>() {
+        return match a.port() {
+            0 => Err("has no valid port (1-65535)"),
+            _ => Ok(a.to_string()),
+        };
+    }
+    let (host, port) = addr.rsplit_once(':').ok_or("is not IP:port or host:port")?;
+    if !port.parse::<u16>().is_ok_and(|p| p > 0) {
+        return Err("has no valid port (1-65535)");
+    }
+    let label = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
+    let name = host.strip_suffix('.').unwrap_or(host);
+    // A last label of digits only is an IP address the resolver would read
+    // loosely (`10.0.0` is 10.0.0.0), not a name.
+    let numeric = name
+        .rsplit('.')
+        .next()
+        .is_some_and(|l| l.chars().all(|c| c.is_ascii_digit()));
+    if name.len() > 253 || !name.split('.').all(label) || numeric {
+        return Err("is not IP:port or host:port (a DNS name)");
+    }
+    Ok(format!("{}:{port}", name.to_ascii_lowercase()))
+}
+
+#[cfg(test)]
+mod host_port_tests {
+    use super::host_port;
+
+    #[test]
+    fn addresses_are_ip_port_or_dns_name_port() {
+        for ok in [
+            "127.0.0.1:8000",
+            "[::1]:80",
+            "vllm-0.vllm:8000",
+            "vllm-headless.default.svc.cluster.local.:8000",
+            "engine_1:80",
+            "localhost:1",
+        ] {
+            assert!(host_port(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "nowhere",
+            "host:0",
+            "127.0.0.1:0",
+            "host:65536",
+            "10.0.0:8000",
+            "123:80",
+            "-x:80",
+            "a..b:80",
+            "a b:80",
+            "::1:80",
+            ":80",
+        ] {
+            assert!(host_port(bad).is_err(), "{bad}");
+        }
+        assert_eq!(host_port("Engine.Local.:80"), host_port("engine.local:80"));
+        assert_eq!(host_port("[0::1]:80"), host_port("[::1]:80"));
+    }
+}

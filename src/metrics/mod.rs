@@ -1,0 +1,548 @@
+//! Every Prometheus metric the router exports, declared once in the
+//! registry `Metrics::new` is given (the process's default one, which
+//! `status` serves on `metrics_listen`). One `Metrics` is built at start and
+//! handed to each part that counts; nothing reaches it through a global.
+//! Label values come from config (replica names) or enums, never from requests.
+
+use std::sync::Arc;
+
+use prometheus::{
+    register_gauge_vec_with_registry, register_histogram_vec_with_registry,
+    register_histogram_with_registry, register_int_counter_vec_with_registry,
+    register_int_counter_with_registry, register_int_gauge_vec_with_registry,
+    register_int_gauge_with_registry, GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Registry,
+};
+
+mod replica;
+
+pub use replica::{Ejection, Repair, ReplicaCounters};
+
+use crate::policy::{Reason, Shape};
+
+/// The router's metric handles.
+pub struct Metrics {
+    /// Routed requests by replica, decision reason and shape.
+    pub requests: IntCounterVec,
+    /// Connection failures that moved a request to another replica, by failed replica.
+    pub failovers: IntCounterVec,
+    /// 1 when the replica is live (health check passing, not ejected).
+    pub replica_up: IntGaugeVec,
+    /// Requests in flight per replica.
+    pub in_flight: IntGaugeVec,
+    /// Declared KV capacity per replica, tokens.
+    pub kv_tokens: IntGaugeVec,
+    /// Estimated prefix working set placed on each replica, tokens.
+    pub working_set: IntGaugeVec,
+    /// Of which continuations placed (the contexts `kv_room` protects).
+    pub pinned_working_set: IntGaugeVec,
+    /// Errors the router itself answered, by kind.
+    pub errors: IntCounterVec,
+    /// Config reloads by result (`ok`, `error`).
+    pub reloads: IntCounterVec,
+    /// API keys file reloads by result (`ok`, `error`).
+    pub key_reloads: IntCounterVec,
+    /// 1 while the config file changes keys that need a restart.
+    pub restart_pending: IntGauge,
+    /// Responses API ids whose replica the router knows.
+    pub response_ids: IntGauge,
+    /// Routed requests by model and decision.
+    pub model_requests: IntCounterVec,
+    /// `model_requests` handles by model, resolved once per model.
+    models: std::sync::RwLock<std::collections::HashMap<String, Vec<IntCounter>>>,
+    /// Entries and heap bytes of the prefix index.
+    pub index_entries: IntGauge,
+    pub index_bytes: IntGauge,
+    /// Time from request start to the replica's response header.
+    pub upstream_header_seconds: Histogram,
+    /// By replica and decision: time from request start to the first
+    /// response body bytes from the replica (the router's view of TTFT), and
+    /// to the end of the response.
+    pub first_byte_seconds: HistogramVec,
+    pub duration_seconds: HistogramVec,
+    /// Body bytes of routed requests.
+    pub request_body_bytes: Histogram,
+    /// Requests that arrived with no live replica at all.
+    pub no_replica: IntCounter,
+    /// Ejections from the request path, by replica and reason.
+    pub ejections: IntCounterVec,
+    /// Placements made in panic mode (every healthy replica ejected).
+    pub panic_routed: IntCounter,
+    /// Requests and body bytes held under `limits`.
+    pub admitted_requests: IntGauge,
+    pub buffered_body_bytes: IntGauge,
+    /// Over responses that reported their usage, by replica and decision:
+    /// cached tokens the router predicted, cached tokens the engine reported,
+    /// and prompt tokens the engine reported.
+    pub predicted_cached: IntCounterVec,
+    pub delivered_cached: IntCounterVec,
+    pub reported_prompt: IntCounterVec,
+    /// Placements that predicted reuse, by replica and `hit` / `miss`.
+    pub pin_outcomes: IntCounterVec,
+    /// Prefix index repairs, by replica and cause.
+    pub index_repairs: IntCounterVec,
+    /// Reads of engines' metrics, by replica and result.
+    pub engine_reads: IntCounterVec,
+    /// What each engine last reported (absent while unknown): requests
+    /// running plus waiting, and the share of its KV cache in use.
+    pub engine_requests: IntGaugeVec,
+    pub engine_kv_used: GaugeVec,
+    /// Shared pins (`fleet: redis`): lookups and writes by result.
+    pub shared_pins: IntCounterVec,
+    /// Chat and messages bodies of 32 KiB and more read from their first
+    /// byte, and from a checkpoint; bytes the checkpoints hold.
+    long_parses: [IntCounter; 2],
+    pub checkpoint_bytes: IntGauge,
+    registry: Registry,
+}
+
+/// Seconds: a cached turn's first token (tens of ms) to a long generation.
+const LATENCY_BUCKETS: [f64; 15] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// The `result` values of `engine_reads`.
+pub const ENGINE_READ_RESULTS: [&str; 3] = ["ok", "failed", "unrecognised"];
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Metrics {
+    /// Registers every metric in `registry` (the process's: main passes
+    /// Prometheus's default one; tests each their own).
+    pub fn new(registry: Registry) -> Result<Self, prometheus::Error> {
+        let registry = &registry;
+        Ok(Metrics {
+            requests: register_int_counter_vec_with_registry!(
+                "prefix_router_requests_total",
+                "Requests routed, by replica, decision and shape",
+                &["replica", "decision", "shape"],
+                registry
+            )?,
+            failovers: register_int_counter_vec_with_registry!(
+                "prefix_router_failovers_total",
+                "Connection failures to a replica that were retried on another",
+                &["replica"],
+                registry
+            )?,
+            replica_up: register_int_gauge_vec_with_registry!(
+                "prefix_router_replica_up",
+                "1 when the replica's health check passes and it is not ejected",
+                &["replica"],
+                registry
+            )?,
+            in_flight: register_int_gauge_vec_with_registry!(
+                "prefix_router_in_flight_requests",
+                "Requests in flight per replica",
+                &["replica"],
+                registry
+            )?,
+            kv_tokens: register_int_gauge_vec_with_registry!(
+                "prefix_router_replica_kv_capacity_tokens",
+                "Declared KV cache capacity per replica (config kv_tokens)",
+                &["replica"],
+                registry
+            )?,
+            working_set: register_int_gauge_vec_with_registry!(
+                "prefix_router_replica_working_set_tokens",
+                "Distinct prompt tokens placed on the replica within working_set_window_s (estimate, bytes/4)",
+                &["replica"],
+                registry
+            )?,
+            pinned_working_set: register_int_gauge_vec_with_registry!(
+                "prefix_router_replica_pinned_working_set_tokens",
+                "Of the working set, the tokens continuations placed (contexts expected back; kv_room keeps cold prompts off them)",
+                &["replica"],
+                registry
+            )?,
+            errors: register_int_counter_vec_with_registry!(
+                "prefix_router_errors_total",
+                "Errors answered by the router, by kind",
+                &["kind"],
+                registry
+            )?,
+            reloads: register_int_counter_vec_with_registry!(
+                "prefix_router_config_reloads_total",
+                "Config file reloads, by result",
+                &["result"],
+                registry
+            )?,
+            key_reloads: register_int_counter_vec_with_registry!(
+                "prefix_router_api_keys_reloads_total",
+                "API keys file reloads, by result",
+                &["result"],
+                registry
+            )?,
+            model_requests: register_int_counter_vec_with_registry!(
+                "prefix_router_model_requests_total",
+                "Routed requests by model (as a replica lists it; `unlisted` for a model no replica lists, `none` without one) and decision",
+                &["model", "decision"],
+                registry
+            )?,
+            models: std::sync::RwLock::new(std::collections::HashMap::new()),
+            response_ids: register_int_gauge_with_registry!(
+                "prefix_router_response_ids",
+                "Responses API response ids whose replica the router knows (bounded, least recently used evicted)",
+                registry
+            )?,
+            restart_pending: register_int_gauge_with_registry!(
+                "prefix_router_config_restart_pending",
+                "1 while the config file changes keys a reload cannot apply (logged by name); they take effect at the next restart",
+                registry
+            )?,
+            index_entries: register_int_gauge_with_registry!(
+                "prefix_router_prefix_index_entries",
+                "Entries in the prefix index",
+                registry
+            )?,
+            index_bytes: register_int_gauge_with_registry!(
+                "prefix_router_prefix_index_bytes",
+                "Heap bytes of the prefix index",
+                registry
+            )?,
+            upstream_header_seconds: register_histogram_with_registry!(
+                "prefix_router_upstream_header_seconds",
+                "Time from request arrival to the replica's response header (TTFB incl. body read)",
+                vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0],
+                registry
+            )?,
+            first_byte_seconds: register_histogram_vec_with_registry!(
+                "prefix_router_first_byte_seconds",
+                "Time from request arrival to the first response body bytes from the replica (the router's view of time to first token), by replica and decision",
+                &["replica", "decision"],
+                LATENCY_BUCKETS.to_vec(),
+                registry
+            )?,
+            duration_seconds: register_histogram_vec_with_registry!(
+                "prefix_router_request_duration_seconds",
+                "Time from request arrival to the end of the replica's response, by replica and decision",
+                &["replica", "decision"],
+                LATENCY_BUCKETS.to_vec(),
+                registry
+            )?,
+            request_body_bytes: register_histogram_with_registry!(
+                "prefix_router_request_body_bytes",
+                "Body bytes of routed requests (the prompt the router reads and forwards)",
+                vec![1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0],
+                registry
+            )?,
+            no_replica: register_int_counter_with_registry!(
+                "prefix_router_no_replica_total",
+                "Requests answered 503 because no replica was live",
+                registry
+            )?,
+            ejections: register_int_counter_vec_with_registry!(
+                "prefix_router_ejections_total",
+                "Replicas ejected by the request path, by reason (connect_failed, consecutive_failures)",
+                &["replica", "reason"],
+                registry
+            )?,
+            panic_routed: register_int_counter_with_registry!(
+                "prefix_router_panic_routed_total",
+                "Placements on an ejected replica because every healthy replica was ejected",
+                registry
+            )?,
+            admitted_requests: register_int_gauge_with_registry!(
+                "prefix_router_admitted_requests",
+                "Routed requests held now (limits.max_requests)",
+                registry
+            )?,
+            buffered_body_bytes: register_int_gauge_with_registry!(
+                "prefix_router_buffered_body_bytes",
+                "Request body bytes buffered now (limits.max_buffered_bytes)",
+                registry
+            )?,
+            predicted_cached: register_int_counter_vec_with_registry!(
+                "prefix_router_predicted_cached_tokens_total",
+                "Prompt tokens the router expected the replica to have cached (matched bytes / 4), over responses that reported usage",
+                &["replica", "decision"],
+                registry
+            )?,
+            delivered_cached: register_int_counter_vec_with_registry!(
+                "prefix_router_delivered_cached_tokens_total",
+                "Prompt tokens the replica reported reused from its cache, over responses that reported usage",
+                &["replica", "decision"],
+                registry
+            )?,
+            reported_prompt: register_int_counter_vec_with_registry!(
+                "prefix_router_reported_prompt_tokens_total",
+                "Prompt tokens the replica reported, over responses that reported usage",
+                &["replica", "decision"],
+                registry
+            )?,
+            index_repairs: register_int_counter_vec_with_registry!(
+                "prefix_router_index_repairs_total",
+                "Times the prefix index forgot what a replica held, by cause (miss: the engine reported a predicted prefix gone; restart: the replica came back from a failed health check)",
+                &["replica", "cause"],
+                registry
+            )?,
+            engine_reads: register_int_counter_vec_with_registry!(
+                "prefix_router_engine_reads_total",
+                "Reads of replicas' own metrics (engine_load), by result (ok; failed: no answer in time or an error status; unrecognised: none of the known series)",
+                &["replica", "result"],
+                registry
+            )?,
+            engine_requests: register_int_gauge_vec_with_registry!(
+                "prefix_router_engine_requests",
+                "Requests running plus waiting as the replica's engine last reported them (absent while unknown)",
+                &["replica"],
+                registry
+            )?,
+            engine_kv_used: register_gauge_vec_with_registry!(
+                "prefix_router_engine_kv_used_ratio",
+                "Share of its KV cache the replica's engine last reported in use, 0..1 (absent while unknown; llama.cpp reports none)",
+                &["replica"],
+                registry
+            )?,
+            pin_outcomes: register_int_counter_vec_with_registry!(
+                "prefix_router_pin_outcomes_total",
+                "Placements that predicted cached tokens (not singles placed by a shared prompt), by whether the replica reported at least half of them cached",
+                &["replica", "outcome"],
+                registry
+            )?,
+            shared_pins: register_int_counter_vec_with_registry!(
+                "prefix_router_shared_pins_total",
+                "Shared pins in Redis (fleet: redis): lookups on a local miss (hit, miss, timeout: over redis_budget_ms, unavailable: Redis down or too many waiting) and placements written (ok, dropped: queue full, unavailable); response_lookup and response_write: the same for Responses API ids",
+                &["op", "result"],
+                registry
+            )?,
+            long_parses: {
+                let v = register_int_counter_vec_with_registry!(
+                    "prefix_router_long_body_parses_total",
+                    "Chat and messages bodies of 32 KiB and more read into a prompt, from their first byte (from=start) or from where an earlier turn of the conversation ended (from=checkpoint)",
+                    &["from"],
+                    registry
+                )?;
+                ["start", "checkpoint"].map(|from| v.with_label_values(&[from]))
+            },
+            checkpoint_bytes: register_int_gauge_with_registry!(
+                "prefix_router_checkpoint_bytes",
+                "Bytes held by checkpoints of long conversations' latest turns (bounded by limits.max_checkpoint_bytes)",
+                registry
+            )?,
+            registry: registry.clone(),
+        })
+    }
+
+    /// Every metric in a registry of its own (tests, and tools that run
+    /// parts of the router).
+    pub fn standalone() -> Arc<Self> {
+        Arc::new(Self::new(Registry::new()).expect("fresh registry"))
+    }
+
+    /// The registry every metric is in (the `/metrics` page).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+    /// Counts a long body read, and what the checkpoints now hold.
+    pub fn long_parse(&self, resumed: bool, checkpoint_bytes: usize) {
+        self.long_parses[usize::from(resumed)].inc();
+        self.checkpoint_bytes
+            .set(i64::try_from(checkpoint_bytes).unwrap_or(i64::MAX));
+    }
+
+    /// Creates every label-free series and the error and reload series at 0,
+    /// so dashboards and alerts see them before the first event.
+    pub fn init(&self) {
+        for kind in crate::errors::RouterError::CODES {
+            self.errors.with_label_values(&[kind]);
+        }
+        for result in ["ok", "error"] {
+            self.reloads.with_label_values(&[result]);
+            self.key_reloads.with_label_values(&[result]);
+        }
+        for op in ["lookup", "response_lookup"] {
+            for result in ["hit", "miss", "timeout", "unavailable"] {
+                self.shared_pins.with_label_values(&[op, result]);
+            }
+        }
+        for op in ["write", "response_write"] {
+            for result in ["ok", "dropped", "unavailable"] {
+                self.shared_pins.with_label_values(&[op, result]);
+            }
+        }
+    }
+
+    /// Sets `replica_up` from the replica's liveness. Only for a replica in the
+    /// set (`Replicas::is_current`): one that left, or moved, may share its
+    /// name with a new one.
+    pub fn show_live(&self, replica: &str, live: bool) {
+        self.replica_up
+            .with_label_values(&[replica])
+            .set(i64::from(live));
+    }
+
+    /// Creates a replica's series at their current values (0 for counters).
+    pub fn add_replica(&self, name: &str, live: bool, in_flight: u32, kv_tokens: Option<u64>) {
+        self.show_live(name, live);
+        self.in_flight
+            .with_label_values(&[name])
+            .set(i64::from(in_flight));
+        self.kv_tokens
+            .with_label_values(&[name])
+            .set(i64::try_from(kv_tokens.unwrap_or(0)).unwrap_or(i64::MAX));
+        for kind in Ejection::ALL {
+            self.ejections.with_label_values(&[name, kind.as_str()]);
+        }
+        for cause in Repair::ALL {
+            self.index_repairs
+                .with_label_values(&[name, cause.as_str()]);
+        }
+        self.working_set.with_label_values(&[name]);
+        self.pinned_working_set.with_label_values(&[name]);
+        for result in ENGINE_READ_RESULTS {
+            self.engine_reads.with_label_values(&[name, result]);
+        }
+    }
+
+    /// Shows what a replica's engine last reported (requests running plus
+    /// waiting, KV in use per mille), or drops the series while nothing
+    /// usable is known.
+    pub fn engine_load(&self, replica: &str, load: Option<(u32, Option<u16>)>) {
+        let kv = load.and_then(|(_, kv)| kv);
+        match load {
+            Some((requests, _)) => self
+                .engine_requests
+                .with_label_values(&[replica])
+                .set(i64::from(requests)),
+            None => {
+                let _ = self.engine_requests.remove_label_values(&[replica]);
+            }
+        }
+        match kv {
+            Some(k) => self
+                .engine_kv_used
+                .with_label_values(&[replica])
+                .set(f64::from(k) / 1000.0),
+            None => {
+                let _ = self.engine_kv_used.remove_label_values(&[replica]);
+            }
+        }
+    }
+
+    /// Counts and logs one repair of the prefix index.
+    pub fn repaired(&self, replica: &str, cause: Repair, forgotten: usize) {
+        self.index_repairs
+            .with_label_values(&[replica, cause.as_str()])
+            .inc();
+        let why = match cause {
+            Repair::Miss => "it reported a pinned prefix gone from its cache",
+            Repair::Restart => {
+                "it is back after a failed health check (a restarted engine starts empty)"
+            }
+        };
+        log::info!("replica {replica}: forgot {forgotten} prefix index entries: {why}");
+    }
+
+    /// Counts a routed request under its model: `listed` when a replica's
+    /// model list names it (other values never become labels).
+    pub fn model_routed(&self, model: Option<&str>, listed: bool, reason: Reason) {
+        let label = match model {
+            None => "none",
+            Some(m) if listed => m,
+            Some(_) => "unlisted",
+        };
+        let Some(i) = Reason::ALL.iter().position(|&r| r == reason) else {
+            return;
+        };
+        let read = self.models.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = read.get(label).and_then(|v| v.get(i)) {
+            c.inc();
+            return;
+        }
+        drop(read);
+        let mut write = self.models.write().unwrap_or_else(|p| p.into_inner());
+        let counters = write.entry(label.to_owned()).or_insert_with(|| {
+            Reason::ALL
+                .iter()
+                .map(|r| self.model_requests.with_label_values(&[label, r.as_str()]))
+                .collect()
+        });
+        if let Some(c) = counters.get(i) {
+            c.inc();
+        }
+    }
+
+    /// Counts one ejection.
+    pub fn ejected(&self, replica: &str, kind: Ejection) {
+        self.ejections
+            .with_label_values(&[replica, kind.as_str()])
+            .inc();
+    }
+
+    /// Drops the gauges of a replica that left the set (its counters stay, as
+    /// Prometheus counters should).
+    pub fn forget_replica(&self, replica: &str) {
+        for g in [
+            &self.replica_up,
+            &self.in_flight,
+            &self.kv_tokens,
+            &self.working_set,
+            &self.pinned_working_set,
+        ] {
+            let _ = g.remove_label_values(&[replica]);
+        }
+        self.engine_load(replica, None);
+    }
+
+    /// Drops every series, counters too, of each replica name not in
+    /// `set`: with `replicas_dns` each pod is a name of its own, and series
+    /// kept for every pod that ever ran would grow without bound. A name
+    /// that comes back starts its counters at 0 (`rate()` reads a reset). A
+    /// name still in the set (an address change) keeps its series: its new
+    /// handles count in them. Run after a removal and on a timer, since a
+    /// health check in flight at the removal may set a gauge again.
+    pub fn sweep_replicas(&self, in_set: impl Fn(&str) -> bool) {
+        let mut gone: Vec<String> = Vec::new();
+        for family in self.registry.gather() {
+            for m in family.get_metric() {
+                for l in m.get_label() {
+                    let name = l.value();
+                    if l.name() == "replica" && !in_set(name) && !gone.iter().any(|g| g == name) {
+                        gone.push(name.to_owned());
+                    }
+                }
+            }
+        }
+        for name in gone {
+            self.forget_replica_series(&name);
+        }
+    }
+
+    fn forget_replica_series(&self, replica: &str) {
+        self.forget_replica(replica);
+        let reasons = Reason::ALL.iter().filter(|&&r| r != Reason::NoReplica);
+        for reason in reasons.map(|r| r.as_str()) {
+            for shape in [Shape::Continuation, Shape::Single] {
+                let _ = self
+                    .requests
+                    .remove_label_values(&[replica, reason, shape.as_str()]);
+            }
+            for h in [&self.first_byte_seconds, &self.duration_seconds] {
+                let _ = h.remove_label_values(&[replica, reason]);
+            }
+            for c in [
+                &self.predicted_cached,
+                &self.delivered_cached,
+                &self.reported_prompt,
+            ] {
+                let _ = c.remove_label_values(&[replica, reason]);
+            }
+        }
+        let _ = self.failovers.remove_label_values(&[replica]);
+        let by_kind = [
+            (&self.pin_outcomes, &["hit", "miss"][..]),
+            (&self.ejections, &Ejection::ALL.map(Ejection::as_str)[..]),
+            (&self.index_repairs, &Repair::ALL.map(Repair::as_str)[..]),
+            (&self.engine_reads, &ENGINE_READ_RESULTS[..]),
+        ];
+        for (counter, kinds) in by_kind {
+            for kind in kinds {
+                let _ = counter.remove_label_values(&[replica, kind]);
+            }
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! One replica as the router sees it: identity, health and ejection
+//! state, in-flight counts, what its engine last reported, and the
+//! [`ReplicaState`] the policy reads. All atomics: the request path never
+//! takes a lock here.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use arc_swap::ArcSwapOption;
+
+use crate::config::{self, PromptCache};
+use crate::metrics::ReplicaCounters;
+use crate::policy::{EngineLoad, ReplicaId, ReplicaState, Room, BYTES_PER_TOKEN};
+
+/// One replica.
+#[derive(Debug)]
+pub struct Replica {
+    pub id: ReplicaId,
+    pub name: String,
+    /// Its name hashed alike in every router instance (rendezvous hashing).
+    pub(super) name_hash: u64,
+    pub addr: SocketAddr,
+    /// KV capacity in tokens; 0 when not declared. Reloadable.
+    pub(super) kv_tokens: AtomicU64,
+    /// Its engine keeps only its last prompt (`prompt_cache: last`). Reloadable.
+    pub(super) last_prompt: AtomicBool,
+    /// The models it serves; `None`: unknown, any model.
+    pub(super) models: ArcSwapOption<Vec<String>>,
+    /// `models` comes from the config (else from the replica's /v1/models).
+    pub(super) declared_models: AtomicBool,
+    pub(super) in_flight: AtomicU32,
+    /// Of those, the ones that have not answered a body byte yet: queued or
+    /// in their prefill at the engine.
+    pub(super) waiting: AtomicU32,
+    /// Pinned working set, bytes (the capacity watch refreshes it).
+    pub(super) pinned_bytes: AtomicU64,
+    /// Canonical bytes of the singles' prompts in flight.
+    pub(super) cold_bytes: AtomicU64,
+    /// Requests the engine last reported beyond the router's own, and KV
+    /// use per mille; `UNKNOWN` while not read (or reads keep failing).
+    pub(super) engine_unseen: AtomicU32,
+    pub(super) engine_kv_permille: AtomicU32,
+    /// The last active health check passed (false until the first one does).
+    pub(super) checked: AtomicBool,
+    /// A health check has run, passed or not (the readiness gate waits for it).
+    pub(super) judged: AtomicBool,
+    /// A health check failed other than by timing out since the last pass:
+    /// the engine went away (a busy one times out instead).
+    pub(super) went_away: AtomicBool,
+    /// Clock (seconds) of the last index repair after a lost pin; MAX: none.
+    pub(super) last_repair: AtomicU32,
+    /// Ejected by the request path; see the module header.
+    pub(super) ejected: AtomicBool,
+    /// Failures in a row (timeouts, 5xx) since the last success.
+    pub(super) consecutive: AtomicU32,
+    /// Outlier ejections in a row, and the end of the current one.
+    pub(super) ejection: Mutex<(u32, Option<Instant>)>,
+    pub counters: ReplicaCounters,
+}
+
+/// What the engine figures hold while none is known.
+pub(super) const UNKNOWN: u32 = u32::MAX;
+
+impl Replica {
+    /// A replica joining the set: not live until its first health check.
+    pub(super) fn new(
+        id: ReplicaId,
+        c: &config::Replica,
+        addr: SocketAddr,
+        counters: ReplicaCounters,
+    ) -> Self {
+        Self {
+            id,
+            name: c.name.clone(),
+            name_hash: xxhash_rust::xxh3::xxh3_64(c.name.as_bytes()),
+            addr,
+            kv_tokens: AtomicU64::new(c.kv_tokens.unwrap_or(0)),
+            last_prompt: AtomicBool::new(c.prompt_cache == PromptCache::Last),
+            models: ArcSwapOption::new(c.models.clone().map(Arc::new)),
+            declared_models: AtomicBool::new(c.models.is_some()),
+            in_flight: AtomicU32::new(0),
+            waiting: AtomicU32::new(0),
+            pinned_bytes: AtomicU64::new(0),
+            cold_bytes: AtomicU64::new(0),
+            engine_unseen: AtomicU32::new(UNKNOWN),
+            engine_kv_permille: AtomicU32::new(UNKNOWN),
+            checked: AtomicBool::new(false),
+            judged: AtomicBool::new(false),
+            went_away: AtomicBool::new(false),
+            last_repair: AtomicU32::new(u32::MAX),
+            ejected: AtomicBool::new(false),
+            consecutive: AtomicU32::new(0),
+            ejection: Mutex::new((0, None)),
+            counters,
+        }
+    }
+
+    /// Takes a reload's settings for a replica kept across it.
+    pub(super) fn reconfigure(&self, c: &config::Replica) {
+        self.kv_tokens.store(c.kv_tokens.unwrap_or(0), Relaxed);
+        self.last_prompt
+            .store(c.prompt_cache == PromptCache::Last, Relaxed);
+        self.declare_models(&c.models);
+    }
+
+    /// Live: its last health check passed and it is not ejected.
+    pub fn live(&self) -> bool {
+        self.checked.load(Relaxed) && !self.ejected.load(Relaxed)
+    }
+
+    /// Its last health check passed (ejected or not).
+    pub fn checked(&self) -> bool {
+        self.checked.load(Relaxed)
+    }
+
+    /// Whether it may get a request for `model` (any, while its models are unknown).
+    pub fn serves(&self, model: &str) -> bool {
+        self.models
+            .load()
+            .as_ref()
+            .is_none_or(|list| list.iter().any(|m| m == model))
+    }
+
+    /// Its models come from the config, not its `/v1/models`.
+    pub fn declares_models(&self) -> bool {
+        self.declared_models.load(Relaxed)
+    }
+
+    /// The models it serves, when known.
+    pub fn models(&self) -> Option<Arc<Vec<String>>> {
+        self.models.load_full()
+    }
+
+    /// Takes the list its `/v1/models` gave, unless the config declares its
+    /// models; an empty list counts as unknown. Returns whether it changed.
+    pub fn learn_models(&self, list: Vec<String>) -> bool {
+        if self.declared_models.load(Relaxed) {
+            return false;
+        }
+        let next = Some(list).filter(|l| !l.is_empty());
+        if self.models.load().as_deref() == next.as_ref() {
+            return false;
+        }
+        self.models.store(next.map(Arc::new));
+        true
+    }
+
+    pub(super) fn declare_models(&self, declared: &Option<Vec<String>>) {
+        let was = self.declared_models.swap(declared.is_some(), Relaxed);
+        if declared.is_some() || was {
+            self.models.store(declared.clone().map(Arc::new));
+        }
+    }
+
+    /// A health check has run since the replica joined, passed or not.
+    pub fn has_been_checked(&self) -> bool {
+        self.judged.load(Relaxed)
+    }
+
+    pub(super) fn is_ejected(&self) -> bool {
+        self.ejected.load(Relaxed)
+    }
+
+    /// A response below 500 arrived: the failure streak ends.
+    pub fn on_success(&self) {
+        if self.consecutive.load(Relaxed) != 0 {
+            self.consecutive.store(0, Relaxed);
+        }
+        // Under the lock, so an ejection landing now keeps its count.
+        if let Ok(mut e) = self.ejection.try_lock() {
+            if !self.is_ejected() {
+                e.0 = 0;
+            }
+        }
+    }
+
+    /// Declared KV capacity in tokens.
+    pub fn kv_tokens(&self) -> Option<u64> {
+        Some(self.kv_tokens.load(Relaxed)).filter(|t| *t > 0)
+    }
+
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Relaxed)
+    }
+
+    /// Whether a health check result shows the engine back after it went
+    /// away (a failure other than a timeout, then this pass): it restarted,
+    /// and its cache is empty.
+    pub fn came_back(&self, passed: bool, timed_out: bool) -> bool {
+        if passed {
+            self.went_away.swap(false, Relaxed)
+        } else {
+            if !timed_out {
+                self.went_away.store(true, Relaxed);
+            }
+            false
+        }
+    }
+
+    /// Whether an index repair after a lost pin may run at `now_s`: at most
+    /// one per `every_s` seconds per replica.
+    pub fn may_repair(&self, now_s: u32, every_s: u32) -> bool {
+        let last = self.last_repair.load(Relaxed);
+        if last != u32::MAX && now_s.saturating_sub(last) < every_s {
+            return false;
+        }
+        self.last_repair
+            .compare_exchange(last, now_s, Relaxed, Relaxed)
+            .is_ok()
+    }
+
+    /// Records an active health check result at `now`; a pass also ends an
+    /// ejection whose time is up. Returns whether liveness changed.
+    pub fn on_check(&self, passed: bool, now: Instant) -> bool {
+        let before = self.live();
+        self.checked.store(passed, Relaxed);
+        self.judged.store(true, Relaxed);
+        if passed && self.is_ejected() {
+            let e = self.ejection.lock().unwrap_or_else(|p| p.into_inner());
+            if e.1.is_none_or(|until| now >= until) {
+                self.ejected.store(false, Relaxed);
+            }
+        }
+        before != self.live()
+    }
+
+    /// Counts a request in flight until the guard drops; `cold` bytes of a
+    /// single's prompt (0 for others), which take KV room while it runs.
+    pub fn begin(self: &Arc<Self>, cold: u64) -> InFlight {
+        self.in_flight.fetch_add(1, Relaxed);
+        self.waiting.fetch_add(1, Relaxed);
+        self.cold_bytes.fetch_add(cold, Relaxed);
+        InFlight {
+            replica: Arc::clone(self),
+            cold,
+            waiting: true,
+        }
+    }
+
+    /// Sets what the engine last reported of its load (`None`: nothing usable).
+    pub fn set_engine(&self, load: Option<EngineLoad>) {
+        let (unseen, kv) = load.map_or((UNKNOWN, UNKNOWN), |l| {
+            (
+                l.unseen.min(UNKNOWN - 1),
+                l.kv_used_permille.map_or(UNKNOWN, u32::from),
+            )
+        });
+        // Two figures, two stores: a reader may pair one read's count with
+        // the read before's KV; both are estimates a scrape old anyway.
+        self.engine_kv_permille.store(kv, Relaxed);
+        self.engine_unseen.store(unseen, Relaxed);
+    }
+
+    /// What the engine last reported, if anything.
+    pub fn engine(&self) -> Option<EngineLoad> {
+        let unseen = self.engine_unseen.load(Relaxed);
+        (unseen != UNKNOWN).then(|| EngineLoad {
+            unseen,
+            kv_used_permille: u16::try_from(self.engine_kv_permille.load(Relaxed)).ok(),
+        })
+    }
+
+    /// Sets the pinned working set (bytes) the KV room is computed from.
+    pub fn set_pinned_bytes(&self, bytes: u64) {
+        self.pinned_bytes.store(bytes, Relaxed);
+    }
+
+    pub(super) fn state(&self) -> ReplicaState {
+        let engine = self.engine();
+        let room = self.kv_tokens().map(|kv| {
+            let cold = self.cold_bytes.load(Relaxed);
+            let pinned = self.pinned_bytes.load(Relaxed);
+            let bytes = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            let capacity = kv.saturating_mul(BYTES_PER_TOKEN);
+            let mut free = if !self.last_prompt.load(Relaxed) {
+                bytes(capacity).saturating_sub(bytes(pinned.saturating_add(cold)))
+            } else if cold > 0 || pinned == 0 {
+                // An engine that keeps only its last prompt: a single running
+                // there has displaced the pinned contexts already, so more
+                // singles cost them nothing more.
+                bytes(capacity).saturating_sub(bytes(cold))
+            } else {
+                // Any prompt would displace the contexts pinned there.
+                0
+            };
+            // The KV its engine reports free bounds it too: requests the
+            // router never sent hold KV there.
+            if let Some(used) = engine.and_then(|e| e.kv_used_permille) {
+                let left = capacity.saturating_mul(u64::from(1000 - used.min(1000))) / 1000;
+                free = free.min(bytes(left));
+            }
+            // An engine that keeps its last prompt only holds no other.
+            let capacity = if self.last_prompt.load(Relaxed) {
+                0
+            } else {
+                capacity
+            };
+            Room {
+                free,
+                cold,
+                pinned,
+                capacity,
+            }
+        });
+        ReplicaState {
+            id: self.id,
+            name_hash: self.name_hash,
+            live: self.live(),
+            in_flight: self.in_flight(),
+            waiting: self.waiting.load(Relaxed),
+            engine,
+            room,
+        }
+    }
+}
+
+/// A request in flight on a replica; undoes its counts when dropped.
+#[derive(Debug)]
+pub struct InFlight {
+    pub(super) replica: Arc<Replica>,
+    pub(super) cold: u64,
+    /// Counted in the replica's `waiting` (no body byte yet).
+    pub(super) waiting: bool,
+}
+
+impl InFlight {
+    pub fn replica(&self) -> &Arc<Replica> {
+        &self.replica
+    }
+
+    /// The replica has started answering (its first body bytes came).
+    pub fn answered(&mut self) {
+        if std::mem::take(&mut self.waiting) {
+            self.replica.waiting.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.answered();
+        self.replica.in_flight.fetch_sub(1, Relaxed);
+        self.replica.cold_bytes.fetch_sub(self.cold, Relaxed);
+    }
+}
