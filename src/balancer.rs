@@ -4,6 +4,9 @@
 //!
 //! Pingora runs both loops as one background service (`LoadBalancer`), and
 //! rebuilds the selection when the set changes; policy state lives outside it.
+//! A replica's health is recorded once, on the [`Replica`](crate::replicas::Replica)
+//! (active checks and the request path's ejections together): Pingora is told
+//! every backend is healthy, so its selection confirms membership only.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -193,7 +196,7 @@ impl HealthCheck for ReplicaHealth {
             // The set may have changed while the check ran: a replica that
             // left, or moved, keeps no liveness and may share a name.
             if !self.replicas.is_current(&r) {
-                return result;
+                return Ok(());
             }
             if r.on_check(result.is_ok(), std::time::Instant::now()) {
                 log::info!(
@@ -209,11 +212,14 @@ impl HealthCheck for ReplicaHealth {
             }
             self.metrics.show_live(&r.name, r.live());
         }
-        result
+        // The result is the replica's alone (above): Pingora keeps no second
+        // record of it.
+        Ok(())
     }
 
-    fn health_threshold(&self, success: bool) -> usize {
-        self.probe.check.load().health_threshold(success)
+    /// Pingora's own record never changes (every check returns `Ok`).
+    fn health_threshold(&self, _success: bool) -> usize {
+        1
     }
 }
 

@@ -14,6 +14,7 @@ use tokio::sync::Semaphore;
 use crate::admission::Ticket;
 use crate::errors::RouterError;
 use crate::metrics::Metrics;
+use crate::paths::Route;
 use crate::policy::Request;
 use crate::request::{Checkpoints, Prompt, CHECKPOINT_MIN_BODY};
 use crate::settings::Settings;
@@ -110,7 +111,7 @@ pub async fn drain(session: &mut Session, max_bytes: usize) {
 /// `checkpoints` (see `request::Checkpoints`).
 pub async fn parse(
     body: Bytes,
-    path: &'static str,
+    route: Route,
     settings: &Settings,
     checkpoints: Arc<Checkpoints>,
     header_key: Option<String>,
@@ -119,7 +120,7 @@ pub async fn parse(
     let metrics = Arc::clone(metrics);
     let (max_prompt_bytes, block_bytes) = (settings.max_prompt_bytes, settings.block_bytes);
     let budget = settings.max_checkpoint_bytes;
-    let chat = crate::paths::carries_prompt(path) && path != crate::paths::RESPONSES_PATH;
+    let chat = matches!(route, Route::Prompt(_));
     let mut start = chat
         .then(|| checkpoints.start(&body, max_prompt_bytes, budget))
         .flatten();
@@ -143,12 +144,10 @@ pub async fn parse(
             }
             return Some(parsed.request);
         }
-        let prompt = if path == crate::paths::RESPONSES_PATH {
-            Prompt::parse_responses(&body, max_prompt_bytes)
-        } else if crate::paths::AUDIO_PATHS.contains(&path) {
-            Ok(Prompt::parse_form_model(&body))
-        } else {
-            Prompt::parse_model(&body)
+        let prompt = match route {
+            Route::Responses => Prompt::parse_responses(&body, max_prompt_bytes),
+            Route::Form(_) => Ok(Prompt::parse_form_model(&body)),
+            Route::Prompt(_) | Route::Model(_) => Prompt::parse_model(&body),
         };
         prompt
             .ok()

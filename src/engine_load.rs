@@ -348,4 +348,48 @@ mod tests {
         let page = "vllm:num_requests_running 1e30\nvllm:kv_cache_usage_perc 7\n";
         assert_eq!(parse(page), load(u32::MAX - 1, Some(1000)));
     }
+
+    /// One sample line of `name` with a label set that may hold `}`, `"`
+    /// and `\` in its values, and `value`.
+    fn line(name: &str, label: &str, value: f64) -> String {
+        let escaped = label.replace('\\', "\\\\").replace('"', "\\\"");
+        format!("{name}{{model_name=\"{escaped}\",rank=\"0\"}} {value}\n")
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_text_parses_without_panicking(page in ".{0,400}") {
+            let _ = parse(&page);
+        }
+
+        #[test]
+        fn generated_pages_sum_requests_and_take_the_largest_kv_use(
+            samples in proptest::collection::vec(
+                (0usize..5, "[a-z}{\"\\\\ ]{0,12}", 0u32..10_000, 0.0f64..1.0),
+                1..12,
+            ),
+        ) {
+            let names = [RUNNING[0], WAITING[1], KV_USED[0], "vllm:other", RUNNING[2]];
+            let mut page = String::from("# HELP vllm:num_requests_running running\n");
+            let (mut requests, mut kv, mut seen) = (0u64, None::<f64>, false);
+            for (n, label, count, share) in &samples {
+                let name = names[*n];
+                if name.ends_with("perc") {
+                    page += &line(name, label, *share);
+                    kv = Some(kv.map_or(*share, |k| k.max(*share)));
+                } else {
+                    page += &line(name, label, f64::from(*count));
+                    if name != "vllm:other" {
+                        requests += u64::from(*count);
+                        seen = true;
+                    }
+                }
+            }
+            let want = seen.then(|| Reading {
+                requests: requests as u32,
+                kv_used_permille: kv.map(|k| (k * 1000.0).round() as u16),
+            });
+            proptest::prop_assert_eq!(parse(&page), want, "{}", page);
+        }
+    }
 }

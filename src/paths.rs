@@ -3,45 +3,54 @@
 //! the body limit or placement: the prompt paths (placed by prompt and
 //! model), and the engines' other JSON paths (placed by model only).
 
-/// Paths whose body is read and routed by prompt.
-const PROMPT_PATHS: [&str; 4] = [
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/messages",
-    RESPONSES_PATH,
-];
-
-/// Every routed path: the prompt paths, then the JSON paths of vLLM and
-/// SGLang whose body is read for its `model` only (spread within the
-/// model's replicas).
-pub const ROUTED_PATHS: [&str; 15] = [
-    PROMPT_PATHS[0],
-    PROMPT_PATHS[1],
-    PROMPT_PATHS[2],
-    PROMPT_PATHS[3],
-    "/v1/embeddings",
-    "/v1/rerank",
-    "/v2/rerank",
-    "/rerank",
-    "/v1/score",
-    "/score",
-    "/tokenize",
-    "/detokenize",
-    "/pooling",
-    AUDIO_PATHS[0],
-    AUDIO_PATHS[1],
-];
-
-/// Audio paths: multipart form bodies, whose `model` field is read.
-pub const AUDIO_PATHS: [&str; 2] = ["/v1/audio/transcriptions", "/v1/audio/translations"];
-
-/// A routed path whose body carries a prompt (else only its `model` is read).
-pub fn carries_prompt(routed: &str) -> bool {
-    PROMPT_PATHS.contains(&routed)
+/// A routed request: the path it is forwarded as, and how its body is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Chat completions, completions, Anthropic messages: a prompt (a long
+    /// one read from its conversation's checkpoint).
+    Prompt(&'static str),
+    /// OpenAI's Responses API: a prompt, read by `request::responses`.
+    Responses,
+    /// A JSON body of vLLM or SGLang read for its `model` only (spread
+    /// within the model's replicas).
+    Model(&'static str),
+    /// A multipart form (audio), read for its `model` field.
+    Form(&'static str),
 }
 
-/// OpenAI's Responses API (its body is read by `request::responses`).
-pub const RESPONSES_PATH: &str = "/v1/responses";
+impl Route {
+    /// The path it is forwarded as.
+    pub fn path(self) -> &'static str {
+        match self {
+            Route::Prompt(p) | Route::Model(p) | Route::Form(p) => p,
+            Route::Responses => "/v1/responses",
+        }
+    }
+
+    /// Its body carries a prompt (else only its `model` is read).
+    pub fn carries_prompt(self) -> bool {
+        matches!(self, Route::Prompt(_) | Route::Responses)
+    }
+}
+
+/// Every routed path.
+const ROUTES: [Route; 15] = [
+    Route::Prompt("/v1/chat/completions"),
+    Route::Prompt("/v1/completions"),
+    Route::Prompt("/v1/messages"),
+    Route::Responses,
+    Route::Model("/v1/embeddings"),
+    Route::Model("/v1/rerank"),
+    Route::Model("/v2/rerank"),
+    Route::Model("/rerank"),
+    Route::Model("/v1/score"),
+    Route::Model("/score"),
+    Route::Model("/tokenize"),
+    Route::Model("/detokenize"),
+    Route::Model("/pooling"),
+    Route::Form("/v1/audio/transcriptions"),
+    Route::Form("/v1/audio/translations"),
+];
 
 /// The response id a `GET`/`DELETE /v1/responses/{id}` (or a sub-path such
 /// as `/input_items` or `/cancel`) names.
@@ -51,14 +60,14 @@ pub fn response_id(path: &str) -> Option<&str> {
     (!id.is_empty()).then_some(id)
 }
 
-/// The routed path that `path` (without query) names, if any, after the
-/// normalisation an engine's HTTP server may apply: percent-decoding, empty
-/// and `.` segments dropped, `..` applied, a trailing slash ignored. So
+/// The route `path` (without query) names, if any, after the normalisation
+/// an engine's HTTP server may apply: percent-decoding, empty and `.`
+/// segments dropped, `..` applied, a trailing slash ignored. So
 /// `/v1//chat/%63ompletions/` is routed (size limit, placement) like
 /// `/v1/chat/completions`, and is forwarded as that.
-pub fn routed_path(path: &str) -> Option<&'static str> {
-    if let Some(p) = ROUTED_PATHS.iter().find(|p| **p == path) {
-        return Some(p);
+pub fn route(path: &str) -> Option<Route> {
+    if let Some(r) = ROUTES.iter().find(|r| r.path() == path) {
+        return Some(*r);
     }
     let decoded = percent_decode(path.as_bytes());
     let mut segments: Vec<&[u8]> = Vec::new();
@@ -71,8 +80,8 @@ pub fn routed_path(path: &str) -> Option<&'static str> {
             s => segments.push(s),
         }
     }
-    ROUTED_PATHS.iter().copied().find(|p| {
-        let mut want = p.split('/').filter(|s| !s.is_empty());
+    ROUTES.iter().copied().find(|r| {
+        let mut want = r.path().split('/').filter(|s| !s.is_empty());
         segments.len() == want.clone().count()
             && segments
                 .iter()
@@ -115,11 +124,21 @@ mod tests {
             "/v1/./chat/x/../completions",
             "/v1%2Fchat%2Fcompletions",
         ] {
-            assert_eq!(routed_path(p), Some("/v1/chat/completions"), "{p}");
+            assert_eq!(route(p), Some(Route::Prompt("/v1/chat/completions")), "{p}");
         }
-        assert_eq!(routed_path("/v1/messages/"), Some("/v1/messages"));
-        assert_eq!(routed_path("/v1//embeddings"), Some("/v1/embeddings"));
-        assert!(carries_prompt("/v1/responses") && !carries_prompt("/v1/embeddings"));
+        assert_eq!(route("/v1/messages/"), Some(Route::Prompt("/v1/messages")));
+        assert_eq!(
+            route("/v1//embeddings"),
+            Some(Route::Model("/v1/embeddings"))
+        );
+        assert_eq!(route("/v1/responses/"), Some(Route::Responses));
+        assert_eq!(
+            route("/v1/audio//translations"),
+            Some(Route::Form("/v1/audio/translations"))
+        );
+        assert!(
+            Route::Responses.carries_prompt() && !Route::Model("/v1/embeddings").carries_prompt()
+        );
         for p in [
             "/v1/models",
             "/v1/chat/completionsx",
@@ -127,7 +146,7 @@ mod tests {
             "/%zz",
             "/",
         ] {
-            assert_eq!(routed_path(p), None, "{p}");
+            assert_eq!(route(p), None, "{p}");
         }
     }
 }

@@ -6,10 +6,14 @@
 //! once known (vLLM takes a client's `request_id` as the response id: a
 //! client must not take over another's). Bounded: two generations of ids,
 //! the older dropped whole when the newer fills half the cap, so ids not
-//! used for a while go first.
+//! used for a while go first. Sharded by the id's hash, each shard with its
+//! share of the cap: no request takes a lock every other request takes.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
+
+use xxhash_rust::xxh3::xxh3_64;
 
 use crate::policy::ReplicaId;
 
@@ -19,10 +23,17 @@ pub const DEFAULT_CAP: usize = 1 << 18;
 /// Longest id kept (OpenAI's and vLLM's are ~50 bytes).
 pub const MAX_ID: usize = 256;
 
+/// Shards of a store whose cap allows [`MIN_SHARD`] ids per shard.
+const SHARDS: usize = 16;
+const MIN_SHARD: usize = 64;
+
 /// Response id -> the replica holding it.
 pub struct ResponseIds {
-    cap: usize,
-    inner: Mutex<Generations>,
+    /// Half of each shard's cap: the new generation's size.
+    half: usize,
+    shards: Box<[Mutex<Generations>]>,
+    /// Ids held in every shard together.
+    len: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -43,15 +54,30 @@ impl Generations {
 }
 
 impl ResponseIds {
+    /// Holds at most `cap` ids (at least 2).
     pub fn new(cap: usize) -> Self {
+        let cap = cap.max(2);
+        let shards = if cap >= SHARDS * MIN_SHARD { SHARDS } else { 1 };
         Self {
-            cap: cap.max(2),
-            inner: Mutex::new(Generations::default()),
+            half: cap / shards / 2,
+            shards: (0..shards).map(|_| Mutex::default()).collect(),
+            len: AtomicUsize::new(0),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Generations> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    /// Runs `f` on the shard of `id`, keeping the count of ids.
+    fn with<T>(&self, id: &str, f: impl FnOnce(&mut Generations) -> T) -> T {
+        let shard = (xxh3_64(id.as_bytes()) % self.shards.len() as u64) as usize;
+        let mut g = self.shards[shard].lock().unwrap_or_else(|p| p.into_inner());
+        let before = g.new.len() + g.old.len();
+        let out = f(&mut g);
+        let after = g.new.len() + g.old.len();
+        if after > before {
+            self.len.fetch_add(after - before, Relaxed);
+        } else {
+            self.len.fetch_sub(before - after, Relaxed);
+        }
+        out
     }
 
     /// Records that `replica` holds response `id`, unless another replica
@@ -60,34 +86,36 @@ impl ResponseIds {
         if id.is_empty() || id.len() > MAX_ID {
             return;
         }
-        let mut g = self.lock();
-        let known = g.new.get(id).or_else(|| g.old.get(id)).copied();
-        if known.is_some_and(|r| r != replica) {
-            return;
-        }
-        g.promote(id, replica, self.cap / 2);
+        self.with(id, |g| {
+            let known = g.new.get(id).or_else(|| g.old.get(id)).copied();
+            if known.is_none_or(|r| r == replica) {
+                g.promote(id, replica, self.half);
+            }
+        });
     }
 
     /// The replica holding `id`, if known (a use: it is kept longer).
     pub fn get(&self, id: &str) -> Option<ReplicaId> {
-        let mut g = self.lock();
-        if let Some(r) = g.new.get(id) {
-            return Some(*r);
-        }
-        let r = *g.old.get(id)?;
-        g.promote(id, r, self.cap / 2);
-        Some(r)
+        self.with(id, |g| {
+            if let Some(r) = g.new.get(id) {
+                return Some(*r);
+            }
+            let r = *g.old.get(id)?;
+            g.promote(id, r, self.half);
+            Some(r)
+        })
     }
 
     pub fn remove(&self, id: &str) {
-        let mut g = self.lock();
-        g.new.remove(id);
-        g.old.remove(id);
+        self.with(id, |g| {
+            g.new.remove(id);
+            g.old.remove(id);
+        });
     }
 
+    /// Ids held (read without a lock).
     pub fn len(&self) -> usize {
-        let g = self.lock();
-        g.new.len() + g.old.len()
+        self.len.load(Relaxed)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -192,6 +220,23 @@ mod tests {
         assert_eq!(ids.len(), 2);
         ids.remove("a");
         assert_eq!(ids.len(), 1);
+    }
+
+    #[test]
+    fn a_sharded_store_finds_every_id_counts_them_and_stays_under_its_cap() {
+        let ids = ResponseIds::new(SHARDS * MIN_SHARD);
+        assert_eq!(ids.shards.len(), SHARDS);
+        for i in 0..300 {
+            ids.insert(&format!("resp_{i}"), ReplicaId(i % 3));
+        }
+        assert_eq!(ids.len(), 300);
+        assert!((0..300).all(|i| ids.get(&format!("resp_{i}")) == Some(ReplicaId(i % 3))));
+        ids.remove("resp_7");
+        assert_eq!((ids.len(), ids.get("resp_7")), (299, None));
+        for i in 0..100_000 {
+            ids.insert(&format!("more_{i}"), ReplicaId(0));
+        }
+        assert!(ids.len() <= SHARDS * MIN_SHARD, "{}", ids.len());
     }
 
     #[test]

@@ -6,20 +6,22 @@
 //! check, where slim images have no curl), and [`ReadyGate`], which holds the
 //! proxy's listener until every replica has had its first health check.
 
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use http::{header, HeaderValue, Response, StatusCode};
 use pingora_core::apps::http_app::{HttpServer, ServeHttp};
+use pingora_core::connectors::http::Connector as HttpConnector;
 use pingora_core::modules::http::compression::ResponseCompressionBuilder;
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use pingora_core::services::listening::Service;
 use pingora_core::services::ServiceReadyNotifier;
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_http::RequestHeader;
 use prometheus::{Encoder, TextEncoder, TEXT_FORMAT};
 
 use crate::metrics::Metrics;
@@ -86,14 +88,16 @@ pub enum ProbeError {
     Url(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
-    #[error("not an HTTP answer: {0:?}")]
-    Answer(String),
+    #[error("{0}")]
+    Http(#[from] Box<pingora_core::Error>),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
     #[error("{0}")]
     Status(String),
 }
 
-/// GETs `url` (plain `http://host:port/path`) within `timeout`; `Ok` with the
-/// status line when the answer is 2xx.
+/// GETs `url` (plain `http://host:port/path`) within `timeout`, with
+/// Pingora's HTTP/1 client; `Ok` with the status line when the answer is 2xx.
 pub fn probe(url: &str, timeout: Duration) -> Result<String, ProbeError> {
     let rest = url
         .strip_prefix("http://")
@@ -104,55 +108,50 @@ pub fn probe(url: &str, timeout: Duration) -> Result<String, ProbeError> {
         p if p.starts_with('?') => format!("/{p}"),
         p => p.to_owned(),
     };
-    let addrs: Vec<_> = authority
+    let addrs: Vec<SocketAddr> = authority
         .to_socket_addrs()
         .map_err(|_| ProbeError::Url(url.to_owned()))?
         .collect();
-    let deadline = Instant::now() + timeout;
-    // Every address a name resolves to (`localhost`: ::1, then 127.0.0.1).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        tokio::time::timeout(timeout, status_line(&addrs, authority, &path))
+            .await
+            .unwrap_or(Err(ProbeError::Timeout(timeout)))
+    })
+}
+
+/// The status line of `GET path` at the first of `addrs` that connects
+/// (`localhost`: ::1, then 127.0.0.1); an error unless it is 2xx.
+async fn status_line(addrs: &[SocketAddr], host: &str, path: &str) -> Result<String, ProbeError> {
+    let connector = HttpConnector::new(None);
     let mut last = None;
-    let mut stream = None;
-    for addr in &addrs {
-        match TcpStream::connect_timeout(addr, timeout) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
+    for addr in addrs {
+        let peer = HttpPeer::new(*addr, false, String::new());
+        let mut session = match connector.get_http_session(&peer).await {
+            Ok((session, _)) => session,
+            Err(e) => {
+                last = Some(e);
+                continue;
             }
-            Err(e) => last = Some(e),
-        }
+        };
+        let mut request = RequestHeader::build("GET", path.as_bytes(), None)?;
+        request.insert_header("Host", host)?;
+        session.write_request_header(Box::new(request)).await?;
+        session.finish_request_body().await?;
+        session.read_response_header().await?;
+        let head = session
+            .response_header()
+            .ok_or_else(|| ProbeError::Status("no response head".into()))?;
+        let line = format!("{:?} {}", head.version, head.status);
+        return if head.status.is_success() {
+            Ok(line)
+        } else {
+            Err(ProbeError::Status(line))
+        };
     }
-    let mut stream = match (stream, last) {
-        (Some(s), _) => s,
-        (None, Some(e)) => return Err(e.into()),
-        (None, None) => return Err(ProbeError::Url(url.to_owned())),
-    };
-    let left = || {
-        deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1))
-    };
-    stream.set_write_timeout(Some(left()))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut head = Vec::new();
-    let mut buf = [0u8; 512];
-    while !head.windows(2).any(|w| w == b"\r\n") && head.len() < 4096 {
-        stream.set_read_timeout(Some(left()))?;
-        let n = stream.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    let text = String::from_utf8_lossy(&head);
-    let line = text.lines().next().unwrap_or_default().to_owned();
-    match line.split(' ').nth(1).map(|c| c.as_bytes()) {
-        Some([b'2', b'0'..=b'9', b'0'..=b'9']) if line.starts_with("HTTP/1.") => Ok(line),
-        Some(_) if line.starts_with("HTTP/1.") => Err(ProbeError::Status(line)),
-        _ => Err(ProbeError::Answer(line)),
-    }
+    Err(last.map_or_else(|| ProbeError::Status("no address".into()), ProbeError::Http))
 }
 
 /// How long the proxy's listener may wait for the first health checks: under

@@ -33,8 +33,11 @@
 //! router's own answers).
 
 mod answer;
+mod ctx;
 mod place;
 mod steps;
+
+pub use ctx::Ctx;
 
 pub use answer::response_started;
 use answer::{expects_continue, failed_writing_request, header, respond, respond_json};
@@ -52,14 +55,14 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use arc_swap::ArcSwap;
 
 use crate::access_log;
-use crate::admission::{Admission, Ticket};
+use crate::admission::Admission;
 use crate::auth::KeyFile;
 use crate::balancer::Balancer;
 use crate::body;
 use crate::errors::RouterError;
 use crate::metrics::{Metrics, Repair};
-use crate::paths::{carries_prompt, response_id, routed_path, RESPONSES_PATH};
-use crate::policy::{Decision, Hint, Policy, Reason, ReplicaId, Request, Shape, BYTES_PER_TOKEN};
+use crate::paths::{response_id, route, Route};
+use crate::policy::{Decision, Hint, Policy, Reason, ReplicaId, Shape, BYTES_PER_TOKEN};
 use crate::replicas::{Failure, InFlight, Replica, Replicas};
 use crate::request::Checkpoints;
 use crate::response_ids::{IdScan, ResponseIds};
@@ -93,72 +96,12 @@ pub struct Router {
     pub metrics: Arc<Metrics>,
 }
 
-/// Per-request state.
-pub struct Ctx {
-    started: Instant,
-    /// The routed path the request was recognised as (forwarded as that).
-    routed: Option<&'static str>,
-    /// Its place under `limits`, released when the request ends.
-    ticket: Option<Ticket>,
-    /// The body, read whole before placement (routed paths only).
-    body: Option<Bytes>,
-    /// The policy's view of the prompt; `None` spreads. Dropped once a replica
-    /// is chosen (it holds a canonical copy of the prompt), and read again
-    /// from `body` if the request has to be placed again (`reparse`).
-    request: Option<Request>,
-    /// The body's `model`: only replicas serving it are offered.
-    model: Option<String>,
-    /// A Responses API response this request needs (`previous_response_id`,
-    /// `/v1/responses/{id}`), and the replica holding it when known: only
-    /// that one is offered.
-    response: Option<(String, Option<ReplicaId>)>,
-    /// Learn the id of the response this request produces (`store` not false).
-    learn_id: Option<IdScan>,
-    reparse: bool,
-    decision: Option<Decision>,
-    /// The replica of the current attempt.
-    attempt: Option<InFlight>,
-    /// Replicas already tried for this request.
-    tried: Vec<ReplicaId>,
-    /// When the first attempt began: the response head is due within
-    /// `timeouts.response_header_ms` of it, over all attempts.
-    first_attempt: Option<Instant>,
-    /// An error the router answers itself.
-    error: Option<RouterError>,
-    /// The cache figures of a routed request's successful response, read as
-    /// its body passes.
-    usage: Option<UsageScan>,
-    /// The engine was not told to skip its cache: what it reports reusing
-    /// is evidence of what the replica holds.
-    evidence: bool,
-    /// When the routed attempt's first response body bytes came (from `started`).
-    first_byte: Option<Duration>,
-}
-
 #[async_trait]
 impl ProxyHttp for Router {
     type CTX = Ctx;
 
     fn new_ctx(&self) -> Ctx {
-        Ctx {
-            started: Instant::now(),
-            routed: None,
-            ticket: None,
-            body: None,
-            request: None,
-            model: None,
-            response: None,
-            learn_id: None,
-            reparse: false,
-            decision: None,
-            attempt: None,
-            tried: Vec::new(),
-            first_attempt: None,
-            error: None,
-            usage: None,
-            evidence: false,
-            first_byte: None,
-        }
+        Ctx::new()
     }
 
     fn request_header_timeout(&self) -> Option<Duration> {
@@ -204,7 +147,7 @@ impl ProxyHttp for Router {
         if req.method != http::Method::POST {
             return Ok(false);
         }
-        let routed = routed_path(req.uri.path());
+        let routed = route(req.uri.path());
         // Every POST holds a slot; only routed ones buffer their body.
         let Some(ticket) = self.admission.admit() else {
             let err = RouterError::Overloaded {
@@ -219,10 +162,10 @@ impl ProxyHttp for Router {
             let err = RouterError::BodyTooLarge { limit };
             return self.refuse(session, ctx, &err, true).await;
         }
-        let Some(path) = routed else {
+        let Some(routed) = routed else {
             return Ok(false); // streamed to the replica unread
         };
-        ctx.routed = Some(path);
+        ctx.routed = Some(routed);
         // Shed at once when every replica is saturated, before reading anything.
         if let Some(in_flight) = self.settings.load().shed_in_flight {
             if self.replicas.saturated(in_flight) {
@@ -341,7 +284,7 @@ impl ProxyHttp for Router {
         // Answered by the router already; the replica gets the body at once.
         upstream_request.remove_header("expect");
         // The engine gets the path the router classified, not a variant of it.
-        if let Some(path) = ctx.routed {
+        if let Some(path) = ctx.routed.map(Route::path) {
             if session.req_header().uri.path() != path {
                 let uri = match session.req_header().uri.query() {
                     Some(q) => format!("{path}?{q}"),
@@ -465,7 +408,9 @@ impl ProxyHttp for Router {
             self.metrics
                 .upstream_header_seconds
                 .observe(ctx.started.elapsed().as_secs_f64());
-            if upstream_response.status.is_success() && ctx.routed.is_some_and(carries_prompt) {
+            if upstream_response.status.is_success()
+                && ctx.routed.is_some_and(Route::carries_prompt)
+            {
                 ctx.usage = Some(UsageScan::default());
             } else {
                 ctx.learn_id = None;

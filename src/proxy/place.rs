@@ -1,7 +1,7 @@
 //! Placement of one attempt: the policy's choice among the replicas not
-//! yet tried (a Responses API id's holder only), confirmed by Pingora's
-//! view of membership and health; the peer it is sent to; and the answer
-//! when no replica is left.
+//! yet tried (a Responses API id's holder only), confirmed a member by
+//! Pingora's selection (a replica removed by a reload since is passed over);
+//! the peer it is sent to; and the answer when no replica is left.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,8 +18,8 @@ use crate::replicas::{Replica, Replicas};
 impl Router {
     /// The replica for this attempt, the decision that chose it and whether
     /// it was chosen in panic mode; `None` when no replica is left. Replicas
-    /// Pingora no longer counts as members or healthy are added to
-    /// `ctx.tried` and passed over.
+    /// Pingora no longer counts as members are added to `ctx.tried` and
+    /// passed over.
     pub(super) fn choose(
         &self,
         ctx: &mut Ctx,
@@ -53,10 +53,10 @@ impl Router {
             let replica = decision
                 .replica
                 .and_then(|id| list.iter().find(|r| r.id == id))?;
-            // Pingora's own view: still a member (not removed by reload) and healthy.
+            // Pingora's own view: still a member (not removed by reload).
             if self
                 .balancer
-                .select_with(&addr_key(&replica.addr), 1, |_, healthy| healthy)
+                .select_with(&addr_key(&replica.addr), 1, |_, _| true)
                 .is_none()
             {
                 ctx.tried.push(replica.id);

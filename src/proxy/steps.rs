@@ -10,14 +10,13 @@ impl Router {
     /// when the budget cannot hold it. A body that is not a prompt is still
     /// forwarded, spread: the engine answers it.
     pub(super) async fn read_prompt(&self, session: &Session, ctx: &mut Ctx) -> bool {
-        let Some(body) = ctx.body.clone() else {
+        let (Some(body), Some(route)) = (ctx.body.clone(), ctx.routed) else {
             return true;
         };
         let key = header(session, SESSION_HEADER).map(str::to_owned);
         let s = self.settings.load();
-        let path = ctx.routed.unwrap_or_default();
         let checkpoints = Arc::clone(&self.checkpoints);
-        let request = body::parse(body, path, &s, checkpoints, key, &self.metrics).await;
+        let request = body::parse(body, route, &s, checkpoints, key, &self.metrics).await;
         let parsed_bytes = request.as_ref().map_or(0, |r| r.chain.heap_bytes());
         if !ctx.ticket.as_mut().is_some_and(|t| t.reserve(parsed_bytes)) {
             return false;
@@ -28,7 +27,7 @@ impl Router {
             if let (Some(id), None) = (&r.previous_response_id, &ctx.response) {
                 ctx.response = Some((id.clone(), self.response_holder(id).await));
             }
-            if path == RESPONSES_PATH && r.store {
+            if route == Route::Responses && r.store {
                 ctx.learn_id = Some(IdScan::default());
             }
         }

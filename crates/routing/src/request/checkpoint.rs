@@ -26,11 +26,14 @@
 //!
 //! The store holds at most `limits.max_checkpoint_bytes` (bodies counted by
 //! their length, texts and hashes), least recently used dropped first; the
-//! checkpoint a longer turn resumed from is replaced by that turn's. Its lock
-//! is taken twice per long body (to pick a candidate, to store) and never
-//! held while a body is compared or parsed, nor while checkpoints are freed.
+//! checkpoint a longer turn resumed from is replaced by that turn's. It is
+//! sharded by the hash of a body's head (every candidate for a body is in
+//! one shard, keyed by that hash): a shard's lock is taken twice per long
+//! body (to pick a candidate, to store), never held while a body is compared
+//! or parsed nor while checkpoints are freed, and never with another's.
 
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
@@ -48,6 +51,8 @@ const HEAD: usize = 256;
 const WINDOW: usize = 64;
 /// What a checkpoint holds besides its body, text and hashes.
 const OVERHEAD: usize = 256;
+/// Shards of the store.
+const SHARDS: usize = 16;
 
 /// Whether some replica serves a model.
 type Serves = Box<dyn Fn(&str) -> bool + Send + Sync>;
@@ -55,24 +60,31 @@ type Serves = Box<dyn Fn(&str) -> bool + Send + Sync>;
 /// The checkpoints of one router (see the module header).
 pub struct Checkpoints {
     min_body: usize,
-    store: Mutex<Store>,
-    /// `Store::bytes`, read without the lock.
+    shards: [Mutex<Shard>; SHARDS],
+    /// Bytes held by every shard together.
     held: AtomicUsize,
+    /// The clock of uses, for least-recently-used order across shards.
+    tick: AtomicU64,
     /// Requests naming a model this refuses leave no checkpoint.
     serves: Option<Serves>,
 }
 
+/// The checkpoints whose head hashes fall in one shard, by head hash, each
+/// with the tick it was last used at.
 #[derive(Default)]
-struct Store {
-    /// Each checkpoint with the tick it was last used at.
-    entries: Vec<(Arc<Checkpoint>, u64)>,
-    bytes: usize,
-    tick: u64,
+struct Shard(HashMap<u64, Vec<(Arc<Checkpoint>, u64)>>);
+
+impl Shard {
+    /// The tick and head of its least recently used checkpoint.
+    fn oldest(&self) -> Option<(u64, u64)> {
+        self.0
+            .iter()
+            .flat_map(|(head, list)| list.iter().map(move |(_, t)| (*t, *head)))
+            .min()
+    }
 }
 
 struct Checkpoint {
-    /// Hash of the body's first `HEAD` bytes.
-    head: u64,
     body: Bytes,
     mark: Mark,
     /// `max_text_bytes` of its parse.
@@ -143,8 +155,9 @@ impl Checkpoints {
     fn with_min_body(min_body: usize) -> Self {
         Self {
             min_body,
-            store: Mutex::default(),
+            shards: Default::default(),
             held: AtomicUsize::new(0),
+            tick: AtomicU64::new(0),
             serves: None,
         }
     }
@@ -183,9 +196,8 @@ impl Checkpoints {
     /// keeps no checkpoint for it (too short, no budget).
     pub fn start(&self, body: &[u8], max: usize, budget: usize) -> Option<Start> {
         if self.held.load(Relaxed) > budget {
-            // A reload lowered the budget; freed after the lock is released.
-            let gone = self.trim(&mut self.lock(), budget);
-            drop(gone);
+            // A reload lowered the budget.
+            self.trim(budget);
         }
         if body.len() < self.min_body || budget == 0 {
             return None;
@@ -256,26 +268,42 @@ impl Checkpoints {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Store> {
-        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    /// Every checkpoint held (tests).
+    #[cfg(test)]
+    fn entries(&self) -> Vec<Arc<Checkpoint>> {
+        (self.shards.iter())
+            .flat_map(|s| {
+                let shard = s.lock().unwrap_or_else(|e| e.into_inner());
+                shard
+                    .0
+                    .values()
+                    .flatten()
+                    .map(|(c, _)| c.clone())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// The shard of checkpoints whose head hashes to `head`, locked.
+    fn lock(&self, head: u64) -> MutexGuard<'_, Shard> {
+        self.shards[(head % SHARDS as u64) as usize]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// The checkpoint with the longest prefix of `body`, by its head and
     /// window (the caller compares the rest).
     fn find(&self, head: u64, body: &[u8], max: usize) -> Option<Arc<Checkpoint>> {
-        let mut store = self.lock();
-        store.tick += 1;
-        let tick = store.tick;
-        let (found, used) = store
-            .entries
+        let tick = self.tick.fetch_add(1, Relaxed) + 1;
+        let mut shard = self.lock(head);
+        let (found, used) = shard
+            .0
+            .get_mut(&head)?
             .iter_mut()
             .filter(|(c, _)| {
                 let at = c.mark.raw_len;
                 let window = at.saturating_sub(WINDOW)..at;
-                c.head == head
-                    && c.max == max
-                    && at < body.len()
-                    && body.get(window.clone()) == c.body.get(window)
+                c.max == max && at < body.len() && body.get(window.clone()) == c.body.get(window)
             })
             .max_by_key(|(c, _)| c.mark.raw_len)?;
         *used = tick;
@@ -307,7 +335,6 @@ impl Checkpoints {
         let chain = request.chain.clone();
         let bytes = body.len() + chain.heap_bytes() + left.mark.fields.heap_bytes() + OVERHEAD;
         let checkpoint = Arc::new(Checkpoint {
-            head,
             body: body.clone(),
             max,
             chain,
@@ -319,49 +346,66 @@ impl Checkpoints {
         if checkpoint.bytes > budget {
             return;
         }
-        let mut store = self.lock();
         let at = checkpoint.mark.raw_len;
         let window = at.saturating_sub(WINDOW)..at;
+        // The one it resumed from has the same head (it was found by it).
         let same = |c: &Checkpoint| {
             from.is_some_and(|f| std::ptr::eq(f.as_ref(), c))
-                || (c.head == head
-                    && c.mark.raw_len == at
-                    && c.body.get(window.clone()) == body.get(window.clone()))
+                || (c.mark.raw_len == at && c.body.get(window.clone()) == body.get(window.clone()))
         };
+        let tick = self.tick.fetch_add(1, Relaxed) + 1;
+        let added = checkpoint.bytes;
+        let mut shard = self.lock(head);
+        let list = shard.0.entry(head).or_default();
         let mut gone = Vec::new();
         let mut i = 0;
-        while i < store.entries.len() {
-            if same(&store.entries[i].0) {
-                let (c, _) = store.entries.swap_remove(i);
-                store.bytes -= c.bytes;
-                gone.push(c);
+        while i < list.len() {
+            if same(&list[i].0) {
+                gone.push(list.swap_remove(i).0);
             } else {
                 i += 1;
             }
         }
-        store.tick += 1;
-        let tick = store.tick;
-        store.bytes += checkpoint.bytes;
-        store.entries.push((checkpoint, tick));
-        gone.extend(self.trim(&mut store, budget));
-        drop(store);
+        list.push((checkpoint, tick));
+        let freed: usize = gone.iter().map(|c| c.bytes).sum();
+        // Under the shard's lock, so a trim never sees this one's bytes
+        // before the checkpoint itself.
+        self.held.fetch_add(added, Relaxed);
+        self.held.fetch_sub(freed, Relaxed);
+        drop(shard);
         // Freed (bodies, texts) after the lock is released.
         drop(gone);
+        self.trim(budget);
     }
 
-    /// Drops the least recently used checkpoints until `budget` holds them.
-    fn trim(&self, store: &mut Store, budget: usize) -> Vec<Arc<Checkpoint>> {
-        let mut gone = Vec::new();
-        while store.bytes > budget {
-            let Some(oldest) = (0..store.entries.len()).min_by_key(|i| store.entries[*i].1) else {
+    /// Drops the least recently used checkpoints (over every shard) until
+    /// `budget` holds them. One shard's lock at a time: the oldest is found
+    /// shard by shard, then taken out of its shard if it is still there.
+    fn trim(&self, budget: usize) {
+        while self.held.load(Relaxed) > budget {
+            let oldest = self
+                .shards
+                .iter()
+                .filter_map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).oldest())
+                .min();
+            let Some((tick, head)) = oldest else {
                 break;
             };
-            let (c, _) = store.entries.swap_remove(oldest);
-            store.bytes -= c.bytes;
-            gone.push(c);
+            let mut shard = self.lock(head);
+            let Some(list) = shard.0.get_mut(&head) else {
+                continue;
+            };
+            let Some(i) = list.iter().position(|(_, t)| *t == tick) else {
+                continue;
+            };
+            let (gone, _) = list.swap_remove(i);
+            if list.is_empty() {
+                shard.0.remove(&head);
+            }
+            self.held.fetch_sub(gone.bytes, Relaxed);
+            drop(shard);
+            drop(gone);
         }
-        self.held.store(store.bytes, Relaxed);
-        gone
     }
 }
 

@@ -159,7 +159,7 @@ proptest! {
                 prop_assert!(got.is_some_and(|p| p.resumed), "turn {} did not resume", n);
             }
             let relisted = t.after[n].iter().any(|f| f.starts_with(r#""messages""#));
-            left = !relisted && store.lock().entries.iter().any(|(c, _)| c.body == body);
+            left = !relisted && store.entries().iter().any(|c| c.body == body);
         }
     }
 }
@@ -190,9 +190,9 @@ fn a_conversation_keeps_one_checkpoint_its_latest_turn() {
         let parsed = store.parse(body, usize::MAX, 64, 1 << 30, None).unwrap();
         assert_eq!(parsed.resumed, n > 0);
     }
-    let entries = &store.lock().entries;
+    let entries = store.entries();
     assert_eq!(entries.len(), 1);
-    assert_eq!(entries[0].0.body, bodies[4]);
+    assert_eq!(entries[0].body, bodies[4]);
 }
 
 #[test]
@@ -210,7 +210,7 @@ fn the_budget_drops_the_least_recently_used() {
     let parse = |body: &Bytes| store.parse(body, usize::MAX, 64, budget, None).unwrap();
     parse(&a[0]);
     parse(&b[0]);
-    assert_eq!(store.lock().entries.len(), 2);
+    assert_eq!(store.entries().len(), 2);
     // Using a's makes b's the oldest; a's second turn needs the room.
     assert!(parse(&a[1]).resumed);
     assert!(store.bytes() <= budget);
@@ -256,7 +256,7 @@ fn a_lowered_budget_is_kept_at_the_next_body_and_one_too_large_displaces_none() 
     );
     // A reload to 0 frees everything at the next body, short or not.
     store.start(b"{}", usize::MAX, 0);
-    assert_eq!((store.bytes(), store.lock().entries.len()), (0, 0));
+    assert_eq!((store.bytes(), store.entries().len()), (0, 0));
 }
 
 #[test]
