@@ -245,6 +245,7 @@ fn main() -> anyhow::Result<()> {
                 .map_err(|why| anyhow::anyhow!("fleet.redis_url: {why}"))?;
             Some(Arc::new(SharedPins::new(
                 target,
+                cfg.fleet.redis_ca_file.clone(),
                 prefix_router::config::ms(cfg.fleet.redis_budget_ms),
                 cfg.fleet.redis_ttl_s,
                 Arc::clone(&metrics),

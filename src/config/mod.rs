@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-mod redis_url;
+pub mod redis_url;
 mod replica;
 mod sections;
 mod validate;
 
-pub use redis_url::{parse_url as parse_redis_url, RedisTarget};
+pub use redis_url::parse_url as parse_redis_url;
 pub use replica::Replica;
 pub use sections::*;
 
@@ -226,6 +226,7 @@ impl Config {
             "listen_tls" => listen_tls;
             "api_keys_file" => api_keys_file;
             "fleet.redis_url" => fleet.redis_url;
+            "fleet.redis_ca_file" => fleet.redis_ca_file;
             "fleet.redis_budget_ms" => fleet.redis_budget_ms;
             "fleet.redis_ttl_s" => fleet.redis_ttl_s;
         }

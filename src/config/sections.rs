@@ -11,8 +11,11 @@ pub struct Fleet {
     /// `rendezvous`: singles too go by the hash of their prompt (`root`),
     /// not by the counter (`counter`).
     pub singles: FleetSingles,
-    /// `redis`: `redis://[:PASSWORD@]HOST:PORT[/DB]`.
+    /// `redis`: `redis://[[USER]:PASSWORD@]HOST:PORT[/DB]`, or `rediss://`
+    /// for TLS.
     pub redis_url: Option<String>,
+    /// `rediss://`: a PEM file of CAs to trust instead of the system's.
+    pub redis_ca_file: Option<String>,
     /// `redis`: a request waits at most this long for shared pins, then is
     /// placed on this instance's own index.
     pub redis_budget_ms: u64,
@@ -26,6 +29,7 @@ impl Default for Fleet {
             mode: FleetMode::Local,
             singles: FleetSingles::Counter,
             redis_url: None,
+            redis_ca_file: None,
             redis_budget_ms: 5,
             redis_ttl_s: 3_600,
         }

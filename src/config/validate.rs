@@ -151,9 +151,18 @@ impl Config {
                 return Err(invalid("fleet.redis_url", "is needed by mode: redis"))
             }
             (_, Some(url)) => {
-                parse_redis_url(url).map_err(|why| invalid("fleet.redis_url", why))?;
+                let info = parse_redis_url(url).map_err(|why| invalid("fleet.redis_url", why))?;
+                if f.redis_ca_file.is_some() && !redis_url::is_tls(&info) {
+                    return Err(invalid("fleet.redis_ca_file", "is for a rediss:// URL"));
+                }
             }
             _ => {}
+        }
+        if let Some(ca) = f.redis_ca_file.as_ref().filter(|f| !Path::new(f).is_file()) {
+            return Err(invalid(
+                "fleet.redis_ca_file",
+                format!("`{ca}` is not a file"),
+            ));
         }
         if f.redis_budget_ms == 0 || f.redis_ttl_s == 0 {
             return Err(invalid(

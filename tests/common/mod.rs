@@ -531,6 +531,22 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
+    /// A Redis started with `args` (a TLS port, ACL users), ready once
+    /// its port (`--port`, or the TLS one) takes connections.
+    pub fn start_args(port: u16, args: &[&str]) -> RedisServer {
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server (scripts/prepare.sh installs it)");
+        wait_for("redis listening", Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+        });
+        RedisServer { port, child }
+    }
+
     pub fn start(port: u16) -> RedisServer {
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
