@@ -189,6 +189,7 @@ impl HealthCheck for ReplicaHealth {
                 if let Some(list) = self.probe.models_of(r.addr, left).await {
                     let shown = list.join(", ");
                     if r.learn_models(list) {
+                        self.replicas.models_changed();
                         log::info!("replica {} serves models [{shown}]", r.name);
                     }
                 }

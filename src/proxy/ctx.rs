@@ -22,10 +22,8 @@ pub struct Ctx {
     pub(super) ticket: Option<Ticket>,
     /// The body, read whole before placement (routed paths only).
     pub(super) body: Option<Bytes>,
-    /// The policy's view of the prompt; `None` spreads. Dropped once a replica
-    /// is chosen (it holds a canonical copy of the prompt), and read again
-    /// from `body` if the request has to be placed again (`reparse`).
-    pub(super) request: Option<Request>,
+    /// The policy's view of the prompt (see [`Prompt`]).
+    pub(super) prompt: Prompt,
     /// The body's `model`: only replicas serving it are offered.
     pub(super) model: Option<String>,
     /// A Responses API response this request needs (`previous_response_id`,
@@ -34,7 +32,6 @@ pub struct Ctx {
     pub(super) response: Option<(String, Option<ReplicaId>)>,
     /// Learn the id of the response this request produces (`store` not false).
     pub(super) learn_id: Option<IdScan>,
-    pub(super) reparse: bool,
     pub(super) decision: Option<Decision>,
     /// The replica of the current attempt.
     pub(super) attempt: Option<InFlight>,
@@ -55,7 +52,47 @@ pub struct Ctx {
     pub(super) first_byte: Option<Duration>,
 }
 
+/// The policy's view of a request's prompt through its life.
+#[derive(Debug, Default)]
+pub enum Prompt {
+    /// None: not a routed body, or not a prompt (placed by the counter).
+    #[default]
+    None,
+    /// Read, and not placed yet.
+    Parsed(Request),
+    /// Placed: the view was dropped (it holds a canonical copy of the
+    /// prompt); a retry reads it again from the body.
+    Placed,
+}
+
 impl Ctx {
+    /// The prompt as the policy sees it, while it is held.
+    pub(super) fn request(&self) -> Option<&Request> {
+        match &self.prompt {
+            Prompt::Parsed(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub(super) fn request_mut(&mut self) -> Option<&mut Request> {
+        match &mut self.prompt {
+            Prompt::Parsed(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Drops the view once it is placed; the bytes it held are returned to
+    /// the request's budget.
+    pub(super) fn placed(&mut self) {
+        if let Prompt::Parsed(r) = std::mem::replace(&mut self.prompt, Prompt::Placed) {
+            if let Some(t) = self.ticket.as_mut() {
+                t.release(r.chain.heap_bytes());
+            }
+        } else {
+            self.prompt = Prompt::None;
+        }
+    }
+
     /// A request's state when its head arrives.
     pub(super) fn new() -> Self {
         Self {
@@ -63,11 +100,10 @@ impl Ctx {
             routed: None,
             ticket: None,
             body: None,
-            request: None,
+            prompt: Prompt::None,
             model: None,
             response: None,
             learn_id: None,
-            reparse: false,
             decision: None,
             attempt: None,
             tried: Vec::new(),

@@ -37,7 +37,7 @@ mod ctx;
 mod place;
 mod steps;
 
-pub use ctx::Ctx;
+pub use ctx::{Ctx, Prompt};
 
 pub use answer::response_started;
 use answer::{expects_continue, failed_writing_request, header, respond, respond_json};
@@ -227,7 +227,7 @@ impl ProxyHttp for Router {
         }
         // Placed again (a retry): the prompt as the first placement saw it,
         // or spread if the budget cannot hold it now.
-        if std::mem::take(&mut ctx.reparse) {
+        if matches!(ctx.prompt, Prompt::Placed) {
             self.read_prompt(session, ctx).await;
         }
         let list = self.replicas.snapshot();
@@ -249,14 +249,14 @@ impl ProxyHttp for Router {
         }
         // A single's prompt takes KV room on its replica while it runs (a
         // continuation's counts in the pinned working set instead).
-        let cold = match (&ctx.request, decision.shape) {
+        let cold = match (ctx.request(), decision.shape) {
             (Some(r), Shape::Single) => r.chain.len() as u64,
             _ => 0,
         };
-        ctx.evidence = ctx.request.as_ref().is_some_and(|r| !r.cache_bypass);
+        ctx.evidence = ctx.request().is_some_and(|r| !r.cache_bypass);
         ctx.attempt = Some(replica.begin(cold));
         ctx.decision = Some(decision);
-        if let (Some(shared), Some(r)) = (&self.shared, &ctx.request) {
+        if let (Some(shared), Some(r)) = (&self.shared, ctx.request()) {
             let keys: Vec<u64> = r
                 .chain
                 .shared_keys(r.key.as_deref(), 0)
@@ -265,12 +265,7 @@ impl ProxyHttp for Router {
                 .collect();
             shared.record(&keys, &replica.name);
         }
-        if let Some(r) = ctx.request.take() {
-            if let Some(t) = ctx.ticket.as_mut() {
-                t.release(r.chain.heap_bytes());
-            }
-            ctx.reparse = true;
-        }
+        ctx.placed();
         ctx.first_attempt.get_or_insert_with(Instant::now);
         Ok(Box::new(peer))
     }
@@ -392,8 +387,7 @@ impl ProxyHttp for Router {
             }
             // Nothing is re-sent once a response arrived: drop the copies.
             ctx.body = None;
-            ctx.request = None;
-            ctx.reparse = false;
+            ctx.prompt = Prompt::None;
             if let Some(t) = ctx.ticket.as_mut() {
                 t.release_bytes();
             }

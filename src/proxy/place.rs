@@ -13,7 +13,7 @@ use super::{Ctx, Router};
 use crate::balancer::addr_key;
 use crate::errors::RouterError;
 use crate::policy::{Decision, Reason, ReplicaId, Shape};
-use crate::replicas::{Replica, Replicas};
+use crate::replicas::{Replica, Replicas, View};
 
 impl Router {
     /// The replica for this attempt, the decision that chose it and whether
@@ -23,7 +23,7 @@ impl Router {
     pub(super) fn choose(
         &self,
         ctx: &mut Ctx,
-        list: &[Arc<Replica>],
+        list: &View,
         holder: Option<ReplicaId>,
     ) -> Option<(Arc<Replica>, Decision, bool)> {
         // The holder is offered whatever `model` says: the engine answers.
@@ -42,7 +42,7 @@ impl Router {
                 None => &ctx.tried,
             };
             let (states, panic) = Replicas::states(list, excluded, model);
-            let mut decision = match &ctx.request {
+            let mut decision = match ctx.request() {
                 Some(r) => self.policy.place(r, &states),
                 None => self.policy.spread(&states),
             };

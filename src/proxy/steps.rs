@@ -31,7 +31,7 @@ impl Router {
                 ctx.learn_id = Some(IdScan::default());
             }
         }
-        ctx.request = request;
+        ctx.prompt = request.map_or(Prompt::None, Prompt::Parsed);
         // A response's holder places the request alone: no pins to look up
         // (and no second wait on Redis).
         if ctx.response.is_none() {
@@ -63,7 +63,7 @@ impl Router {
     /// With shared pins, a prompt this instance knows nothing of is looked
     /// up in what other instances placed (within the budget).
     pub(super) async fn ask_shared(&self, ctx: &mut Ctx) {
-        let (Some(shared), Some(r)) = (&self.shared, ctx.request.as_mut()) else {
+        let (Some(shared), Some(r)) = (&self.shared, ctx.request_mut()) else {
             return;
         };
         if r.chain.is_empty() || self.policy.knows(r) {

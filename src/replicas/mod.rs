@@ -27,8 +27,10 @@ use crate::metrics::{Ejection, Metrics, ReplicaCounters};
 use crate::policy::{ReplicaId, ReplicaState};
 
 mod replica;
+mod view;
 
 pub use replica::{InFlight, Replica};
+pub use view::View;
 
 /// How a request to a replica failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,11 +70,13 @@ pub struct Change {
     pub removed: Vec<Arc<Replica>>,
 }
 
-/// The current replica set, published whole: readers take the list
-/// without a lock; a reload builds a new one and swaps it in.
+/// The current replica set, published whole ([`View`]): readers take it
+/// without a lock; a change builds a new one and swaps it in.
 #[derive(Debug)]
 pub struct Replicas {
-    current: ArcSwap<Vec<Arc<Replica>>>,
+    current: ArcSwap<View>,
+    /// Serialises publishing, so a models refresh never undoes a reload.
+    publishing: Mutex<()>,
     next_id: AtomicU32,
     /// Serialises ejections so two at once cannot both pass the bound.
     ejecting: Mutex<()>,
@@ -85,6 +89,7 @@ impl Replicas {
     pub fn new(cfg: &[config::Replica], metrics: Arc<Metrics>) -> Self {
         let set = Self {
             current: ArcSwap::default(),
+            publishing: Mutex::new(()),
             next_id: AtomicU32::new(0),
             ejecting: Mutex::new(()),
             metrics,
@@ -93,9 +98,16 @@ impl Replicas {
         set
     }
 
-    /// The replicas now, in configuration order.
-    pub fn snapshot(&self) -> Arc<Vec<Arc<Replica>>> {
+    /// The replicas now, in configuration order, with the models each serves.
+    pub fn snapshot(&self) -> Arc<View> {
         self.current.load_full()
+    }
+
+    /// Publishes the set again after a replica's served models changed.
+    pub fn models_changed(&self) {
+        let _one = self.publishing.lock().unwrap_or_else(|p| p.into_inner());
+        let list = self.current.load().list().to_vec();
+        self.current.store(Arc::new(View::new(list)));
     }
 
     /// The policy's view of the set, excluding replicas in `tried` and those
@@ -103,16 +115,16 @@ impl Replicas {
     /// that pass their health check count as live (panic mode, reported by
     /// the `bool`).
     pub fn states(
-        list: &[Arc<Replica>],
+        view: &View,
         tried: &[ReplicaId],
         model: Option<&str>,
     ) -> (Vec<ReplicaState>, bool) {
-        let offered = |r: &Replica| !tried.contains(&r.id) && model.is_none_or(|m| r.serves(m));
-        let mut states: Vec<ReplicaState> = list
-            .iter()
-            .map(|r| {
+        let serves = model.map(|m| view.offers(m));
+        let offered = |i: usize, r: &Replica| !tried.contains(&r.id) && serves.is_none_or(|s| s[i]);
+        let mut states: Vec<ReplicaState> = (view.iter().enumerate())
+            .map(|(i, r)| {
                 let mut s = r.state();
-                s.live &= offered(r);
+                s.live &= offered(i, r);
                 s
             })
             .collect();
@@ -120,8 +132,8 @@ impl Replicas {
             return (states, false);
         }
         let mut panic = false;
-        for (s, r) in states.iter_mut().zip(list) {
-            s.live = r.checked() && offered(r);
+        for (i, (s, r)) in states.iter_mut().zip(view.iter()).enumerate() {
+            s.live = r.checked() && offered(i, r);
             panic |= s.live;
         }
         (states, panic)
@@ -129,15 +141,13 @@ impl Replicas {
 
     /// Some replica's model list names `model`.
     pub fn lists(&self, model: &str) -> bool {
-        self.snapshot()
-            .iter()
-            .any(|r| r.models().is_some_and(|l| l.iter().any(|m| m == model)))
+        self.current.load().lists(model)
     }
 
     /// No replica in the set serves `model` (each lists its models, and none
     /// names it): a request for it is answered 404 at once.
     pub fn nobody_serves(&self, model: &str) -> bool {
-        !self.snapshot().iter().any(|r| r.serves(model))
+        self.current.load().nobody_serves(model)
     }
 
     /// Records a failed request to `replica` at `now`; returns the ejection it
@@ -207,6 +217,7 @@ impl Replicas {
     /// Replaces the set. Replicas whose name and address are unchanged keep their
     /// id, health and counters; others are added (unchecked) or removed.
     pub fn apply(&self, cfg: &[config::Replica]) -> Change {
+        let _one = self.publishing.lock().unwrap_or_else(|p| p.into_inner());
         let old = self.snapshot();
         let mut change = Change::default();
         let mut next = Vec::with_capacity(cfg.len());
@@ -235,7 +246,7 @@ impl Replicas {
             .filter(|r| !next.iter().any(|n| n.id == r.id))
             .cloned()
             .collect();
-        self.current.store(Arc::new(next));
+        self.current.store(Arc::new(View::new(next)));
         change
     }
 }
@@ -398,13 +409,45 @@ mod tests {
         max_ejection_percent: 50,
     };
 
-    fn checked_set(names: &[(&str, &str)], now: Instant) -> (Replicas, Vec<Arc<Replica>>) {
+    fn checked_set(names: &[(&str, &str)], now: Instant) -> (Replicas, Arc<View>) {
         let set = Replicas::new(&cfg(names), Metrics::standalone());
-        let list = set.snapshot().to_vec();
-        for r in &list {
+        let list = set.snapshot();
+        for r in list.iter() {
             r.on_check(true, now);
         }
         (set, list)
+    }
+
+    #[test]
+    fn the_view_offers_each_model_to_the_replicas_serving_it_and_follows_learned_lists() {
+        let mut c = cfg(&[
+            ("a", "127.0.0.1:1"),
+            ("b", "127.0.0.1:2"),
+            ("c", "127.0.0.1:3"),
+        ]);
+        c[0].models = Some(vec!["m1".into()]);
+        c[1].models = Some(vec!["m2".into(), "m1".into()]);
+        let set = Replicas::new(&c, Metrics::standalone());
+        let view = set.snapshot();
+        assert_eq!(
+            view.offers("m1"),
+            [true, true, true],
+            "c's models are unknown: any"
+        );
+        assert_eq!(view.offers("m2"), [false, true, true]);
+        assert_eq!(view.offers("other"), [false, false, true]);
+        assert!(set.lists("m2") && !set.lists("other") && !set.nobody_serves("other"));
+        // c lists its models: the set is published again with them.
+        assert!(view[2].learn_models(vec!["m3".into()]));
+        set.models_changed();
+        assert_eq!(set.snapshot().offers("m3"), [false, false, true]);
+        assert!(set.nobody_serves("other"));
+        let tried = [];
+        let (states, _) = Replicas::states(&set.snapshot(), &tried, Some("m1"));
+        assert_eq!(
+            states.iter().map(|s| s.id).collect::<Vec<_>>(),
+            [view[0].id, view[1].id, view[2].id]
+        );
     }
 
     #[test]

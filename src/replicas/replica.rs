@@ -115,14 +115,6 @@ impl Replica {
         self.checked.load(Relaxed)
     }
 
-    /// Whether it may get a request for `model` (any, while its models are unknown).
-    pub fn serves(&self, model: &str) -> bool {
-        self.models
-            .load()
-            .as_ref()
-            .is_none_or(|list| list.iter().any(|m| m == model))
-    }
-
     /// Its models come from the config, not its `/v1/models`.
     pub fn declares_models(&self) -> bool {
         self.declared_models.load(Relaxed)
