@@ -243,13 +243,17 @@ fn main() -> anyhow::Result<()> {
         (FleetMode::Redis, Some(url)) => {
             let target = prefix_router::config::parse_redis_url(url)
                 .map_err(|why| anyhow::anyhow!("fleet.redis_url: {why}"))?;
-            Some(Arc::new(SharedPins::new(
-                target,
-                cfg.fleet.redis_ca_file.clone(),
-                prefix_router::config::ms(cfg.fleet.redis_budget_ms),
-                cfg.fleet.redis_ttl_s,
-                Arc::clone(&metrics),
-            )))
+            let ca_file = cfg.fleet.redis_ca_file.as_deref();
+            Some(Arc::new(
+                SharedPins::new(
+                    target,
+                    ca_file,
+                    prefix_router::config::ms(cfg.fleet.redis_budget_ms),
+                    cfg.fleet.redis_ttl_s,
+                    Arc::clone(&metrics),
+                )
+                .map_err(|why| anyhow::anyhow!("fleet.redis_url (TLS): {why}"))?,
+            ))
         }
         _ => None,
     };

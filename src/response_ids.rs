@@ -9,11 +9,11 @@
 //! used for a while go first. Sharded by the id's hash, each shard with its
 //! share of the cap: no request takes a lock every other request takes.
 
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
-
-use xxhash_rust::xxh3::xxh3_64;
 
 use crate::policy::ReplicaId;
 
@@ -32,6 +32,8 @@ pub struct ResponseIds {
     /// Half of each shard's cap: the new generation's size.
     half: usize,
     shards: Box<[Mutex<Generations>]>,
+    /// Keyed per process: a client cannot pick ids that share a shard.
+    seed: RandomState,
     /// Ids held in every shard together.
     len: AtomicUsize,
 }
@@ -61,13 +63,14 @@ impl ResponseIds {
         Self {
             half: cap / shards / 2,
             shards: (0..shards).map(|_| Mutex::default()).collect(),
+            seed: RandomState::new(),
             len: AtomicUsize::new(0),
         }
     }
 
     /// Runs `f` on the shard of `id`, keeping the count of ids.
     fn with<T>(&self, id: &str, f: impl FnOnce(&mut Generations) -> T) -> T {
-        let shard = (xxh3_64(id.as_bytes()) % self.shards.len() as u64) as usize;
+        let shard = (self.seed.hash_one(id) % self.shards.len() as u64) as usize;
         let mut g = self.shards[shard].lock().unwrap_or_else(|p| p.into_inner());
         let before = g.new.len() + g.old.len();
         let out = f(&mut g);

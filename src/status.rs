@@ -116,7 +116,7 @@ pub fn probe(url: &str, timeout: Duration) -> Result<String, ProbeError> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        tokio::time::timeout(timeout, status_line(&addrs, authority, &path))
+        tokio::time::timeout(timeout, status_line(&addrs, authority, &path, timeout))
             .await
             .unwrap_or(Err(ProbeError::Timeout(timeout)))
     })
@@ -124,11 +124,20 @@ pub fn probe(url: &str, timeout: Duration) -> Result<String, ProbeError> {
 
 /// The status line of `GET path` at the first of `addrs` that connects
 /// (`localhost`: ::1, then 127.0.0.1); an error unless it is 2xx.
-async fn status_line(addrs: &[SocketAddr], host: &str, path: &str) -> Result<String, ProbeError> {
+async fn status_line(
+    addrs: &[SocketAddr],
+    host: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<String, ProbeError> {
+    let per_address = timeout / u32::try_from(addrs.len().max(1)).unwrap_or(u32::MAX);
     let connector = HttpConnector::new(None);
     let mut last = None;
     for addr in addrs {
-        let peer = HttpPeer::new(*addr, false, String::new());
+        let mut peer = HttpPeer::new(*addr, false, String::new());
+        // Each address its share of the time: a blackholed first one leaves
+        // time for the next.
+        peer.options.connection_timeout = Some(per_address);
         let mut session = match connector.get_http_session(&peer).await {
             Ok((session, _)) => session,
             Err(e) => {

@@ -72,6 +72,13 @@ fn instances_authenticate_as_an_acl_user_and_a_wrong_password_costs_no_request()
             ">s3cret",
             "~prefix-router:*",
             "+@all",
+            "--user",
+            "reader",
+            "on",
+            ">r3ad",
+            "~prefix-router:*",
+            "+@all",
+            "-set",
         ],
     );
     let sims = sims();
@@ -94,7 +101,29 @@ fn instances_authenticate_as_an_acl_user_and_a_wrong_password_costs_no_request()
     wait_for("the refusal logged", Duration::from_secs(5), || {
         wrong.log().contains("redis 127.0.0.1").then_some(())
     });
-    assert!(wrong.log().contains("unavailable"), "{}", wrong.log());
+    let log = wrong.log();
+    assert!(
+        log.contains("unavailable") && log.contains("AuthenticationFailed"),
+        "{log}"
+    );
+    // A user Redis refuses `SET`: each write is counted an error, and the
+    // connection is kept (an answer is not a broken connection).
+    let refused = Router::start(
+        &[&sims[0]],
+        &fleet(&format!("redis://reader:r3ad@127.0.0.1:{port}/0"), ""),
+    );
+    for turn in 1..6 {
+        let r = refused.post("/v1/chat/completions", &conversation("no set", turn));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    wait_for("writes counted as refused", Duration::from_secs(5), || {
+        (shared(&refused, "write", "error") >= 3.0).then_some(())
+    });
+    let log = refused.log();
+    assert!(
+        log.contains("redis answered an error") && !log.contains("unavailable"),
+        "{log}"
+    );
 }
 
 /// A CA and a `localhost` certificate it signed, in `dir`: (ca, cert, key).

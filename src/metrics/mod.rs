@@ -305,7 +305,7 @@ impl Metrics {
             )?,
             shared_pins: register_int_counter_vec_with_registry!(
                 "prefix_router_shared_pins_total",
-                "Shared pins in Redis (fleet: redis): lookups on a local miss (hit, miss, timeout: over redis_budget_ms, unavailable: Redis down or too many waiting) and placements written (ok, dropped: queue full, unavailable); response_lookup and response_write: the same for Responses API ids",
+                "Shared pins in Redis (fleet: redis): lookups on a local miss (hit, miss, timeout: over redis_budget_ms, unavailable: Redis down or too many waiting) and placements written (ok, dropped: queue full, unavailable, error: Redis answered an error); response_lookup and response_write: the same for Responses API ids",
                 &["op", "result"],
                 registry
             )?,
@@ -360,7 +360,7 @@ impl Metrics {
             }
         }
         for op in ["write", "response_write"] {
-            for result in ["ok", "dropped", "unavailable"] {
+            for result in ["ok", "dropped", "unavailable", "error"] {
                 self.shared_pins.with_label_values(&[op, result]);
             }
         }

@@ -1,9 +1,10 @@
 //! A bound on what Redis may send: the `redis` crate reads a reply of any
 //! size, so the stream under it is watched frame by frame (RESP2 framing
-//! only, not values) and cut at the first reply past the bounds below. The
-//! connection then fails, and the router places on its own index until a
-//! new one is up. What the router asks for (replica names, a few keys at a
-//! time) stays far inside them.
+//! only, not values) and cut at the first reply past the bounds below; every
+//! read after a cut fails too. The connection then fails, and the router
+//! places on its own index until a new one is up. What the router asks for
+//! (replica names, at most 16 keys at a time, flat replies) stays far inside
+//! them.
 
 use std::io;
 use std::pin::Pin;
@@ -16,9 +17,11 @@ const MAX_LINE: usize = 4096;
 /// Longest bulk string (a replica's name, a response id's holder).
 const MAX_BULK: u64 = 64 << 10;
 /// Most items in one array (an `MGET` asks for at most 16 keys).
-const MAX_ITEMS: u64 = 1024;
-/// Deepest nesting of arrays.
-const MAX_DEPTH: usize = 4;
+const MAX_ITEMS: u64 = 256;
+/// Deepest nesting of arrays: the router's replies are flat.
+const MAX_DEPTH: usize = 1;
+/// Most bytes in one top-level reply, header lines included.
+const MAX_REPLY: u64 = 1 << 20;
 
 /// Where the reader is in the reply stream.
 #[derive(Debug, Default)]
@@ -29,17 +32,31 @@ pub struct Frames {
     bulk_left: u64,
     /// Items still to come in each open array, innermost last.
     open: Vec<u64>,
+    /// Bytes of the top-level reply read so far.
+    reply_bytes: u64,
+    /// A bound was passed: the stream is cut for good.
+    cut: bool,
 }
 
 impl Frames {
     /// Reads the next bytes of the stream; an error at the first past a bound.
-    pub fn feed(&mut self, mut bytes: &[u8]) -> io::Result<()> {
+    pub fn feed(&mut self, bytes: &[u8]) -> io::Result<()> {
+        if self.cut {
+            return Err(too_large("more after a cut"));
+        }
+        let fed = self.frames(bytes);
+        self.cut = fed.is_err();
+        fed
+    }
+
+    fn frames(&mut self, mut bytes: &[u8]) -> io::Result<()> {
         while !bytes.is_empty() {
             if self.bulk_left > 0 {
                 let n = bytes
                     .len()
                     .min(usize::try_from(self.bulk_left).unwrap_or(usize::MAX));
                 self.bulk_left -= n as u64;
+                self.count(n)?;
                 bytes = &bytes[n..];
                 if self.bulk_left == 0 {
                     self.item_done();
@@ -51,6 +68,7 @@ impl Frames {
             if self.line.len() + take > MAX_LINE {
                 return Err(too_large("a reply line"));
             }
+            self.count(take)?;
             self.line.extend_from_slice(&bytes[..take]);
             bytes = &bytes[take..];
             if end.is_some() {
@@ -92,7 +110,17 @@ impl Frames {
         Ok(())
     }
 
-    /// An item ended: it counts in its array, which may end in turn.
+    /// Counts `n` bytes of the current top-level reply.
+    fn count(&mut self, n: usize) -> io::Result<()> {
+        self.reply_bytes += n as u64;
+        if self.reply_bytes > MAX_REPLY {
+            return Err(too_large("a reply"));
+        }
+        Ok(())
+    }
+
+    /// An item ended: it counts in its array, which may end in turn; a
+    /// top-level reply that ended starts the count again.
     fn item_done(&mut self) {
         while let Some(left) = self.open.last_mut() {
             *left -= 1;
@@ -101,6 +129,7 @@ impl Frames {
             }
             self.open.pop();
         }
+        self.reply_bytes = 0;
     }
 }
 
@@ -209,10 +238,17 @@ mod tests {
         let many = format!("*{}\r\n", MAX_ITEMS + 1);
         assert!(!passes(many.as_bytes(), &[]));
         assert!(!passes(&[b'+'; MAX_LINE + 1], &[]), "an endless line");
-        assert!(
-            !passes(b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n", &[]),
-            "too deep"
-        );
+        assert!(!passes(b"*1\r\n*1\r\n:1\r\n", &[]), "nested");
+        // Many bulks of the largest size in one reply: cut at the reply's bound.
+        let mut wide = format!("*{MAX_ITEMS}\r\n").into_bytes();
+        let bulk = [b"$65536\r\n".as_slice(), &[b'x'; 65536], b"\r\n"].concat();
+        for _ in 0..MAX_ITEMS {
+            wide.extend_from_slice(&bulk);
+        }
+        assert!(!passes(&wide, &[]));
+        // Once cut, nothing more passes, however well formed.
+        let mut frames = Frames::default();
+        assert!(frames.feed(b"$x\r\n").is_err() && frames.feed(b"+OK\r\n").is_err());
         assert!(!passes(b"%1\r\n", &[]), "RESP3 is not asked for");
         assert!(!passes(b"$x\r\n", &[]));
         // A bulk's bytes are not read as headers, whatever they hold.
@@ -231,13 +267,12 @@ mod tests {
                 v
             }),
         ];
-        leaf.prop_recursive(3, 32, 8, |inner| {
-            proptest::collection::vec(inner, 1..8).prop_map(|items| {
-                let mut v = format!("*{}\r\n", items.len()).into_bytes();
-                v.extend(items.concat());
-                v
-            })
-        })
+        let array = proptest::collection::vec(leaf.clone(), 1..20).prop_map(|items| {
+            let mut v = format!("*{}\r\n", items.len()).into_bytes();
+            v.extend(items.concat());
+            v
+        });
+        prop_oneof![leaf, array]
     }
 
     proptest! {

@@ -2,11 +2,17 @@
 //! (AUTH with a user name, SELECT, the commands and their replies) over a
 //! TCP or TLS stream the router opens and bounds itself.
 //!
-//! Every command waits at most [`REPLY_TIMEOUT`]. A connection whose
-//! commands fail or time out [`FAILURES_TO_RECONNECT`] times in a row (a
-//! Redis gone silent, a reset connection, a reply past the bounds) is
-//! replaced: while none is up, lookups are answered at once (nothing known)
-//! and writes dropped, and a new one is tried with a backoff.
+//! Every command waits at most [`REPLY_TIMEOUT`]. A connection that closes
+//! (a reset, a reply past the bounds), or whose commands time out or fail
+//! on the connection [`FAILURES_TO_RECONNECT`] times in a row (a Redis gone
+//! silent), is replaced: while none is up, lookups are answered at once
+//! (nothing known) and writes dropped, and a new one is tried with a
+//! backoff. An error Redis answers (an ACL refusal, out of memory, a read-
+//! only replica) fails that command only, and is logged once per connection.
+//!
+//! TLS: the server's certificate must name the URL's host (a DNS name, or
+//! an IP address as an IP subject-alt-name); client certificates (Redis's
+//! `tls-auth-clients yes`) are not supported.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
@@ -58,10 +64,10 @@ async fn connect(pins: &SharedPins) -> Result<Open, String> {
     tcp.set_nodelay(true).map_err(|e| e.to_string())?;
     let cut = Cut::default();
     let stream: Box<dyn Io> = if tls {
-        let config = tls_config(pins.ca_file.as_deref())?;
+        let config = pins.tls.clone().ok_or("no TLS set up for rediss://")?;
         let name = rustls::pki_types::ServerName::try_from(host.clone())
             .map_err(|e| format!("TLS server name {host}: {e}"))?;
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        let tls = tokio_rustls::TlsConnector::from(config)
             .connect(name, tcp)
             .await
             .map_err(|e| format!("TLS: {e}"))?;
@@ -81,8 +87,9 @@ async fn connect(pins: &SharedPins) -> Result<Open, String> {
     })
 }
 
-/// TLS as a client of Redis: the CAs of `ca_file` (PEM), else the system's.
-fn tls_config(ca_file: Option<&str>) -> Result<rustls::ClientConfig, String> {
+/// TLS as a client of Redis: the CAs of `ca_file` (PEM; at least one), else
+/// the system's (a warning when there are none).
+pub(super) fn tls_config(ca_file: Option<&str>) -> Result<rustls::ClientConfig, String> {
     use rustls::pki_types::{pem::PemObject, CertificateDer};
     let mut roots = rustls::RootCertStore::empty();
     match ca_file {
@@ -92,10 +99,19 @@ fn tls_config(ca_file: Option<&str>) -> Result<rustls::ClientConfig, String> {
                 let cert = cert.map_err(|e| format!("{file}: {e}"))?;
                 roots.add(cert).map_err(|e| format!("{file}: {e}"))?;
             }
+            if roots.is_empty() {
+                return Err(format!("{file} holds no PEM certificate"));
+            }
         }
         None => {
             for cert in rustls_native_certs::load_native_certs().certs {
                 let _ = roots.add(cert);
+            }
+            if roots.is_empty() {
+                log::warn!(
+                    "fleet: no system CA certificates found for rediss://; name the Redis CA in \
+                     fleet.redis_ca_file"
+                );
             }
         }
     }
@@ -107,14 +123,16 @@ fn tls_config(ca_file: Option<&str>) -> Result<rustls::ClientConfig, String> {
         .with_no_client_auth())
 }
 
-/// One connection's commands in a row that failed, and the signal that
-/// there were too many.
+/// One connection's commands in a row that failed on the connection, and
+/// the signal that there were too many.
 #[derive(Default)]
 struct Health {
     failures: AtomicU32,
     broken: Notify,
     /// The last failure, for the log.
     last: std::sync::Mutex<String>,
+    /// An error Redis answered was logged (once per connection).
+    refused: AtomicBool,
 }
 
 impl Health {
@@ -123,6 +141,16 @@ impl Health {
             self.failures.store(0, Relaxed);
             return;
         };
+        let on_connection = e.is_timeout()
+            || e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_unrecoverable_error();
+        if !on_connection {
+            if !self.refused.swap(true, Relaxed) {
+                log::warn!("fleet: redis answered an error: {e} (logged once per connection)");
+            }
+            return;
+        }
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = e.to_string();
         if self.failures.fetch_add(1, Relaxed) + 1 >= FAILURES_TO_RECONNECT {
             self.broken.notify_one();
@@ -140,6 +168,7 @@ impl SharedPinsTask {
     async fn serve(
         &self,
         conn: &MultiplexedConnection,
+        driver: &mut tokio::task::JoinHandle<()>,
         lookups: &mut mpsc::Receiver<Lookup>,
         writes: &mut mpsc::Receiver<Write>,
     ) -> Option<String> {
@@ -150,6 +179,7 @@ impl SharedPinsTask {
         let mut writing: Option<tokio::task::JoinHandle<()>> = None;
         loop {
             tokio::select! {
+                _ = &mut *driver => return Some("the connection closed".into()),
                 _ = health.broken.notified() => {
                     let last = health.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
                     return Some(format!("{FAILURES_TO_RECONNECT} commands in a row failed or timed out, the last: {last}"));
@@ -231,12 +261,20 @@ async fn write(
             }
         }
     }
-    let replies = pipe.query_async::<Vec<Value>>(conn).await;
+    // Each command's reply, an error Redis answered among them.
+    let replies = pipe.ignore_errors().query_async::<Vec<Value>>(conn).await;
     health.record(&replies);
     let replies = replies.unwrap_or_default();
     for (i, w) in batch.iter().enumerate() {
-        let ok = replies.get(i).is_some_and(|r| w.accepts(r));
-        pins.count(w.op(), if ok { "ok" } else { "unavailable" });
+        let result = match replies.get(i) {
+            Some(Value::ServerError(e)) => {
+                health.record::<()>(&Err(e.clone().into()));
+                "error"
+            }
+            Some(r) if w.accepts(r) => "ok",
+            _ => "unavailable",
+        };
+        pins.count(w.op(), result);
     }
 }
 
@@ -264,7 +302,10 @@ impl BackgroundService for SharedPinsTask {
                     log::warn!("fleet: redis {target} reachable again: pins shared");
                 }
                 backoff = Duration::from_millis(100);
-                let ended = self.serve(&open.conn, &mut lookups, &mut writes).await;
+                let mut open = open;
+                let ended = self
+                    .serve(&open.conn, &mut open.driver, &mut lookups, &mut writes)
+                    .await;
                 open.driver.abort();
                 match (ended, open.cut.get()) {
                     (None, _) => Ok(()),

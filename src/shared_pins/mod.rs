@@ -72,8 +72,8 @@ struct Lookup {
 /// The router's handle on shared pins.
 pub struct SharedPins {
     target: redis::ConnectionInfo,
-    /// `fleet.redis_ca_file`: CAs to trust for `rediss://`.
-    ca_file: Option<String>,
+    /// TLS for `rediss://`, built once at start.
+    tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
     budget: Duration,
     ttl_s: u64,
     lookups: mpsc::Sender<Lookup>,
@@ -86,18 +86,25 @@ pub struct SharedPins {
 }
 
 impl SharedPins {
+    /// Pins shared through the Redis at `target` (for `rediss://`, trusting
+    /// the CAs of `ca_file`, else the system's); an error when TLS cannot be
+    /// set up (a CA file with no certificate in it).
     pub fn new(
         target: redis::ConnectionInfo,
-        ca_file: Option<String>,
+        ca_file: Option<&str>,
         budget: Duration,
         ttl_s: u64,
         metrics: Arc<Metrics>,
-    ) -> Self {
+    ) -> Result<Self, String> {
+        let tls = match crate::config::redis_url::is_tls(&target) {
+            true => Some(Arc::new(connection::tls_config(ca_file)?)),
+            false => None,
+        };
         let (lookups, lookups_rx) = mpsc::channel(LOOKUP_QUEUE);
         let (writes, writes_rx) = mpsc::channel(WRITE_QUEUE);
-        Self {
+        Ok(Self {
             target,
-            ca_file,
+            tls,
             budget,
             ttl_s,
             lookups,
@@ -105,7 +112,7 @@ impl SharedPins {
             response_lookups: AtomicUsize::new(0),
             queues: Mutex::new(Some((lookups_rx, writes_rx))),
             metrics,
-        }
+        })
     }
 
     /// The longest of `keys` (each `(prefix length, key)`, longest first)

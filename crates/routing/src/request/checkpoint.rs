@@ -65,6 +65,8 @@ pub struct Checkpoints {
     held: AtomicUsize,
     /// The clock of uses, for least-recently-used order across shards.
     tick: AtomicU64,
+    /// Held by the one thread trimming the store to its budget.
+    trimming: Mutex<()>,
     /// Requests naming a model this refuses leave no checkpoint.
     serves: Option<Serves>,
 }
@@ -75,12 +77,9 @@ pub struct Checkpoints {
 struct Shard(HashMap<u64, Vec<(Arc<Checkpoint>, u64)>>);
 
 impl Shard {
-    /// The tick and head of its least recently used checkpoint.
-    fn oldest(&self) -> Option<(u64, u64)> {
-        self.0
-            .iter()
-            .flat_map(|(head, list)| list.iter().map(move |(_, t)| (*t, *head)))
-            .min()
+    /// The tick and head of each checkpoint.
+    fn uses(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        (self.0.iter()).flat_map(|(head, list)| list.iter().map(move |(_, t)| (*t, *head)))
     }
 }
 
@@ -158,6 +157,7 @@ impl Checkpoints {
             shards: Default::default(),
             held: AtomicUsize::new(0),
             tick: AtomicU64::new(0),
+            trimming: Mutex::new(()),
             serves: None,
         }
     }
@@ -369,9 +369,12 @@ impl Checkpoints {
         list.push((checkpoint, tick));
         let freed: usize = gone.iter().map(|c| c.bytes).sum();
         // Under the shard's lock, so a trim never sees this one's bytes
-        // before the checkpoint itself.
-        self.held.fetch_add(added, Relaxed);
-        self.held.fetch_sub(freed, Relaxed);
+        // before the checkpoint itself; one change, never a passing excess.
+        if added >= freed {
+            self.held.fetch_add(added - freed, Relaxed);
+        } else {
+            self.held.fetch_sub(freed - added, Relaxed);
+        }
         drop(shard);
         // Freed (bodies, texts) after the lock is released.
         drop(gone);
@@ -379,32 +382,44 @@ impl Checkpoints {
     }
 
     /// Drops the least recently used checkpoints (over every shard) until
-    /// `budget` holds them. One shard's lock at a time: the oldest is found
-    /// shard by shard, then taken out of its shard if it is still there.
+    /// `budget` holds them. One thread trims at a time (others go on: the
+    /// one trimming brings the store under its budget); it reads every
+    /// shard's uses once, one shard's lock at a time, then takes the oldest
+    /// out in order while the store is over its budget.
     fn trim(&self, budget: usize) {
+        let Ok(_one) = self.trimming.try_lock() else {
+            return;
+        };
         while self.held.load(Relaxed) > budget {
-            let oldest = self
-                .shards
-                .iter()
-                .filter_map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).oldest())
-                .min();
-            let Some((tick, head)) = oldest else {
-                break;
-            };
-            let mut shard = self.lock(head);
-            let Some(list) = shard.0.get_mut(&head) else {
-                continue;
-            };
-            let Some(i) = list.iter().position(|(_, t)| *t == tick) else {
-                continue;
-            };
-            let (gone, _) = list.swap_remove(i);
-            if list.is_empty() {
-                shard.0.remove(&head);
+            let mut uses: Vec<(u64, u64)> = Vec::new();
+            for shard in &self.shards {
+                let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+                uses.extend(shard.uses());
             }
-            self.held.fetch_sub(gone.bytes, Relaxed);
-            drop(shard);
-            drop(gone);
+            if uses.is_empty() {
+                return;
+            }
+            uses.sort_unstable();
+            for (tick, head) in uses {
+                if self.held.load(Relaxed) <= budget {
+                    return;
+                }
+                let mut shard = self.lock(head);
+                let Some(list) = shard.0.get_mut(&head) else {
+                    continue;
+                };
+                // Used again since it was read: no longer the oldest.
+                let Some(i) = list.iter().position(|(_, t)| *t == tick) else {
+                    continue;
+                };
+                let (gone, _) = list.swap_remove(i);
+                if list.is_empty() {
+                    shard.0.remove(&head);
+                }
+                self.held.fetch_sub(gone.bytes, Relaxed);
+                drop(shard);
+                drop(gone);
+            }
         }
     }
 }
