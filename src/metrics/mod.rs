@@ -49,7 +49,10 @@ pub struct Metrics {
     /// Routed requests by model and decision.
     pub model_requests: IntCounterVec,
     /// `model_requests` handles by model, resolved once per model.
-    models: std::sync::RwLock<std::collections::HashMap<String, Vec<IntCounter>>>,
+    /// Read without a lock; a model seen for the first time publishes a
+    /// new map (under `models_adding`).
+    models: arc_swap::ArcSwap<std::collections::HashMap<String, Vec<IntCounter>>>,
+    models_adding: std::sync::Mutex<()>,
     /// Entries and heap bytes of the prefix index.
     pub index_entries: IntGauge,
     pub index_bytes: IntGauge,
@@ -182,7 +185,8 @@ impl Metrics {
                 &["model", "decision"],
                 registry
             )?,
-            models: std::sync::RwLock::new(std::collections::HashMap::new()),
+            models: arc_swap::ArcSwap::default(),
+            models_adding: std::sync::Mutex::new(()),
             response_ids: register_int_gauge_with_registry!(
                 "prefix_router_response_ids",
                 "Responses API response ids whose replica the router knows (bounded, least recently used evicted)",
@@ -448,14 +452,13 @@ impl Metrics {
         let Some(i) = Reason::ALL.iter().position(|&r| r == reason) else {
             return;
         };
-        let read = self.models.read().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = read.get(label).and_then(|v| v.get(i)) {
+        if let Some(c) = self.models.load().get(label).and_then(|v| v.get(i)) {
             c.inc();
             return;
         }
-        drop(read);
-        let mut write = self.models.write().unwrap_or_else(|p| p.into_inner());
-        let counters = write.entry(label.to_owned()).or_insert_with(|| {
+        let _one = self.models_adding.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = std::collections::HashMap::clone(&self.models.load());
+        let counters = next.entry(label.to_owned()).or_insert_with(|| {
             Reason::ALL
                 .iter()
                 .map(|r| self.model_requests.with_label_values(&[label, r.as_str()]))
@@ -464,6 +467,7 @@ impl Metrics {
         if let Some(c) = counters.get(i) {
             c.inc();
         }
+        self.models.store(std::sync::Arc::new(next));
     }
 
     /// Counts one ejection.
