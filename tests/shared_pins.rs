@@ -7,7 +7,6 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -129,15 +128,6 @@ fn instances_authenticate_as_an_acl_user_and_a_wrong_password_costs_no_request()
 /// A CA and a `localhost` certificate it signed, in `dir`: (ca, cert, key).
 fn ca_and_certificate(dir: &Path) -> (String, String, String) {
     let file = |name: &str| dir.join(name).display().to_string();
-    let openssl = |args: &[&str]| {
-        let status = Command::new("openssl")
-            .args(args)
-            .stderr(Stdio::null())
-            .stdout(Stdio::null())
-            .status()
-            .expect("openssl CLI (scripts/prepare.sh installs it)");
-        assert!(status.success(), "openssl {args:?}");
-    };
     let (ca, ca_key) = (file("ca.pem"), file("ca-key.pem"));
     let (cert, key, csr, ext) = (
         file("cert.pem"),
@@ -145,7 +135,7 @@ fn ca_and_certificate(dir: &Path) -> (String, String, String) {
         file("cert.csr"),
         file("ext.cnf"),
     );
-    openssl(&[
+    common::openssl(&[
         "req",
         "-x509",
         "-newkey",
@@ -160,7 +150,7 @@ fn ca_and_certificate(dir: &Path) -> (String, String, String) {
         "-out",
         &ca,
     ]);
-    openssl(&[
+    common::openssl(&[
         "req",
         "-newkey",
         "rsa:2048",
@@ -177,7 +167,7 @@ fn ca_and_certificate(dir: &Path) -> (String, String, String) {
         "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n",
     )
     .unwrap();
-    openssl(&[
+    common::openssl(&[
         "x509",
         "-req",
         "-in",

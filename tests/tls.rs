@@ -24,28 +24,25 @@ fn certificate_named(dir: &Path, tag: &str) -> (String, String) {
         dir.join(format!("cert{tag}.pem")),
         dir.join(format!("key{tag}.pem")),
     );
-    let status = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-        ])
-        .args(["-addext", "subjectAltName=DNS:localhost"])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl CLI (scripts/prepare.sh installs it)");
-    assert!(status.success());
-    (cert.display().to_string(), key.display().to_string())
+    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    common::openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=localhost",
+        "-addext",
+        "subjectAltName=DNS:localhost",
+        "-keyout",
+        &key,
+        "-out",
+        &cert,
+    ]);
+    (cert, key)
 }
 
 /// socat terminating TLS in front of `sim`.

@@ -523,6 +523,17 @@ impl TricklingReplica {
     }
 }
 
+/// Runs the `openssl` CLI (`scripts/prepare.sh` installs it); panics unless it succeeds.
+pub fn openssl(args: &[&str]) {
+    let status = Command::new("openssl")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl CLI (scripts/prepare.sh installs it)");
+    assert!(status.success(), "openssl {args:?}");
+}
+
 /// A real `redis-server` (Debian's, installed by `scripts/prepare.sh`) on a
 /// given loopback port, nothing persisted; killed on drop.
 pub struct RedisServer {
