@@ -106,7 +106,7 @@ impl Replicas {
     /// Publishes the set again after a replica's served models changed.
     pub fn models_changed(&self) {
         let _one = self.publishing.lock().unwrap_or_else(|p| p.into_inner());
-        let list = self.current.load().list().to_vec();
+        let list = self.current.load().to_vec();
         self.current.store(Arc::new(View::new(list)));
     }
 

@@ -51,11 +51,6 @@ impl View {
     pub fn nobody_serves(&self, model: &str) -> bool {
         !self.offers(model).iter().any(|o| *o)
     }
-
-    /// The replicas, in configuration order.
-    pub fn list(&self) -> &[Arc<Replica>] {
-        &self.list
-    }
 }
 
 impl Deref for View {

@@ -295,14 +295,13 @@ impl BackgroundService for SharedPinsTask {
         let target = self.0.target.addr().to_string();
         loop {
             let session = async {
-                let open = tokio::time::timeout(CONNECT_TIMEOUT, connect(&self.0))
+                let mut open = tokio::time::timeout(CONNECT_TIMEOUT, connect(&self.0))
                     .await
                     .map_err(|_| "connect timed out".to_owned())??;
                 if down.swap(false, Relaxed) {
                     log::warn!("fleet: redis {target} reachable again: pins shared");
                 }
                 backoff = Duration::from_millis(100);
-                let mut open = open;
                 let ended = self
                     .serve(&open.conn, &mut open.driver, &mut lookups, &mut writes)
                     .await;

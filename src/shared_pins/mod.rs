@@ -201,6 +201,14 @@ impl SharedPins {
             self.count(op, "dropped");
         }
     }
+
+    /// Counts one shared-pins operation's outcome.
+    fn count(&self, op: &str, result: &str) {
+        self.metrics
+            .shared_pins
+            .with_label_values(&[op, result])
+            .inc();
+    }
 }
 
 /// One of at most `max` places, held until dropped (a request that goes
@@ -238,15 +246,6 @@ impl Write {
             (Write::Set { keep, .. }, Value::Nil) => *keep,
             _ => false,
         }
-    }
-}
-
-impl SharedPins {
-    fn count(&self, op: &str, result: &str) {
-        self.metrics
-            .shared_pins
-            .with_label_values(&[op, result])
-            .inc();
     }
 }
 
