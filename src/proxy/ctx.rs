@@ -1,5 +1,7 @@
-//! A request's state through the proxy's phases: what was read, the
-//! placement and its attempts, and what the answer showed.
+//! A request's state through the proxy's phases, one part per phase: what
+//! was read ([`Read`]), the attempts to place it ([`Attempts`]) and what its
+//! answer showed ([`Answer`]). Each part is written in its phase and only
+//! read after it.
 
 use std::time::{Duration, Instant};
 
@@ -16,38 +18,60 @@ use crate::usage::UsageScan;
 /// Per-request state.
 pub struct Ctx {
     pub(super) started: Instant,
+    /// Received: written by `request_filter`.
+    pub(super) read: Read,
+    /// A Responses API response this request needs (`previous_response_id`,
+    /// `/v1/responses/{id}` of any method), and the replica holding it when
+    /// known: only that one is offered.
+    pub(super) response: Option<(String, Option<ReplicaId>)>,
+    /// Placed: written by `upstream_peer` and the failure hooks.
+    pub(super) attempts: Attempts,
+    /// Streaming: written as the answer passes.
+    pub(super) answer: Answer,
+    /// An error the router answers itself.
+    pub(super) error: Option<RouterError>,
+}
+
+/// What the request brought, read before it is placed.
+#[derive(Default)]
+pub struct Read {
     /// The route the request was recognised as (forwarded as its path).
-    pub(super) routed: Option<Route>,
+    pub(super) route: Option<Route>,
     /// Its place under `limits`, released when the request ends.
     pub(super) ticket: Option<Ticket>,
-    /// The body, read whole before placement (routed paths only).
+    /// The body, read whole before placement (routed paths only); dropped
+    /// when a response arrives (nothing is re-sent after that).
     pub(super) body: Option<Bytes>,
     /// The policy's view of the prompt (see [`Prompt`]).
     pub(super) prompt: Prompt,
     /// The body's `model`: only replicas serving it are offered.
     pub(super) model: Option<String>,
-    /// A Responses API response this request needs (`previous_response_id`,
-    /// `/v1/responses/{id}`), and the replica holding it when known: only
-    /// that one is offered.
-    pub(super) response: Option<(String, Option<ReplicaId>)>,
-    /// Learn the id of the response this request produces (`store` not false).
-    pub(super) learn_id: Option<IdScan>,
+}
+
+/// The attempts to place the request: the current one and those before it.
+#[derive(Default)]
+pub struct Attempts {
+    /// The decision of the latest attempt.
     pub(super) decision: Option<Decision>,
-    /// The replica of the current attempt.
-    pub(super) attempt: Option<InFlight>,
+    /// The replica of the current attempt, counted in flight while held.
+    pub(super) current: Option<InFlight>,
+    /// The engine was not told to skip its cache: what it reports reusing
+    /// is evidence of what the replica holds.
+    pub(super) evidence: bool,
     /// Replicas already tried for this request.
     pub(super) tried: Vec<ReplicaId>,
     /// When the first attempt began: the response head is due within
     /// `timeouts.response_header_ms` of it, over all attempts.
-    pub(super) first_attempt: Option<Instant>,
-    /// An error the router answers itself.
-    pub(super) error: Option<RouterError>,
-    /// The cache figures of a routed request's successful response, read as
-    /// its body passes.
+    pub(super) first: Option<Instant>,
+}
+
+/// What the answer is read for as it passes, and what it showed.
+#[derive(Default)]
+pub struct Answer {
+    /// Learn the id of the response this request produces (`store` not false).
+    pub(super) learn_id: Option<IdScan>,
+    /// The cache figures of a routed request's successful response.
     pub(super) usage: Option<UsageScan>,
-    /// The engine was not told to skip its cache: what it reports reusing
-    /// is evidence of what the replica holds.
-    pub(super) evidence: bool,
     /// When the routed attempt's first response body bytes came (from `started`).
     pub(super) first_byte: Option<Duration>,
 }
@@ -65,7 +89,7 @@ pub enum Prompt {
     Placed,
 }
 
-impl Ctx {
+impl Read {
     /// The prompt as the policy sees it, while it is held.
     pub(super) fn request(&self) -> Option<&Request> {
         match &self.prompt {
@@ -93,25 +117,27 @@ impl Ctx {
         }
     }
 
+    /// Nothing is re-sent once a response arrived: drops the body and the
+    /// prompt and returns their bytes to the budget.
+    pub(super) fn answered(&mut self) {
+        self.body = None;
+        self.prompt = Prompt::None;
+        if let Some(t) = self.ticket.as_mut() {
+            t.release_bytes();
+        }
+    }
+}
+
+impl Ctx {
     /// A request's state when its head arrives.
     pub(super) fn new() -> Self {
         Self {
             started: Instant::now(),
-            routed: None,
-            ticket: None,
-            body: None,
-            prompt: Prompt::None,
-            model: None,
+            read: Read::default(),
             response: None,
-            learn_id: None,
-            decision: None,
-            attempt: None,
-            tried: Vec::new(),
-            first_attempt: None,
+            attempts: Attempts::default(),
+            answer: Answer::default(),
             error: None,
-            usage: None,
-            evidence: false,
-            first_byte: None,
         }
     }
 }

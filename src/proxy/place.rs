@@ -1,48 +1,112 @@
-//! Placement of one attempt: the policy's choice among the replicas not
-//! yet tried (a Responses API id's holder only), confirmed a member by
-//! Pingora's selection (a replica removed by a reload since is passed over);
-//! the peer it is sent to; and the answer when no replica is left.
+//! Placement of one attempt (`upstream_peer`, again on every retry): the
+//! policy's choice among the replicas not yet tried (a Responses API id's
+//! holder only), confirmed a member by Pingora's selection (a replica
+//! removed by a reload since is passed over); the peer it is sent to; the
+//! answer when no replica is left; and what other state names a replica for
+//! a request (a response's holder, shared pins).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_core::{Error, ErrorType, Result};
+use pingora_proxy::Session;
 
-use super::{Ctx, Router};
+use super::{Ctx, Prompt, Router};
 use crate::balancer::addr_key;
 use crate::errors::RouterError;
-use crate::policy::{Decision, Reason, ReplicaId, Shape};
+use crate::policy::{Decision, Hint, Reason, ReplicaId, Shape};
 use crate::replicas::{Replica, Replicas, View};
+use crate::shared_pins::LOOKUP_ENDS;
 
 impl Router {
+    /// `upstream_peer`: the peer for this attempt, or the error answered
+    /// when none is left (or the response head's deadline has passed).
+    pub(super) async fn place(&self, session: &Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        ctx.attempts.current = None;
+        // A retry after the response-head deadline would start already late.
+        if (ctx.attempts.first)
+            .is_some_and(|t| t.elapsed() >= self.settings.load().response_header_timeout)
+        {
+            ctx.error = Some(RouterError::UpstreamTimeout { replica: None });
+            return Error::e_explain(ErrorType::HTTPStatus(504), "response head deadline passed");
+        }
+        // Placed again (a retry): the prompt as the first placement saw it,
+        // or spread if the budget cannot hold it now.
+        if matches!(ctx.read.prompt, Prompt::Placed) {
+            self.read_prompt(session, ctx).await;
+        }
+        let list = self.replicas.snapshot();
+        // A known response's replica, and no other: the state is there (a
+        // replica that left the set took it along: the id is forgotten).
+        let mut holder = ctx.response.as_ref().and_then(|(_, h)| *h);
+        if let (Some(h), Some((id, _))) = (holder, &ctx.response) {
+            if !list.iter().any(|r| r.id == h) {
+                self.responses.remove(id);
+                holder = None;
+            }
+        }
+        let Some((replica, decision, panic)) = self.choose(ctx, &list, holder) else {
+            return self.unplaced(ctx, holder.is_some());
+        };
+        let peer = self.peer(&replica.addr);
+        if panic {
+            self.metrics.panic_routed.inc();
+        }
+        // A single's prompt takes KV room on its replica while it runs (a
+        // continuation's counts in the pinned working set instead).
+        let request = ctx.read.request();
+        let cold = match (request, decision.shape) {
+            (Some(r), Shape::Single) => r.chain.len() as u64,
+            _ => 0,
+        };
+        if let (Some(shared), Some(r)) = (&self.shared, request) {
+            let keys: Vec<u64> = r
+                .chain
+                .shared_keys(r.key.as_deref(), 0)
+                .into_iter()
+                .map(|(_, k)| k)
+                .collect();
+            shared.record(&keys, &replica.name);
+        }
+        let a = &mut ctx.attempts;
+        a.evidence = request.is_some_and(|r| !r.cache_bypass);
+        a.current = Some(replica.begin(cold));
+        a.decision = Some(decision);
+        a.first.get_or_insert_with(Instant::now);
+        ctx.read.placed();
+        Ok(Box::new(peer))
+    }
+
     /// The replica for this attempt, the decision that chose it and whether
     /// it was chosen in panic mode; `None` when no replica is left. Replicas
-    /// Pingora no longer counts as members are added to `ctx.tried` and
+    /// Pingora no longer counts as members are added to the tried ones and
     /// passed over.
-    pub(super) fn choose(
+    fn choose(
         &self,
         ctx: &mut Ctx,
         list: &View,
         holder: Option<ReplicaId>,
     ) -> Option<(Arc<Replica>, Decision, bool)> {
+        let tried = &mut ctx.attempts.tried;
         // The holder is offered whatever `model` says: the engine answers.
-        let model = ctx.model.as_deref().filter(|_| holder.is_none());
+        let model = ctx.read.model.as_deref().filter(|_| holder.is_none());
         for _ in 0..=list.len() {
             // Only a response's holder is offered; other requests exclude
             // just the replicas tried (no copy of the list on that path).
             let others: Vec<ReplicaId>;
             let excluded = match holder {
                 Some(h) => {
-                    others = (ctx.tried.iter().copied())
+                    others = (tried.iter().copied())
                         .chain(list.iter().map(|r| r.id).filter(|id| *id != h))
                         .collect();
                     &others
                 }
-                None => &ctx.tried,
+                None => &*tried,
             };
             let (states, panic) = Replicas::states(list, excluded, model);
-            let mut decision = match ctx.request() {
+            let mut decision = match ctx.read.request() {
                 Some(r) => self.policy.place(r, &states),
                 None => self.policy.spread(&states),
             };
@@ -59,7 +123,7 @@ impl Router {
                 .select_with(&addr_key(&replica.addr), 1, |_, _| true)
                 .is_none()
             {
-                ctx.tried.push(replica.id);
+                tried.push(replica.id);
                 continue;
             }
             return Some((Arc::clone(replica), decision, panic));
@@ -68,7 +132,7 @@ impl Router {
     }
 
     /// The peer for a replica at `addr`, with the settings in force.
-    pub(super) fn peer(&self, addr: &SocketAddr) -> HttpPeer {
+    fn peer(&self, addr: &SocketAddr) -> HttpPeer {
         let s = self.settings.load();
         let tls = &s.tls;
         let mut peer = HttpPeer::new(*addr, tls.enabled, tls.sni.clone());
@@ -85,7 +149,7 @@ impl Router {
 
     /// The error when no replica could be chosen: the response's holder is
     /// down (`held`), or no replica is live.
-    pub(super) fn unplaced(&self, ctx: &mut Ctx, held: bool) -> Result<Box<HttpPeer>> {
+    fn unplaced(&self, ctx: &mut Ctx, held: bool) -> Result<Box<HttpPeer>> {
         if let (Some((id, Some(_))), true) = (&ctx.response, held) {
             ctx.error = Some(RouterError::ResponseUnavailable {
                 id: id.chars().take(crate::response_ids::MAX_ID).collect(),
@@ -95,5 +159,44 @@ impl Router {
         self.metrics.no_replica.inc();
         ctx.error = Some(RouterError::NoReplica);
         Error::e_explain(ErrorType::HTTPStatus(503), "no live replica")
+    }
+
+    /// The replica holding response `id`. With shared pins, as Redis names
+    /// it (the first instance to record an id names its holder for the
+    /// fleet), kept here too; this instance's own record when Redis does not
+    /// answer or names no replica of this set.
+    pub(super) async fn response_holder(&self, id: &str) -> Option<ReplicaId> {
+        let Some(shared) = &self.shared else {
+            return self.responses.get(id);
+        };
+        let name = shared.response_holder(id).await;
+        let list = self.replicas.snapshot();
+        match name.and_then(|name| list.iter().find(|x| x.name == name)) {
+            Some(r) => {
+                self.responses.insert(id, r.id);
+                self.metrics.response_ids.set(self.responses.len() as i64);
+                Some(r.id)
+            }
+            None => self.responses.get(id),
+        }
+    }
+
+    /// With shared pins, a prompt this instance knows nothing of is looked
+    /// up in what other instances placed (within the budget).
+    pub(super) async fn ask_shared(&self, ctx: &mut Ctx) {
+        let (Some(shared), Some(r)) = (&self.shared, ctx.read.request_mut()) else {
+            return;
+        };
+        if r.chain.is_empty() || self.policy.knows(r) {
+            return;
+        }
+        let keys = r.chain.shared_keys(r.key.as_deref(), LOOKUP_ENDS);
+        if let Some((pos, name)) = shared.lookup(keys).await {
+            let list = self.replicas.snapshot();
+            r.hint = list
+                .iter()
+                .find(|x| x.name == name)
+                .map(|x| Hint { replica: x.id, pos });
+        }
     }
 }

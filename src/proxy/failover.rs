@@ -1,0 +1,103 @@
+//! Failed attempts: what a failure says about the replica (recorded, and
+//! ejection logged and counted) and whether the request may go to another
+//! one. It may only when the engine cannot have had it whole and the client
+//! saw nothing: a second delivery is a second prefill and maybe a second
+//! tool call.
+
+use std::time::Instant;
+
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_core::{Error, ErrorSource, ErrorType};
+use pingora_proxy::Session;
+
+use super::answer::{failed_writing_request, response_started};
+use super::{Ctx, Router};
+use crate::replicas::{Failure, InFlight, Replica};
+
+impl Router {
+    /// `fail_to_connect`: nothing reached the engine, so another replica may
+    /// take the request.
+    pub(super) fn connect_failed(
+        &self,
+        session: &Session,
+        ctx: &mut Ctx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        if let Some(attempt) = ctx.attempts.current.take() {
+            let r = attempt.replica();
+            let failure = match e.etype() {
+                ErrorType::ConnectRefused | ErrorType::ConnectNoRoute => Some(Failure::Dead),
+                // The router's own trouble (no sockets, no ports): not the replica's.
+                ErrorType::SocketError | ErrorType::BindError | ErrorType::InternalError => None,
+                // Timeouts, TLS handshakes, anything else on the way: overload or worse.
+                _ => Some(Failure::ConnectTimeout),
+            };
+            if let Some(failure) = failure {
+                self.failed(r, failure, &e);
+            }
+            ctx.attempts.tried.push(r.id);
+            if !response_started(session) {
+                r.counters.failover();
+                e.set_retry(true);
+            }
+        }
+        e
+    }
+
+    /// `error_while_proxy`: re-sent only when writing the request failed (the
+    /// engine never had it whole) and nothing went to the client; a read
+    /// error or timeout after the request was sent is answered 502/504.
+    pub(super) fn proxy_failed(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut Ctx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("replica {peer}"));
+        let writing = failed_writing_request(&e);
+        if let Some(r) = ctx.attempts.current.as_ref().map(InFlight::replica) {
+            // A pooled connection the engine had closed is not the engine
+            // failing (it is answered, not re-sent, when the request went out).
+            let stale =
+                client_reused && (writing || matches!(e.etype(), ErrorType::ConnectionClosed));
+            // A timeout while the client still trickles its body (paths streamed
+            // unread) is the client's doing: it must not eject the replica.
+            let client_slow = e.etype() == &ErrorType::ReadTimedout && !session.is_body_done();
+            if e.esource() == &ErrorSource::Upstream && !stale && !client_slow {
+                self.failed(r, Failure::Response, &e);
+            }
+            if writing && !client_reused {
+                ctx.attempts.tried.push(r.id);
+            }
+        }
+        // The body comes from ctx (or Pingora's retry buffer for paths the
+        // router does not read).
+        let body_kept = ctx.read.body.is_some() || !session.as_ref().retry_buffer_truncated();
+        e.set_retry(writing && body_kept && !response_started(session));
+        e
+    }
+
+    /// Records a failed attempt; logs and counts an ejection it causes.
+    pub(super) fn failed(&self, replica: &Replica, failure: Failure, why: &dyn std::fmt::Display) {
+        let ejected = self.replicas.on_failure(
+            replica,
+            failure,
+            &self.settings.load().outlier,
+            Instant::now(),
+        );
+        if let Some(kind) = ejected {
+            log::warn!(
+                "replica {} ejected ({}): {why}",
+                replica.name,
+                kind.as_str()
+            );
+            // A replica replaced meanwhile is no longer the name's.
+            if self.replicas.is_current(replica) {
+                self.metrics.show_live(&replica.name, replica.live());
+                self.metrics.ejected(&replica.name, kind);
+            }
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! Receiving a request (`request_filter`): the API key, the router's own
+//! `/v1/models` answers, a slot under `limits`, the body read whole within
+//! its limits and parsed into the policy's view of the prompt, and the
+//! refusals on the way, each answered at once and the connection closed.
+
+use std::sync::Arc;
+
+use pingora_core::Result;
+use pingora_proxy::Session;
+
+use super::answer::{expects_continue, header, respond, respond_json};
+use super::{Ctx, Prompt, Router, SESSION_HEADER};
+use crate::body;
+use crate::errors::RouterError;
+use crate::paths::{response_id, route, Route};
+use crate::response_ids::IdScan;
+
+impl Router {
+    /// `request_filter`: `true` when the router answered the request itself.
+    pub(super) async fn receive(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        if !self.authorised(session) {
+            return self
+                .refuse(session, ctx, &RouterError::Unauthorized, true)
+                .await;
+        }
+        if let Some(id) = response_id(session.req_header().uri.path()).map(str::to_owned) {
+            let holder = self.response_holder(&id).await;
+            ctx.response = Some((id, holder));
+        }
+        let req = session.req_header();
+        if req.method == http::Method::GET {
+            if let Some(answer) = self.models_answer(req.uri.path()) {
+                return match answer {
+                    Ok(body) => {
+                        respond_json(session, 200, body).await?;
+                        Ok(true)
+                    }
+                    Err(err) => self.refuse(session, ctx, &err, false).await,
+                };
+            }
+        }
+        if req.method != http::Method::POST {
+            return Ok(false);
+        }
+        let routed = route(req.uri.path());
+        // Every POST holds a slot; only routed ones buffer their body.
+        let Some(ticket) = self.admission.admit() else {
+            let err = RouterError::Overloaded {
+                what: "requests in flight",
+            };
+            return self.refuse(session, ctx, &err, true).await;
+        };
+        let ticket = ctx.read.ticket.insert(ticket);
+        let limit = self.settings.load().max_body_bytes;
+        let declared = header(session, "content-length").and_then(|v| v.parse::<usize>().ok());
+        if declared.is_some_and(|n| n > limit) {
+            let err = RouterError::BodyTooLarge { limit };
+            return self.refuse(session, ctx, &err, true).await;
+        }
+        let Some(routed) = routed else {
+            return Ok(false); // streamed to the replica unread
+        };
+        ctx.read.route = Some(routed);
+        // Shed at once when every replica is saturated, before reading anything.
+        if let Some(in_flight) = self.settings.load().shed_in_flight {
+            if self.replicas.saturated(in_flight) {
+                let err = RouterError::Saturated { in_flight };
+                return self.refuse(session, ctx, &err, true).await;
+            }
+        }
+        // Refuse before `100 Continue` a body that cannot fit the budget now.
+        if !self.admission.has_room(declared.unwrap_or(0)) {
+            return self
+                .refuse(session, ctx, &RouterError::OVER_BUDGET, true)
+                .await;
+        }
+        if expects_continue(session) {
+            session.write_continue_response().await?;
+        }
+        let deadline = self.settings.load().body_read_timeout;
+        let read = body::read(session, limit, declared, ticket);
+        let body = match tokio::time::timeout(deadline, read).await {
+            Ok(read) => read?,
+            Err(_) => Err(RouterError::BodyTimeout {
+                ms: deadline.as_millis() as u64,
+            }),
+        };
+        let body = match body {
+            Ok(b) => b,
+            Err(err) => {
+                let drain = !matches!(err, RouterError::BodyTimeout { .. });
+                return self.refuse(session, ctx, &err, drain).await;
+            }
+        };
+        self.metrics.request_body_bytes.observe(body.len() as f64);
+        ctx.read.body = Some(body);
+        if !self.read_prompt(session, ctx).await {
+            return self
+                .refuse(session, ctx, &RouterError::OVER_BUDGET, false)
+                .await;
+        }
+        if let Some(model) = ctx.read.model.as_deref() {
+            if self.replicas.nobody_serves(model) {
+                let err = RouterError::ModelNotFound {
+                    model: model.chars().take(crate::config::MAX_MODEL_NAME).collect(),
+                };
+                return self.refuse(session, ctx, &err, false).await;
+            }
+        }
+        Ok(false)
+    }
+
+    /// Parses the body in `ctx` into the policy's view of its prompt, its
+    /// canonical text reserved on the request's ticket; `false` (nothing kept)
+    /// when the budget cannot hold it. A body that is not a prompt is still
+    /// forwarded, spread: the engine answers it.
+    pub(super) async fn read_prompt(&self, session: &Session, ctx: &mut Ctx) -> bool {
+        let (Some(body), Some(route)) = (ctx.read.body.clone(), ctx.read.route) else {
+            return true;
+        };
+        let key = header(session, SESSION_HEADER).map(str::to_owned);
+        let s = self.settings.load();
+        let checkpoints = Arc::clone(&self.checkpoints);
+        let request = body::parse(body, route, &s, checkpoints, key, &self.metrics).await;
+        let parsed_bytes = request.as_ref().map_or(0, |r| r.chain.heap_bytes());
+        if !ctx
+            .read
+            .ticket
+            .as_mut()
+            .is_some_and(|t| t.reserve(parsed_bytes))
+        {
+            return false;
+        }
+        if let Some(r) = &request {
+            ctx.read.model.clone_from(&r.model);
+            // Looked up once per request, not again on a retry's re-read.
+            if let (Some(id), None) = (&r.previous_response_id, &ctx.response) {
+                ctx.response = Some((id.clone(), self.response_holder(id).await));
+            }
+            if route == Route::Responses && r.store {
+                ctx.answer.learn_id = Some(IdScan::default());
+            }
+        }
+        ctx.read.prompt = request.map_or(Prompt::None, Prompt::Parsed);
+        // A response's holder places the request alone: no pins to look up
+        // (and no second wait on Redis).
+        if ctx.response.is_none() {
+            self.ask_shared(ctx).await;
+        }
+        true
+    }
+
+    /// Answers `err` and closes the connection. With `drain`, the unread rest
+    /// of the body is read and discarded first (bounded), so a client that
+    /// sends before it reads gets the answer; not when the client waits for a
+    /// `100 Continue` it never got. The request's slot is released first.
+    pub(super) async fn refuse(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+        err: &RouterError,
+        drain: bool,
+    ) -> Result<bool> {
+        ctx.read.ticket = None;
+        session.set_keepalive(None);
+        respond(session, err, &self.metrics).await?;
+        let waits_for_continue =
+            expects_continue(session) && session.response_written().is_none_or(|r| r.status != 100);
+        if drain && !waits_for_continue {
+            body::drain(session, self.drain_bytes()).await;
+        }
+        Ok(true)
+    }
+
+    /// How much of a refused body is read and discarded at most.
+    pub(super) fn drain_bytes(&self) -> usize {
+        self.settings
+            .load()
+            .max_body_bytes
+            .saturating_mul(2)
+            .max(64 << 20)
+    }
+
+    /// The API key check; `true` when the client may go on.
+    fn authorised(&self, session: &Session) -> bool {
+        let Some(keys) = &self.keys else {
+            return true;
+        };
+        let h = &session.req_header().headers;
+        let key = crate::auth::presented(
+            h.get("authorization").map(|v| v.as_bytes()),
+            h.get("x-api-key").map(|v| v.as_bytes()),
+        );
+        key.is_some_and(|k| keys.keys().accepts(k))
+    }
+
+    /// The router's own answer to `GET /v1/models` (the union of the live
+    /// replicas' models, in OpenAI's list format) and `GET /v1/models/{id}`,
+    /// when every live replica's list is known; `None`: forward it.
+    fn models_answer(&self, path: &str) -> Option<std::result::Result<Vec<u8>, RouterError>> {
+        let id = match path.strip_prefix("/v1/models") {
+            Some("" | "/") => None,
+            Some(rest) => Some(rest.strip_prefix('/')?),
+            None => return None,
+        };
+        let list = self.replicas.snapshot();
+        let mut models = std::collections::BTreeSet::new();
+        let mut any_live = false;
+        for r in list.iter().filter(|r| r.live()) {
+            any_live = true;
+            // A list that cannot be read (an engine behind its own API key):
+            // the union would be a guess.
+            models.extend(r.models()?.iter().cloned());
+        }
+        if !any_live {
+            return None;
+        }
+        let object = |m: &str| serde_json::json!({"id": m, "object": "model", "created": 0, "owned_by": "prefix-router"});
+        Some(match id {
+            None => {
+                let data: Vec<_> = models.iter().map(|m| object(m)).collect();
+                Ok(serde_json::json!({"object": "list", "data": data})
+                    .to_string()
+                    .into_bytes())
+            }
+            Some(id) if models.contains(id) => Ok(object(id).to_string().into_bytes()),
+            Some(id) => Err(RouterError::ModelNotFound {
+                model: id.chars().take(crate::config::MAX_MODEL_NAME).collect(),
+            }),
+        })
+    }
+}
