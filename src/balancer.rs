@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
@@ -20,11 +20,11 @@ use pingora_load_balancing::health_check::{HealthCheck, HttpHealthCheck};
 use pingora_load_balancing::selection::{BackendIter, BackendSelection};
 use pingora_load_balancing::{Backend, LoadBalancer};
 
-use crate::config::ReplicaTls;
+use crate::config::{self, ReplicaTls};
 use crate::engine_client::{own_host, own_requests, OwnGet};
 use crate::metrics::{Metrics, Repair};
 use crate::policy::Policy;
-use crate::replicas::Replicas;
+use crate::replicas::{HealthRules, Replicas, CHECK_DEADLINE};
 
 /// The load balancer type the router runs.
 pub type Balancer = LoadBalancer<PolicySelection>;
@@ -58,6 +58,8 @@ pub fn balancer(
 /// models are learned (unless the config declares them).
 pub struct HealthProbe {
     check: ArcSwap<HttpHealthCheck>,
+    /// How results become up and down (`health_check`'s thresholds).
+    rules: ArcSwap<HealthRules>,
     models: OwnGet,
     tls: ReplicaTls,
 }
@@ -67,9 +69,10 @@ const MAX_MODELS_BYTES: usize = 1 << 20;
 const MAX_MODELS: usize = 256;
 
 impl HealthProbe {
-    pub fn new(path: &str, tls: &ReplicaTls) -> Result<Arc<Self>> {
+    pub fn new(health: &config::HealthCheck, tls: &ReplicaTls) -> Result<Arc<Self>> {
         Ok(Arc::new(Self {
-            check: ArcSwap::from_pointee(http_check(path, tls)?),
+            check: ArcSwap::from_pointee(http_check(&health.path, tls)?),
+            rules: ArcSwap::from_pointee(HealthRules::from(health)),
             models: OwnGet::new(
                 "/v1/models",
                 own_host(tls),
@@ -102,9 +105,14 @@ impl HealthProbe {
         )
     }
 
-    /// Checks `path` from the next round on.
-    pub fn set_path(&self, path: &str) -> Result<()> {
-        self.check.store(Arc::new(http_check(path, &self.tls)?));
+    /// Takes a reload's `health_check` (path and thresholds) from the next
+    /// round on; the interval needs a restart.
+    pub fn configure(&self, health: &config::HealthCheck) -> Result<()> {
+        self.rules.store(Arc::new(HealthRules::from(health)));
+        if self.check.load().req.uri.path() != health.path {
+            self.check
+                .store(Arc::new(http_check(&health.path, &self.tls)?));
+        }
         Ok(())
     }
 }
@@ -120,10 +128,6 @@ fn http_check(path: &str, tls: &ReplicaTls) -> Result<HttpHealthCheck> {
     );
     Ok(http)
 }
-
-/// A whole health check: connect (1 s) plus the answer, and the model list
-/// read after a pass.
-const CHECK_DEADLINE: Duration = Duration::from_secs(3);
 
 /// Discovery: the current replica set.
 struct Discovery(Arc<Replicas>);
@@ -161,7 +165,7 @@ struct ReplicaHealth {
 #[async_trait]
 impl HealthCheck for ReplicaHealth {
     async fn check(&self, target: &Backend) -> Result<()> {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let http = self.probe.check.load_full();
         // Pingora bounds each read, not the check: a replica trickling its
         // /health body would hold the whole (parallel) round.
@@ -199,7 +203,12 @@ impl HealthCheck for ReplicaHealth {
             if !self.replicas.is_current(&r) {
                 return Ok(());
             }
-            if r.on_check(result.is_ok(), std::time::Instant::now()) {
+            let refused = result
+                .as_ref()
+                .err()
+                .is_some_and(|e| e.etype() == &ErrorType::ConnectRefused);
+            let rules = self.probe.rules.load();
+            if r.on_check(result.is_ok(), refused, Instant::now(), &rules) {
                 log::info!(
                     "replica {} is {} (health check{})",
                     r.name,
@@ -210,6 +219,7 @@ impl HealthCheck for ReplicaHealth {
                         .map(|e| format!(": {e}"))
                         .unwrap_or_default()
                 );
+                self.replicas.note_panic();
             }
             self.metrics.show_live(&r.name, r.live());
         }

@@ -102,8 +102,7 @@ fn main() -> anyhow::Result<()> {
         )),
         None => None,
     };
-    let probe =
-        HealthProbe::new(&cfg.health_check.path, &cfg.replica_tls).context("health check")?;
+    let probe = HealthProbe::new(&cfg.health_check, &cfg.replica_tls).context("health check")?;
     let resolver = Arc::new(Resolver::default());
     let listed = resolver.expand(&cfg, |_| None);
     let metrics =
@@ -285,7 +284,9 @@ fn main() -> anyhow::Result<()> {
     if let Some((addr, tls)) = listen_tls {
         proxy.add_tls_with_settings(&addr, None, tls);
     }
-    let mut status = prefix_router::status::service(Arc::clone(&replicas), Arc::clone(&metrics));
+    let serving = prefix_router::replicas::HealthRules::from(&cfg.health_check).serving;
+    let mut status =
+        prefix_router::status::service(Arc::clone(&replicas), Arc::clone(&metrics), serving);
     status.add_tcp(&cfg.metrics_listen);
 
     if let Some(watch) = engine_load {

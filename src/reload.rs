@@ -164,17 +164,16 @@ impl Reloader {
         }
         let live = &self.live;
         let change = self.apply_replicas(&cfg);
+        live.replicas.note_panic();
         live.policy
             .set_config(crate::policy_config::policy_config(&cfg));
         crate::access_log::set_format(cfg.log_format);
         live.settings.store(Arc::new(Settings::from_config(&cfg)));
         live.admission
             .set_limits(cfg.limits.max_requests, cfg.limits.max_buffered_bytes);
-        if cfg.health_check.path != running.health_check.path {
-            // Validated by Config::parse: a path that is not a URI path is refused there.
-            if let Err(e) = live.probe.set_path(&cfg.health_check.path) {
-                log::error!("config: health_check.path: {e}");
-            }
+        // Validated by Config::parse: a path that is not a URI path is refused there.
+        if let Err(e) = live.probe.configure(&cfg.health_check) {
+            log::error!("config: health_check.path: {e}");
         }
         *running = cfg;
         change
@@ -356,7 +355,7 @@ mod tests {
             policy: Arc::new(Policy::new(crate::policy_config::policy_config(&cfg))),
             settings: Arc::new(ArcSwap::from_pointee(Settings::from_config(&cfg))),
             admission: Admission::new(1, 1),
-            probe: HealthProbe::new("/health", &cfg.replica_tls).unwrap(),
+            probe: HealthProbe::new(&cfg.health_check, &cfg.replica_tls).unwrap(),
             keys: None,
             resolver: Arc::default(),
             metrics,

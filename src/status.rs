@@ -1,7 +1,8 @@
 //! The metrics listener: Prometheus text on `/metrics` (and, as before, on
 //! any other path), plus the probes an orchestrator polls: `/healthz`
 //! (liveness: the process serves) and `/ready` (readiness: the configuration
-//! loaded and at least one replica is live; 503 otherwise). Also the client
+//! loaded and a replica is live, or, with none live, one answered a routed
+//! request lately (panic mode serves); 503 otherwise). Also the client
 //! side, [`probe`], for `prefix-router --probe URL` (a container's health
 //! check, where slim images have no curl), and [`ReadyGate`], which holds the
 //! proxy's listener until every replica has had its first health check.
@@ -31,11 +32,21 @@ use crate::replicas::Replicas;
 pub struct MetricsApp {
     replicas: Arc<Replicas>,
     metrics: Arc<Metrics>,
+    /// A replica that answered a routed request this recently serves.
+    serving: Duration,
 }
 
 /// The metrics listener's service (gzip when the client accepts it).
-pub fn service(replicas: Arc<Replicas>, metrics: Arc<Metrics>) -> Service<HttpServer<MetricsApp>> {
-    let mut server = HttpServer::new_app(MetricsApp { replicas, metrics });
+pub fn service(
+    replicas: Arc<Replicas>,
+    metrics: Arc<Metrics>,
+    serving: Duration,
+) -> Service<HttpServer<MetricsApp>> {
+    let mut server = HttpServer::new_app(MetricsApp {
+        replicas,
+        metrics,
+        serving,
+    });
     server.add_module(ResponseCompressionBuilder::enable(7));
     Service::new("metrics and probes".to_owned(), server)
 }
@@ -58,12 +69,17 @@ impl ServeHttp for MetricsApp {
             "/ready" => {
                 let list = self.replicas.snapshot();
                 let live = list.iter().filter(|r| r.live()).count();
-                let status = if live > 0 {
+                let now = Instant::now();
+                let serving = list.iter().filter(|r| r.serving(now, self.serving)).count();
+                let status = if live > 0 || serving > 0 {
                     StatusCode::OK
                 } else {
                     StatusCode::SERVICE_UNAVAILABLE
                 };
-                let body = format!("{live} of {} replicas live\n", list.len());
+                let mut body = format!("{live} of {} replicas live\n", list.len());
+                if live == 0 && serving > 0 {
+                    body += &format!("panic mode: {serving} answered requests lately\n");
+                }
                 answer(status, "text/plain", body.into_bytes())
             }
             _ => {

@@ -136,3 +136,56 @@ fn a_replica_still_loading_gets_no_traffic() {
     assert!(picks.iter().all(|p| p == "a"), "{picks:?}");
     assert_eq!(loading.stats()["requests"], 0);
 }
+
+fn health_failed(sim: &Sim) -> u64 {
+    sim.stats()["health_failed"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn a_replica_goes_down_after_three_failed_checks_in_a_row_not_one() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], "health_check: {interval_ms: 500}\n");
+    b.set_healthy(false);
+    router.wait_replica_up("b", false);
+    let failed = health_failed(&b);
+    assert!(failed >= 3, "down after {failed} failed check(s)");
+}
+
+#[test]
+fn replicas_failing_their_checks_keep_serving_and_panic_mode_routes_to_them() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], "health_check: {interval_ms: 200}\n");
+    // A health path the engines stopped answering (or answer late) while
+    // they serve requests: the answers keep them up.
+    a.set_healthy(false);
+    b.set_healthy(false);
+    let mut picks = Vec::new();
+    while health_failed(&a) < 6 || health_failed(&b) < 6 {
+        let tag = format!("while failing {}", picks.len());
+        let r = router.post("/v1/chat/completions", &single(&tag));
+        assert_eq!(r.status, 200, "{}", r.text());
+        picks.push(r.replica().to_owned());
+    }
+    assert!(picks.contains(&"a".into()) && picks.contains(&"b".into()));
+    for name in ["a", "b"] {
+        let up = format!("prefix_router_replica_up{{replica=\"{name}\"}}");
+        assert_eq!(router.metric(&up), 1.0, "{name} answered all along");
+    }
+    // No traffic: the failed checks count, both go down. Requests still go
+    // to them (panic mode), said in a metric and the log.
+    router.wait_replica_up("a", false);
+    router.wait_replica_up("b", false);
+    let r = router.post("/v1/chat/completions", &single("in panic mode"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(router.metric("prefix_router_panic_mode"), 1.0);
+    assert!(router.metric("prefix_router_panic_routed_total") >= 1.0);
+    assert!(router.log().contains("panic mode"), "{}", router.log());
+    // The router serves, so it stays ready.
+    let ready = common::get(router.metrics_addr, "/ready");
+    assert_eq!(ready.status, 200, "{}", ready.text());
+    a.set_healthy(true);
+    router.wait_replica_up("a", true);
+    wait_for("panic mode to end", Duration::from_secs(10), || {
+        (router.metric("prefix_router_panic_mode") == 0.0).then_some(())
+    });
+}

@@ -248,6 +248,12 @@ pub struct HealthCheck {
     /// vLLM, SGLang and llama.cpp all answer `/health` (503 while loading).
     pub path: String,
     pub interval_ms: u64,
+    /// Failed checks in a row that take a replica down (Kubernetes'
+    /// `failureThreshold`); a check failing while the replica answers routed
+    /// requests does not count.
+    pub unhealthy_threshold: u32,
+    /// Passed checks in a row that bring it up.
+    pub healthy_threshold: u32,
 }
 
 /// `engine_load:` — where and how often engines' own metrics are read.
@@ -344,6 +350,8 @@ impl Default for HealthCheck {
         Self {
             path: "/health".into(),
             interval_ms: 1_000,
+            unhealthy_threshold: 3,
+            healthy_threshold: 1,
         }
     }
 }

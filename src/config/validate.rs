@@ -84,6 +84,20 @@ impl Config {
         if !(1..=65_535).contains(&self.prefix_index.block_bytes) {
             return Err(invalid("prefix_index.block_bytes", "must be 1..=65535"));
         }
+        for (field, v) in [
+            (
+                "health_check.unhealthy_threshold",
+                self.health_check.unhealthy_threshold,
+            ),
+            (
+                "health_check.healthy_threshold",
+                self.health_check.healthy_threshold,
+            ),
+        ] {
+            if !(1..=100).contains(&v) {
+                return Err(invalid(field, "must be 1..=100"));
+            }
+        }
         if self.prefix_index.max_entries == 0 {
             return Err(invalid("prefix_index.max_entries", "must be positive"));
         }

@@ -71,6 +71,8 @@ pub struct Metrics {
     pub ejections: IntCounterVec,
     /// Placements made in panic mode (every healthy replica ejected).
     pub panic_routed: IntCounter,
+    /// 1 while no replica is live and requests go to them anyway.
+    pub panic_mode: IntGauge,
     /// Requests and body bytes held under `limits`.
     pub admitted_requests: IntGauge,
     pub buffered_body_bytes: IntGauge,
@@ -246,7 +248,12 @@ impl Metrics {
             )?,
             panic_routed: register_int_counter_with_registry!(
                 "prefix_router_panic_routed_total",
-                "Placements on an ejected replica because every healthy replica was ejected",
+                "Placements on a replica that is not live (ejected, or failing its health checks) because no replica was live (panic mode)",
+                registry
+            )?,
+            panic_mode: register_int_gauge_with_registry!(
+                "prefix_router_panic_mode",
+                "1 while no replica is live and requests are routed to them anyway (panic mode)",
                 registry
             )?,
             admitted_requests: register_int_gauge_with_registry!(

@@ -97,6 +97,7 @@ impl Router {
             if self.replicas.is_current(replica) {
                 self.metrics.show_live(&replica.name, replica.live());
                 self.metrics.ejected(&replica.name, kind);
+                self.replicas.note_panic();
             }
         }
     }

@@ -12,11 +12,13 @@
 //!   resets both counts;
 //! - at most `max_ejection_percent` of the set is ejected at once (always at
 //!   least one replica may be);
-//! - when every replica that passes its health check is ejected, they are all
-//!   routed to anyway (panic mode): the router never refuses on its own say-so.
+//! - when no replica is live, the ejected ones that pass their health checks
+//!   are routed to anyway; when none passes its checks either, every replica
+//!   the checks had brought up is (panic mode, as Envoy's panic threshold):
+//!   the router never refuses on its own say-so. Health itself: `health`.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,9 +28,11 @@ use crate::config;
 use crate::metrics::{Ejection, Metrics, ReplicaCounters};
 use crate::policy::{ReplicaId, ReplicaState};
 
+mod health;
 mod replica;
 mod view;
 
+pub use health::{HealthRules, CHECK_DEADLINE};
 pub use replica::{InFlight, Replica};
 pub use view::View;
 
@@ -82,6 +86,8 @@ pub struct Replicas {
     ejecting: Mutex<()>,
     /// Where a joining replica's series are created.
     metrics: Arc<Metrics>,
+    /// No replica was live at the last [`Replicas::panic_changed`].
+    panic: AtomicBool,
 }
 
 impl Replicas {
@@ -93,6 +99,7 @@ impl Replicas {
             next_id: AtomicU32::new(0),
             ejecting: Mutex::new(()),
             metrics,
+            panic: AtomicBool::new(false),
         };
         set.apply(cfg);
         set
@@ -112,8 +119,8 @@ impl Replicas {
 
     /// The policy's view of the set, excluding replicas in `tried` and those
     /// that do not serve `model`. When no replica is live, the ejected ones
-    /// that pass their health check count as live (panic mode, reported by
-    /// the `bool`).
+    /// that pass their health checks count as live; when none does, every
+    /// replica the checks brought up once (panic mode, reported by the `bool`).
     pub fn states(
         view: &View,
         tried: &[ReplicaId],
@@ -131,12 +138,37 @@ impl Replicas {
         if states.iter().any(|s| s.live) {
             return (states, false);
         }
-        let mut panic = false;
-        for (i, (s, r)) in states.iter_mut().zip(view.iter()).enumerate() {
-            s.live = r.checked() && offered(i, r);
-            panic |= s.live;
+        for fallback in [Replica::checked, Replica::was_up] {
+            let mut panic = false;
+            for (i, (s, r)) in states.iter_mut().zip(view.iter()).enumerate() {
+                s.live = fallback(r) && offered(i, r);
+                panic |= s.live;
+            }
+            if panic {
+                return (states, true);
+            }
         }
-        (states, panic)
+        (states, false)
+    }
+
+    /// After a replica's liveness changed: whether no replica of the set is
+    /// live now (an empty set is not panic mode), shown in the metrics and
+    /// logged when that changed.
+    pub fn note_panic(&self) {
+        let view = self.current.load();
+        let now = !view.is_empty() && !view.iter().any(|r| r.live());
+        if self.panic.swap(now, Relaxed) == now {
+            return;
+        }
+        self.metrics.panic_mode.set(i64::from(now));
+        if now {
+            log::warn!(
+                "no replica is live: requests go to the {} replicas anyway (panic mode), those passing health checks first",
+                view.len()
+            );
+        } else {
+            log::info!("a replica is live again: panic mode is over");
+        }
     }
 
     /// Some replica's model list names `model`.
@@ -255,9 +287,9 @@ impl Replicas {
 mod tests {
     use super::*;
     use crate::config::PromptCache;
-    use crate::policy::{EngineLoad, Room};
+    use crate::policy::EngineLoad;
 
-    fn cfg(list: &[(&str, &str)]) -> Vec<config::Replica> {
+    pub(super) fn cfg(list: &[(&str, &str)]) -> Vec<config::Replica> {
         list.iter()
             .map(|(n, a)| config::Replica {
                 name: n.to_string(),
@@ -267,86 +299,6 @@ mod tests {
                 models: None,
             })
             .collect()
-    }
-
-    #[test]
-    fn kv_room_is_capacity_less_the_pinned_set_and_the_singles_in_flight() {
-        let mut c = cfg(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")]);
-        c[0].kv_tokens = Some(1_000);
-        let set = Replicas::new(&c, Metrics::standalone());
-        let (a, b) = (
-            Arc::clone(&set.snapshot()[0]),
-            Arc::clone(&set.snapshot()[1]),
-        );
-        assert_eq!(b.state().room, None, "no kv_tokens, no known room");
-        a.set_pinned_bytes(1_500);
-        let single = a.begin(500);
-        let other = a.begin(0);
-        assert_eq!(
-            a.state().room,
-            Some(Room {
-                free: 4_000 - 1_500 - 500,
-                cold: 500,
-                pinned: 1_500,
-                capacity: 4_000,
-            })
-        );
-        drop(single);
-        drop(other);
-        assert_eq!(a.state().room.map(|r| (r.free, r.cold)), Some((2_500, 0)));
-        assert_eq!(a.in_flight(), 0);
-    }
-
-    #[test]
-    fn an_engine_keeping_its_last_prompt_has_room_only_once_a_single_displaced_its_context() {
-        let mut c = cfg(&[("a", "127.0.0.1:1")]);
-        c[0].kv_tokens = Some(1_000);
-        c[0].prompt_cache = PromptCache::Last;
-        let set = Replicas::new(&c, Metrics::standalone());
-        let a = Arc::clone(&set.snapshot()[0]);
-        let free = || a.state().room.map(|r| r.free);
-        assert_eq!(free(), Some(4_000), "nothing pinned: the whole cache");
-        a.set_pinned_bytes(1_500);
-        assert_eq!(free(), Some(0), "any prompt would displace the context");
-        let single = a.begin(500);
-        assert_eq!(
-            free(),
-            Some(3_500),
-            "displaced already: room beside the single"
-        );
-        drop(single);
-        c[0].prompt_cache = PromptCache::Shared;
-        set.apply(&c);
-        assert_eq!(free(), Some(2_500), "reloaded: prefixes share the KV again");
-    }
-
-    #[test]
-    fn the_kv_an_engine_reports_in_use_bounds_the_room() {
-        let mut c = cfg(&[("a", "127.0.0.1:1")]);
-        c[0].kv_tokens = Some(1_000);
-        let set = Replicas::new(&c, Metrics::standalone());
-        let a = Arc::clone(&set.snapshot()[0]);
-        a.set_pinned_bytes(1_000);
-        let engine = |unseen, kv_used_permille| {
-            Some(EngineLoad {
-                unseen,
-                kv_used_permille,
-            })
-        };
-        a.set_engine(engine(8, Some(900)));
-        let s = a.state();
-        assert_eq!(s.room.map(|r| r.free), Some(400), "the engine's 10 % free");
-        assert_eq!((s.in_flight, s.load()), (0, 8));
-        a.set_engine(engine(0, Some(100)));
-        assert_eq!(
-            a.state().room.map(|r| r.free),
-            Some(3_000),
-            "the router's own estimate"
-        );
-        a.set_engine(engine(3, None));
-        assert_eq!(a.state().room.map(|r| r.free), Some(3_000));
-        a.set_engine(None);
-        assert_eq!(a.state().engine, None);
     }
 
     #[test]
@@ -398,9 +350,16 @@ mod tests {
         let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1")]), Metrics::standalone());
         let a = Arc::clone(&set.snapshot()[0]);
         assert!(!a.live());
-        assert!(a.on_check(true, Instant::now()));
+        assert!(a.on_check(true, false, Instant::now(), &CHECKS));
         assert!(a.live());
     }
+
+    /// Every check result counts at once.
+    const CHECKS: HealthRules = HealthRules {
+        fall: 1,
+        rise: 1,
+        serving: Duration::ZERO,
+    };
 
     const RULES: OutlierRules = OutlierRules {
         consecutive_failures: 3,
@@ -413,7 +372,7 @@ mod tests {
         let set = Replicas::new(&cfg(names), Metrics::standalone());
         let list = set.snapshot();
         for r in list.iter() {
-            r.on_check(true, now);
+            r.on_check(true, false, now, &CHECKS);
         }
         (set, list)
     }
@@ -465,7 +424,7 @@ mod tests {
             "same outage"
         );
         assert!(!a.live());
-        a.on_check(true, now);
+        a.on_check(true, false, now, &CHECKS);
         assert!(a.live());
     }
 
@@ -485,23 +444,23 @@ mod tests {
         assert!(fail(2, t0).is_empty(), "a success resets the streak");
         assert_eq!(fail(1, t0), [Ejection::Outlier]);
         assert!(!a.live());
-        a.on_check(true, t0 + Duration::from_secs(9));
+        a.on_check(true, false, t0 + Duration::from_secs(9), &CHECKS);
         assert!(
             !a.live(),
             "a check inside the ejection time does not readmit"
         );
-        a.on_check(true, t0 + Duration::from_secs(10));
+        a.on_check(true, false, t0 + Duration::from_secs(10), &CHECKS);
         assert!(a.live());
         // The second ejection in a row lasts twice as long, the third is capped.
         let t1 = t0 + Duration::from_secs(100);
         assert_eq!(fail(3, t1), [Ejection::Outlier]);
-        a.on_check(true, t1 + Duration::from_secs(19));
+        a.on_check(true, false, t1 + Duration::from_secs(19), &CHECKS);
         assert!(!a.live());
-        a.on_check(true, t1 + Duration::from_secs(20));
+        a.on_check(true, false, t1 + Duration::from_secs(20), &CHECKS);
         assert!(a.live());
         let t2 = t1 + Duration::from_secs(100);
         assert_eq!(fail(3, t2), [Ejection::Outlier]);
-        a.on_check(true, t2 + Duration::from_secs(25));
+        a.on_check(true, false, t2 + Duration::from_secs(25), &CHECKS);
         assert!(a.live(), "capped at max_ejection");
     }
 
@@ -524,9 +483,18 @@ mod tests {
         let (states, panic) = Replicas::states(&list, &[], None);
         assert!(!panic);
         assert!(!states[0].live && states[1].live);
-        // A replica failing its health check is never routed to, panic or not.
-        list[0].on_check(false, now);
-        let (states, _) = Replicas::states(&list, &[list[1].id], None);
+        // Failing its checks too: routed to as the checks had it up once.
+        list[0].on_check(false, false, now, &CHECKS);
+        let (states, panic) = Replicas::states(&list, &[list[1].id], None);
+        assert!(panic && states[0].live);
+        // A replica the checks never brought up is not.
+        set.apply(&cfg(&[
+            ("a", "127.0.0.1:1"),
+            ("b", "127.0.0.1:2"),
+            ("c", "127.0.0.1:3"),
+        ]));
+        let list = set.snapshot();
+        let (states, _) = Replicas::states(&list, &[list[0].id, list[1].id], None);
         assert!(states.iter().all(|s| !s.live));
     }
 
@@ -537,7 +505,7 @@ mod tests {
             Metrics::standalone(),
         );
         let a = Arc::clone(&set.snapshot()[0]);
-        a.on_check(true, Instant::now());
+        a.on_check(true, false, Instant::now(), &CHECKS);
         let _guard = a.begin(0);
         let change = set.apply(&cfg(&[("a", "127.0.0.1:1"), ("c", "127.0.0.1:3")]));
         assert_eq!(
@@ -574,7 +542,7 @@ mod tests {
         drop(g2);
         assert_eq!(a.in_flight(), 0);
         let tried = [a.id];
-        a.on_check(true, Instant::now());
+        a.on_check(true, false, Instant::now(), &CHECKS);
         assert!(!Replicas::states(&set.snapshot(), &tried, None).0[0].live);
     }
 }

@@ -42,8 +42,18 @@ pub struct Replica {
     /// use per mille; `UNKNOWN` while not read (or reads keep failing).
     pub(super) engine_unseen: AtomicU32,
     pub(super) engine_kv_permille: AtomicU32,
-    /// The last active health check passed (false until the first one does).
+    /// Up by the active checks (see `health`): false until they bring it up.
     pub(super) checked: AtomicBool,
+    /// Checks failed in a row (counted ones) and passed in a row.
+    pub(super) checks_failed: AtomicU32,
+    pub(super) checks_passed: AtomicU32,
+    /// The checks have brought it up at least once since it joined.
+    pub(super) up_once: AtomicBool,
+    /// When it joined; `answered_ms` is counted from here.
+    pub(super) joined: Instant,
+    /// Milliseconds after `joined` of its last answer to a routed request
+    /// (a response head below 500), plus one; 0: none yet.
+    pub(super) answered_ms: AtomicU64,
     /// A health check has run, passed or not (the readiness gate waits for it).
     pub(super) judged: AtomicBool,
     /// A health check failed other than by timing out since the last pass:
@@ -87,6 +97,11 @@ impl Replica {
             engine_unseen: AtomicU32::new(UNKNOWN),
             engine_kv_permille: AtomicU32::new(UNKNOWN),
             checked: AtomicBool::new(false),
+            checks_failed: AtomicU32::new(0),
+            checks_passed: AtomicU32::new(0),
+            up_once: AtomicBool::new(false),
+            joined: Instant::now(),
+            answered_ms: AtomicU64::new(0),
             judged: AtomicBool::new(false),
             went_away: AtomicBool::new(false),
             last_repair: AtomicU32::new(u32::MAX),
@@ -105,12 +120,12 @@ impl Replica {
         self.declare_models(&c.models);
     }
 
-    /// Live: its last health check passed and it is not ejected.
+    /// Live: up by its health checks and not ejected.
     pub fn live(&self) -> bool {
         self.checked.load(Relaxed) && !self.ejected.load(Relaxed)
     }
 
-    /// Its last health check passed (ejected or not).
+    /// Up by its health checks (ejected or not).
     pub fn checked(&self) -> bool {
         self.checked.load(Relaxed)
     }
@@ -157,6 +172,7 @@ impl Replica {
 
     /// A response below 500 arrived: the failure streak ends.
     pub fn on_success(&self) {
+        self.answered(Instant::now());
         if self.consecutive.load(Relaxed) != 0 {
             self.consecutive.store(0, Relaxed);
         }
@@ -201,21 +217,6 @@ impl Replica {
         self.last_repair
             .compare_exchange(last, now_s, Relaxed, Relaxed)
             .is_ok()
-    }
-
-    /// Records an active health check result at `now`; a pass also ends an
-    /// ejection whose time is up. Returns whether liveness changed.
-    pub fn on_check(&self, passed: bool, now: Instant) -> bool {
-        let before = self.live();
-        self.checked.store(passed, Relaxed);
-        self.judged.store(true, Relaxed);
-        if passed && self.is_ejected() {
-            let e = self.ejection.lock().unwrap_or_else(|p| p.into_inner());
-            if e.1.is_none_or(|until| now >= until) {
-                self.ejected.store(false, Relaxed);
-            }
-        }
-        before != self.live()
     }
 
     /// Counts a request in flight until the guard drops; `cold` bytes of a
@@ -335,5 +336,94 @@ impl Drop for InFlight {
         self.answered();
         self.replica.in_flight.fetch_sub(1, Relaxed);
         self.replica.cold_bytes.fetch_sub(self.cold, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::policy::Room;
+    use crate::replicas::tests::cfg;
+    use crate::replicas::Replicas;
+
+    #[test]
+    fn kv_room_is_capacity_less_the_pinned_set_and_the_singles_in_flight() {
+        let mut c = cfg(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")]);
+        c[0].kv_tokens = Some(1_000);
+        let set = Replicas::new(&c, Metrics::standalone());
+        let (a, b) = (
+            Arc::clone(&set.snapshot()[0]),
+            Arc::clone(&set.snapshot()[1]),
+        );
+        assert_eq!(b.state().room, None, "no kv_tokens, no known room");
+        a.set_pinned_bytes(1_500);
+        let single = a.begin(500);
+        let other = a.begin(0);
+        assert_eq!(
+            a.state().room,
+            Some(Room {
+                free: 4_000 - 1_500 - 500,
+                cold: 500,
+                pinned: 1_500,
+                capacity: 4_000,
+            })
+        );
+        drop(single);
+        drop(other);
+        assert_eq!(a.state().room.map(|r| (r.free, r.cold)), Some((2_500, 0)));
+        assert_eq!(a.in_flight(), 0);
+    }
+
+    #[test]
+    fn an_engine_keeping_its_last_prompt_has_room_only_once_a_single_displaced_its_context() {
+        let mut c = cfg(&[("a", "127.0.0.1:1")]);
+        c[0].kv_tokens = Some(1_000);
+        c[0].prompt_cache = PromptCache::Last;
+        let set = Replicas::new(&c, Metrics::standalone());
+        let a = Arc::clone(&set.snapshot()[0]);
+        let free = || a.state().room.map(|r| r.free);
+        assert_eq!(free(), Some(4_000), "nothing pinned: the whole cache");
+        a.set_pinned_bytes(1_500);
+        assert_eq!(free(), Some(0), "any prompt would displace the context");
+        let single = a.begin(500);
+        assert_eq!(
+            free(),
+            Some(3_500),
+            "displaced already: room beside the single"
+        );
+        drop(single);
+        c[0].prompt_cache = PromptCache::Shared;
+        set.apply(&c);
+        assert_eq!(free(), Some(2_500), "reloaded: prefixes share the KV again");
+    }
+
+    #[test]
+    fn the_kv_an_engine_reports_in_use_bounds_the_room() {
+        let mut c = cfg(&[("a", "127.0.0.1:1")]);
+        c[0].kv_tokens = Some(1_000);
+        let set = Replicas::new(&c, Metrics::standalone());
+        let a = Arc::clone(&set.snapshot()[0]);
+        a.set_pinned_bytes(1_000);
+        let engine = |unseen, kv_used_permille| {
+            Some(EngineLoad {
+                unseen,
+                kv_used_permille,
+            })
+        };
+        a.set_engine(engine(8, Some(900)));
+        let s = a.state();
+        assert_eq!(s.room.map(|r| r.free), Some(400), "the engine's 10 % free");
+        assert_eq!((s.in_flight, s.load()), (0, 8));
+        a.set_engine(engine(0, Some(100)));
+        assert_eq!(
+            a.state().room.map(|r| r.free),
+            Some(3_000),
+            "the router's own estimate"
+        );
+        a.set_engine(engine(3, None));
+        assert_eq!(a.state().room.map(|r| r.free), Some(3_000));
+        a.set_engine(None);
+        assert_eq!(a.state().engine, None);
     }
 }

@@ -126,6 +126,8 @@ struct Sim {
     arrived: Notify,
     next_id: AtomicU64,
     healthy: AtomicBool,
+    /// `/health` requests answered 503 (tests count the checks a replica failed).
+    health_failed: AtomicU64,
     models: std::sync::Mutex<Vec<String>>,
     /// Responses API: stored responses (id -> the conversation's text so
     /// far, output included), as an engine keeps them for `previous_response_id`.
@@ -176,6 +178,7 @@ pub async fn main() -> std::io::Result<()> {
         arrived: Notify::new(),
         next_id: AtomicU64::new(0),
         healthy: AtomicBool::new(loading.is_zero()),
+        health_failed: AtomicU64::new(0),
         models: std::sync::Mutex::new(cli.models.clone()),
         responses: std::sync::Mutex::new(std::collections::HashMap::new()),
         next_response: AtomicU64::new(0),

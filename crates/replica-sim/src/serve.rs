@@ -16,6 +16,7 @@ impl Sim {
                 if self.healthy.load(Relaxed) {
                     full(StatusCode::OK, "text/plain", "")
                 } else {
+                    self.health_failed.fetch_add(1, Relaxed);
                     full(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "loading")
                 }
             }
@@ -346,6 +347,7 @@ impl Sim {
             "cancelled": self.cancelled.load(Relaxed),
             "received": self.received.load(Relaxed),
             "stalled": self.stalled.load(Relaxed),
+            "health_failed": self.health_failed.load(Relaxed),
             "prompt_tokens": c.prompt_tokens,
             "cached_tokens": c.prefix_hits,
             "preemptions": c.preemptions,

@@ -1,0 +1,180 @@
+//! A replica's health as the active checks see it, in the style of
+//! Kubernetes' probes and Envoy's health checker: down after
+//! `unhealthy_threshold` failed checks in a row, up after
+//! `healthy_threshold` passes in a row (a joining replica too). A check
+//! that fails while the replica is answering routed requests does not
+//! count (unless its connection was refused: nothing listens): a `/health`
+//! late under a burst, or a path the engine does not serve, says less than
+//! the answers do. A passing check also ends an ejection whose time is up.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use super::Replica;
+use crate::config;
+
+/// The bound on one whole health check (connect, answer, model list).
+pub const CHECK_DEADLINE: Duration = Duration::from_secs(3);
+
+/// How check results become up and down (config `health_check`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthRules {
+    /// Counted failures in a row that take a replica down.
+    pub fall: u32,
+    /// Passes in a row that bring it up.
+    pub rise: u32,
+    /// A replica that answered a routed request this recently is serving.
+    pub serving: Duration,
+}
+
+impl From<&config::HealthCheck> for HealthRules {
+    fn from(h: &config::HealthCheck) -> Self {
+        Self {
+            fall: h.unhealthy_threshold.max(1),
+            rise: h.healthy_threshold.max(1),
+            // Two rounds and the slowest check: an answer since the round
+            // before the one that failed.
+            serving: config::ms(h.interval_ms).saturating_mul(2) + CHECK_DEADLINE,
+        }
+    }
+}
+
+impl Replica {
+    /// Records a routed request's answer at `now`.
+    pub(super) fn answered(&self, now: Instant) {
+        let ms = now.saturating_duration_since(self.joined).as_millis();
+        let ms = u64::try_from(ms).unwrap_or(u64::MAX - 1) + 1;
+        // Skipped while the recorded answer is this recent (no store per answer).
+        let last = self.answered_ms.load(Relaxed);
+        if last == 0 || ms.saturating_sub(last) >= 10 {
+            self.answered_ms.store(ms, Relaxed);
+        }
+    }
+
+    /// It answered a routed request within `window` before `now`.
+    pub fn serving(&self, now: Instant, window: Duration) -> bool {
+        let at = self.answered_ms.load(Relaxed);
+        if at == 0 {
+            return false;
+        }
+        let since = now.saturating_duration_since(self.joined).as_millis();
+        u64::try_from(since).unwrap_or(u64::MAX)
+            < (at - 1).saturating_add(window.as_millis() as u64)
+    }
+
+    /// The checks have brought it up at least once since it joined.
+    pub fn was_up(&self) -> bool {
+        self.up_once.load(Relaxed)
+    }
+
+    /// Records an active health check result at `now` under `rules`
+    /// (`refused`: it failed as nothing listens); returns whether liveness
+    /// changed.
+    pub fn on_check(&self, passed: bool, refused: bool, now: Instant, rules: &HealthRules) -> bool {
+        let before = self.live();
+        self.judged.store(true, Relaxed);
+        if passed {
+            self.checks_failed.store(0, Relaxed);
+            let n = self.checks_passed.fetch_add(1, Relaxed).saturating_add(1);
+            if n >= rules.rise {
+                self.checked.store(true, Relaxed);
+                self.up_once.store(true, Relaxed);
+            }
+            if self.is_ejected() {
+                let e = self.ejection.lock().unwrap_or_else(|p| p.into_inner());
+                if e.1.is_none_or(|until| now >= until) {
+                    self.ejected.store(false, Relaxed);
+                }
+            }
+        } else {
+            self.checks_passed.store(0, Relaxed);
+            if refused || !self.serving(now, rules.serving) {
+                let n = self.checks_failed.fetch_add(1, Relaxed).saturating_add(1);
+                if n >= rules.fall {
+                    self.checked.store(false, Relaxed);
+                }
+            }
+        }
+        before != self.live()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::replicas::Replicas;
+    use std::sync::Arc;
+
+    const RULES: HealthRules = HealthRules {
+        fall: 3,
+        rise: 2,
+        serving: Duration::from_secs(5),
+    };
+
+    fn replica() -> Arc<Replica> {
+        let c = config::Replica {
+            name: "a".into(),
+            addr: "127.0.0.1:1".into(),
+            kv_tokens: None,
+            prompt_cache: config::PromptCache::Shared,
+            models: None,
+        };
+        let set = Replicas::new(&[c], Metrics::standalone());
+        Arc::clone(&set.snapshot()[0])
+    }
+
+    #[test]
+    fn down_after_the_unhealthy_threshold_and_up_after_the_healthy_one() {
+        let r = replica();
+        let t = Instant::now();
+        assert!(!r.on_check(true, false, t, &RULES), "one pass of two");
+        assert!(r.on_check(true, false, t, &RULES) && r.live() && r.was_up());
+        assert!(!r.on_check(false, false, t, &RULES));
+        assert!(!r.on_check(false, false, t, &RULES));
+        // A pass in between starts the count again.
+        assert!(!r.on_check(true, false, t, &RULES));
+        assert!(!r.on_check(false, false, t, &RULES));
+        assert!(!r.on_check(false, false, t, &RULES));
+        assert!(
+            r.on_check(false, false, t, &RULES),
+            "third failure in a row"
+        );
+        assert!(!r.live() && r.was_up());
+        assert!(!r.on_check(true, false, t, &RULES));
+        assert!(r.on_check(true, false, t, &RULES) && r.live());
+    }
+
+    #[test]
+    fn failed_checks_do_not_count_while_the_replica_answers_requests() {
+        let r = replica();
+        let t = Instant::now();
+        r.on_check(true, false, t, &RULES);
+        r.on_check(true, false, t, &RULES);
+        r.answered(t);
+        for i in 1..=10 {
+            assert!(!r.on_check(false, false, t + Duration::from_millis(400 * i), &RULES));
+        }
+        assert!(r.live(), "answering within the window");
+        assert!(!r.on_check(false, true, t, &RULES));
+        assert!(!r.on_check(false, true, t, &RULES));
+        assert!(r.on_check(false, true, t, &RULES), "refused: counted");
+        r.on_check(true, false, t, &RULES);
+        assert!(r.on_check(true, false, t, &RULES) && r.live());
+        let later = t + RULES.serving + Duration::from_millis(1);
+        r.on_check(false, false, later, &RULES);
+        r.on_check(false, false, later, &RULES);
+        assert!(r.on_check(false, false, later, &RULES) && !r.live());
+    }
+
+    #[test]
+    fn a_joining_replica_is_not_up_before_it_passes() {
+        let r = replica();
+        let t = Instant::now();
+        assert!(!r.on_check(false, false, t, &RULES));
+        assert!(!r.live() && !r.was_up() && r.has_been_checked());
+        // An answer does not bring it up: only checks do.
+        r.answered(t);
+        assert!(!r.on_check(true, false, t, &RULES) && !r.live());
+    }
+}
