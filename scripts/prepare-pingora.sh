@@ -4,7 +4,8 @@
 # the published crate (SHA-256 checked) plus patches/<crate>.diff:
 # - pingora-proxy: a body read whole in request_filter reaches the replica
 #   (docs/body-forwarding.md), sent with the request head in one write;
-#   a total deadline for a replica's response head.
+#   a total deadline for a replica's response head; after a failed request
+#   write, a bounded wait for an early answer (then the write error, retried).
 # - pingora-core: a total deadline for a client's request head (slowloris);
 #   a request body read straight into the caller's buffer (one copy, not two);
 #   an HTTP/1 request head held back to go out with the body's first write.

@@ -4,7 +4,7 @@
 //! saw nothing: a second delivery is a second prefill and maybe a second
 //! tool call.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_core::{Error, ErrorSource, ErrorType};
@@ -13,6 +13,13 @@ use pingora_proxy::Session;
 use super::answer::{failed_writing_request, response_started};
 use super::{Ctx, Router};
 use crate::replicas::{Failure, InFlight, Replica};
+
+/// After writing a request to a replica failed (`timeouts.write_ms`, a reset),
+/// how long an answer it sent early (a 413 before reading the body) is
+/// waited for before the request goes to another replica. Such an answer is
+/// in the socket's buffer by the time the write fails; without this bound,
+/// Pingora waited for a response as long as `timeouts.read_ms` (600 s).
+pub(super) const EARLY_ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 impl Router {
     /// `fail_to_connect`: nothing reached the engine, so another replica may

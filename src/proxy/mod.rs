@@ -109,6 +109,10 @@ impl ProxyHttp for Router {
         (ctx.attempts.first).map(|t| t + self.settings.load().response_header_timeout)
     }
 
+    fn upstream_early_answer_grace(&self, _ctx: &Ctx) -> Option<Duration> {
+        Some(failover::EARLY_ANSWER_GRACE)
+    }
+
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
         // Pingora keeps an HTTP/1.1 connection open without limit by default.
         if session.get_keepalive().is_some() {

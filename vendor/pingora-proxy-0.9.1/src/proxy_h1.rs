@@ -155,6 +155,7 @@ where
         let pipe_state = Arc::new(AtomicU8::new(PipeState::Active as u8));
 
         let header_deadline = self.inner.upstream_response_header_deadline(ctx);
+        let early_answer_grace = self.inner.upstream_early_answer_grace(ctx);
 
         // start bi-directional streaming
         let ret = tokio::try_join!(
@@ -173,6 +174,7 @@ where
                 rx_downstream,
                 pipe_state,
                 header_deadline,
+                early_answer_grace,
             ),
         );
 
@@ -266,6 +268,7 @@ where
         mut rx: mpsc::Receiver<HttpTask>,
         pipe_state: Arc<AtomicU8>,
         header_deadline: Option<std::time::Instant>,
+        early_answer_grace: Option<Duration>,
     ) -> Result<bool>
     where
         SV: ProxyHttp + Send + Sync,
@@ -282,6 +285,11 @@ where
             header_deadline.map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std),
         );
         tokio::pin!(header_timer);
+        // prefix-router patch: after a failed write, an early answer is waited
+        // for this long (armed when the write fails, disarmed by a response head).
+        let mut early_answer_pending = false;
+        let early_answer_timer = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(early_answer_timer);
 
         // prefix-router patch: a head held back goes out with the body (which the
         // downstream half sends at once) before anything is read, as a head sent
@@ -297,6 +305,10 @@ where
                     request_done = true;
                     upstream_can_reuse = false;
                     send_error = Some(e);
+                    if let Some(grace) = early_answer_grace {
+                        early_answer_timer.as_mut().reset(tokio::time::Instant::now() + grace);
+                        early_answer_pending = true;
+                    }
                 }
             }
         }
@@ -316,9 +328,20 @@ where
                     return Ok(false);
                 },
 
+                _ = &mut early_answer_timer, if early_answer_pending => {
+                    // No answer began: the write failure is the attempt's error.
+                    if let Some(e) = send_error.take() {
+                        let _ = tx.send(HttpTask::Failed(e.into_up())).await;
+                    }
+                    return Ok(false);
+                },
+
                 res = client_session.read_response_task(), if !response_done => {
                     match res {
                         Ok(task) => {
+                            if matches!(task, HttpTask::Header(..)) {
+                                early_answer_pending = false;
+                            }
                             if let HttpTask::Header(header, _) = &task {
                                 // 101 ends the head too: the upgraded stream has no deadline.
                                 header_pending &= header.status.is_informational()
@@ -400,6 +423,10 @@ where
                            // HTTP/1 request makes this connection unsafe to reuse.
                            upstream_can_reuse = false;
                            send_error = Some(e);
+                           if let Some(grace) = early_answer_grace {
+                               early_answer_timer.as_mut().reset(tokio::time::Instant::now() + grace);
+                               early_answer_pending = true;
+                           }
                            continue
                         }
                     }

@@ -77,6 +77,15 @@ pub trait ProxyHttp {
         None
     }
 
+    /// prefix-router patch: after writing the request to an HTTP/1 upstream
+    /// failed, how long an answer it may have sent early (a 413) is waited for;
+    /// with none begun by then, the attempt fails with the write error (which
+    /// `error_while_proxy` may retry: the upstream never had the request whole).
+    /// `None` (the default): wait for an answer as long as the read timeouts allow.
+    fn upstream_early_answer_grace(&self, _ctx: &Self::CTX) -> Option<Duration> {
+        None
+    }
+
     /// Set up downstream modules.
     ///
     /// In this phase, users can add or configure [HttpModules] before the server starts up.
