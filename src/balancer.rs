@@ -203,12 +203,16 @@ impl HealthCheck for ReplicaHealth {
             if !self.replicas.is_current(&r) {
                 return Ok(());
             }
-            let refused = result
-                .as_ref()
-                .err()
-                .is_some_and(|e| e.etype() == &ErrorType::ConnectRefused);
+            let outcome = match (&result, timed_out) {
+                (Ok(()), _) => "pass",
+                (Err(_), false) => "fail",
+                (Err(_), true) => "timeout",
+            };
+            (self.metrics.health_checks)
+                .with_label_values(&[&r.name, outcome])
+                .inc();
             let rules = self.probe.rules.load();
-            if r.on_check(result.is_ok(), refused, Instant::now(), &rules) {
+            if r.on_check(result.is_ok(), timed_out, Instant::now(), &rules) {
                 log::info!(
                     "replica {} is {} (health check{})",
                     r.name,

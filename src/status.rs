@@ -1,8 +1,8 @@
 //! The metrics listener: Prometheus text on `/metrics` (and, as before, on
 //! any other path), plus the probes an orchestrator polls: `/healthz`
 //! (liveness: the process serves) and `/ready` (readiness: the configuration
-//! loaded and a replica is live, or, with none live, one answered a routed
-//! request lately (panic mode serves); 503 otherwise). Also the client
+//! loaded and a replica is live, or, with none live, one completed a prompt
+//! lately (panic mode serves); 503 otherwise). Also the client
 //! side, [`probe`], for `prefix-router --probe URL` (a container's health
 //! check, where slim images have no curl), and [`ReadyGate`], which holds the
 //! proxy's listener until every replica has had its first health check.
@@ -32,7 +32,7 @@ use crate::replicas::Replicas;
 pub struct MetricsApp {
     replicas: Arc<Replicas>,
     metrics: Arc<Metrics>,
-    /// A replica that answered a routed request this recently serves.
+    /// A replica that completed a prompt this recently serves.
     serving: Duration,
 }
 
@@ -78,7 +78,7 @@ impl ServeHttp for MetricsApp {
                 };
                 let mut body = format!("{live} of {} replicas live\n", list.len());
                 if live == 0 && serving > 0 {
-                    body += &format!("panic mode: {serving} answered requests lately\n");
+                    body += &format!("panic mode: {serving} completed prompts lately\n");
                 }
                 answer(status, "text/plain", body.into_bytes())
             }

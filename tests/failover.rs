@@ -152,16 +152,23 @@ fn a_replica_goes_down_after_three_failed_checks_in_a_row_not_one() {
 }
 
 #[test]
-fn replicas_failing_their_checks_keep_serving_and_panic_mode_routes_to_them() {
+fn late_health_checks_do_not_take_down_replicas_that_complete_requests() {
     let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
     let router = Router::start(&[&a, &b], "health_check: {interval_ms: 200}\n");
-    // A health path the engines stopped answering (or answer late) while
-    // they serve requests: the answers keep them up.
-    a.set_healthy(false);
-    b.set_healthy(false);
+    // Engines busy with a burst answer /health after the check's 3 s deadline.
+    for sim in [&a, &b] {
+        let r = common::http::request(sim.addr, "POST", "/sim/health?delay_ms=5000", &[], b"");
+        assert_eq!(r.status, 200);
+    }
+    // Until the router has seen four checks of each time out.
+    let timeouts = |name: &str| {
+        router.metric(&format!(
+            "prefix_router_health_checks_total{{replica=\"{name}\",result=\"timeout\"}}"
+        ))
+    };
     let mut picks = Vec::new();
-    while health_failed(&a) < 6 || health_failed(&b) < 6 {
-        let tag = format!("while failing {}", picks.len());
+    while timeouts("a") < 4.0 || timeouts("b") < 4.0 {
+        let tag = format!("while late {}", picks.len());
         let r = router.post("/v1/chat/completions", &single(&tag));
         assert_eq!(r.status, 200, "{}", r.text());
         picks.push(r.replica().to_owned());
@@ -169,16 +176,30 @@ fn replicas_failing_their_checks_keep_serving_and_panic_mode_routes_to_them() {
     assert!(picks.contains(&"a".into()) && picks.contains(&"b".into()));
     for name in ["a", "b"] {
         let up = format!("prefix_router_replica_up{{replica=\"{name}\"}}");
-        assert_eq!(router.metric(&up), 1.0, "{name} answered all along");
+        assert_eq!(
+            router.metric(&up),
+            1.0,
+            "{name} completed requests all along"
+        );
     }
-    // No traffic: the failed checks count, both go down. Requests still go
-    // to them (panic mode), said in a metric and the log.
+}
+
+#[test]
+fn with_every_replica_failing_its_checks_panic_mode_routes_to_them() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], "health_check: {interval_ms: 200}\n");
+    // A reload to a health path the engines answer 404 looks the same.
+    a.set_healthy(false);
+    b.set_healthy(false);
     router.wait_replica_up("a", false);
     router.wait_replica_up("b", false);
-    let r = router.post("/v1/chat/completions", &single("in panic mode"));
-    assert_eq!(r.status, 200, "{}", r.text());
+    // Requests still go to them, said in a metric and the log.
+    for i in 0..4 {
+        let r = router.post("/v1/chat/completions", &single(&format!("panic {i}")));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
     assert_eq!(router.metric("prefix_router_panic_mode"), 1.0);
-    assert!(router.metric("prefix_router_panic_routed_total") >= 1.0);
+    assert!(router.metric("prefix_router_panic_routed_total") >= 4.0);
     assert!(router.log().contains("panic mode"), "{}", router.log());
     // The router serves, so it stays ready.
     let ready = common::get(router.metrics_addr, "/ready");
@@ -188,4 +209,6 @@ fn replicas_failing_their_checks_keep_serving_and_panic_mode_routes_to_them() {
     wait_for("panic mode to end", Duration::from_secs(10), || {
         (router.metric("prefix_router_panic_mode") == 0.0).then_some(())
     });
+    let picks = router.singles(4, "after");
+    assert!(picks.iter().all(|p| p == "a"), "{picks:?}");
 }

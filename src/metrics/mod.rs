@@ -69,6 +69,8 @@ pub struct Metrics {
     pub no_replica: IntCounter,
     /// Ejections from the request path, by replica and reason.
     pub ejections: IntCounterVec,
+    /// Active health checks by replica and result (`HEALTH_CHECK_RESULTS`).
+    pub health_checks: IntCounterVec,
     /// Placements made in panic mode (every healthy replica ejected).
     pub panic_routed: IntCounter,
     /// 1 while no replica is live and requests go to them anyway.
@@ -108,6 +110,9 @@ const LATENCY_BUCKETS: [f64; 15] = [
 
 /// The `result` values of `engine_reads`.
 pub const ENGINE_READ_RESULTS: [&str; 3] = ["ok", "failed", "unrecognised"];
+
+/// Results of an active health check.
+pub const HEALTH_CHECK_RESULTS: [&str; 3] = ["pass", "fail", "timeout"];
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -244,6 +249,12 @@ impl Metrics {
                 "prefix_router_ejections_total",
                 "Replicas ejected by the request path, by reason (connect_failed, consecutive_failures)",
                 &["replica", "reason"],
+                registry
+            )?,
+            health_checks: register_int_counter_vec_with_registry!(
+                "prefix_router_health_checks_total",
+                "Active health checks by replica and result (pass; fail: an error status or a connection failure; timeout: no answer within the check's deadline)",
+                &["replica", "result"],
                 registry
             )?,
             panic_routed: register_int_counter_with_registry!(
@@ -407,6 +418,9 @@ impl Metrics {
         for result in ENGINE_READ_RESULTS {
             self.engine_reads.with_label_values(&[name, result]);
         }
+        for result in HEALTH_CHECK_RESULTS {
+            self.health_checks.with_label_values(&[name, result]);
+        }
     }
 
     /// Shows what a replica's engine last reported (requests running plus
@@ -549,6 +563,7 @@ impl Metrics {
             (&self.ejections, &Ejection::ALL.map(Ejection::as_str)[..]),
             (&self.index_repairs, &Repair::ALL.map(Repair::as_str)[..]),
             (&self.engine_reads, &ENGINE_READ_RESULTS[..]),
+            (&self.health_checks, &HEALTH_CHECK_RESULTS[..]),
         ];
         for (counter, kinds) in by_kind {
             for kind in kinds {

@@ -94,6 +94,9 @@ impl Router {
             // the whole answer finds it in the metrics.
             if end {
                 u.finish();
+                // A whole answer to a prompt: the replica is serving (see
+                // `replicas::health`).
+                r.answered(std::time::Instant::now());
                 if ctx.attempts.evidence {
                     self.reported(r, d, u);
                 }

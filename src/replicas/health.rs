@@ -2,10 +2,11 @@
 //! Kubernetes' probes and Envoy's health checker: down after
 //! `unhealthy_threshold` failed checks in a row, up after
 //! `healthy_threshold` passes in a row (a joining replica too). A check
-//! that fails while the replica is answering routed requests does not
-//! count (unless its connection was refused: nothing listens): a `/health`
-//! late under a burst, or a path the engine does not serve, says less than
-//! the answers do. A passing check also ends an ejection whose time is up.
+//! that times out while the replica is completing prompts (a whole 2xx
+//! answer lately) does not count: a `/health` late under a burst says less
+//! than the answers do. An explicit failure always counts (an engine that
+//! says it is unhealthy, or one being drained by its `/health`). A passing
+//! check also ends an ejection whose time is up.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -40,8 +41,8 @@ impl From<&config::HealthCheck> for HealthRules {
 }
 
 impl Replica {
-    /// Records a routed request's answer at `now`.
-    pub(super) fn answered(&self, now: Instant) {
+    /// Records a whole successful answer to a prompt at `now`.
+    pub fn answered(&self, now: Instant) {
         let ms = now.saturating_duration_since(self.joined).as_millis();
         let ms = u64::try_from(ms).unwrap_or(u64::MAX - 1) + 1;
         // Skipped while the recorded answer is this recent (no store per answer).
@@ -51,7 +52,7 @@ impl Replica {
         }
     }
 
-    /// It answered a routed request within `window` before `now`.
+    /// It completed a prompt's answer within `window` before `now`.
     pub fn serving(&self, now: Instant, window: Duration) -> bool {
         let at = self.answered_ms.load(Relaxed);
         if at == 0 {
@@ -68,17 +69,23 @@ impl Replica {
     }
 
     /// Records an active health check result at `now` under `rules`
-    /// (`refused`: it failed as nothing listens); returns whether liveness
+    /// (`timed_out`: it failed by taking too long); returns whether liveness
     /// changed.
-    pub fn on_check(&self, passed: bool, refused: bool, now: Instant, rules: &HealthRules) -> bool {
+    pub fn on_check(
+        &self,
+        passed: bool,
+        timed_out: bool,
+        now: Instant,
+        rules: &HealthRules,
+    ) -> bool {
         let before = self.live();
-        self.judged.store(true, Relaxed);
         if passed {
             self.checks_failed.store(0, Relaxed);
             let n = self.checks_passed.fetch_add(1, Relaxed).saturating_add(1);
             if n >= rules.rise {
                 self.checked.store(true, Relaxed);
                 self.up_once.store(true, Relaxed);
+                self.judged.store(true, Relaxed);
             }
             if self.is_ejected() {
                 let e = self.ejection.lock().unwrap_or_else(|p| p.into_inner());
@@ -88,7 +95,8 @@ impl Replica {
             }
         } else {
             self.checks_passed.store(0, Relaxed);
-            if refused || !self.serving(now, rules.serving) {
+            self.judged.store(true, Relaxed);
+            if !(timed_out && self.serving(now, rules.serving)) {
                 let n = self.checks_failed.fetch_add(1, Relaxed).saturating_add(1);
                 if n >= rules.fall {
                     self.checked.store(false, Relaxed);
@@ -129,6 +137,7 @@ mod tests {
         let r = replica();
         let t = Instant::now();
         assert!(!r.on_check(true, false, t, &RULES), "one pass of two");
+        assert!(!r.has_been_checked(), "not decided yet");
         assert!(r.on_check(true, false, t, &RULES) && r.live() && r.was_up());
         assert!(!r.on_check(false, false, t, &RULES));
         assert!(!r.on_check(false, false, t, &RULES));
@@ -146,25 +155,28 @@ mod tests {
     }
 
     #[test]
-    fn failed_checks_do_not_count_while_the_replica_answers_requests() {
+    fn late_checks_do_not_count_while_the_replica_completes_prompts() {
         let r = replica();
         let t = Instant::now();
         r.on_check(true, false, t, &RULES);
         r.on_check(true, false, t, &RULES);
         r.answered(t);
         for i in 1..=10 {
-            assert!(!r.on_check(false, false, t + Duration::from_millis(400 * i), &RULES));
+            assert!(!r.on_check(false, true, t + Duration::from_millis(400 * i), &RULES));
         }
         assert!(r.live(), "answering within the window");
-        assert!(!r.on_check(false, true, t, &RULES));
-        assert!(!r.on_check(false, true, t, &RULES));
-        assert!(r.on_check(false, true, t, &RULES), "refused: counted");
+        assert!(!r.on_check(false, false, t, &RULES));
+        assert!(!r.on_check(false, false, t, &RULES));
+        assert!(
+            r.on_check(false, false, t, &RULES),
+            "an explicit failure counts"
+        );
         r.on_check(true, false, t, &RULES);
         assert!(r.on_check(true, false, t, &RULES) && r.live());
         let later = t + RULES.serving + Duration::from_millis(1);
-        r.on_check(false, false, later, &RULES);
-        r.on_check(false, false, later, &RULES);
-        assert!(r.on_check(false, false, later, &RULES) && !r.live());
+        r.on_check(false, true, later, &RULES);
+        r.on_check(false, true, later, &RULES);
+        assert!(r.on_check(false, true, later, &RULES) && !r.live());
     }
 
     #[test]

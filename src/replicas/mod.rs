@@ -118,9 +118,10 @@ impl Replicas {
     }
 
     /// The policy's view of the set, excluding replicas in `tried` and those
-    /// that do not serve `model`. When no replica is live, the ejected ones
-    /// that pass their health checks count as live; when none does, every
-    /// replica the checks brought up once (panic mode, reported by the `bool`).
+    /// that do not serve `model`. When none of those is live, the ejected ones
+    /// that pass their health checks count as live; when none does and no
+    /// replica of the set is live, every replica the checks brought up once
+    /// (panic mode, reported by the `bool`).
     pub fn states(
         view: &View,
         tried: &[ReplicaId],
@@ -138,7 +139,15 @@ impl Replicas {
         if states.iter().any(|s| s.live) {
             return (states, false);
         }
-        for fallback in [Replica::checked, Replica::was_up] {
+        // Past failing checks only when no replica of the whole set is live:
+        // not for a retry or a model whose replicas are down while others serve.
+        let fleet_down = !view.iter().any(|r| r.live());
+        let fallbacks: &[fn(&Replica) -> bool] = if fleet_down {
+            &[Replica::checked, Replica::was_up]
+        } else {
+            &[Replica::checked]
+        };
+        for fallback in fallbacks {
             let mut panic = false;
             for (i, (s, r)) in states.iter_mut().zip(view.iter()).enumerate() {
                 s.live = fallback(r) && offered(i, r);
@@ -483,8 +492,12 @@ mod tests {
         let (states, panic) = Replicas::states(&list, &[], None);
         assert!(!panic);
         assert!(!states[0].live && states[1].live);
-        // Failing its checks too: routed to as the checks had it up once.
+        // Failing its checks too, while b is live: not routed to.
         list[0].on_check(false, false, now, &CHECKS);
+        let (states, _) = Replicas::states(&list, &[list[1].id], None);
+        assert!(states.iter().all(|s| !s.live));
+        // With no replica of the set live: routed to, as the checks had it up once.
+        list[1].on_check(false, false, now, &CHECKS);
         let (states, panic) = Replicas::states(&list, &[list[1].id], None);
         assert!(panic && states[0].live);
         // A replica the checks never brought up is not.

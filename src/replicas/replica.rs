@@ -51,10 +51,11 @@ pub struct Replica {
     pub(super) up_once: AtomicBool,
     /// When it joined; `answered_ms` is counted from here.
     pub(super) joined: Instant,
-    /// Milliseconds after `joined` of its last answer to a routed request
-    /// (a response head below 500), plus one; 0: none yet.
+    /// Milliseconds after `joined` of its last whole successful answer to a
+    /// prompt (a 2xx body to its end), plus one; 0: none yet.
     pub(super) answered_ms: AtomicU64,
-    /// A health check has run, passed or not (the readiness gate waits for it).
+    /// The checks have decided: it came up, or a check failed (the
+    /// readiness gate waits for it).
     pub(super) judged: AtomicBool,
     /// A health check failed other than by timing out since the last pass:
     /// the engine went away (a busy one times out instead).
@@ -172,7 +173,6 @@ impl Replica {
 
     /// A response below 500 arrived: the failure streak ends.
     pub fn on_success(&self) {
-        self.answered(Instant::now());
         if self.consecutive.load(Relaxed) != 0 {
             self.consecutive.store(0, Relaxed);
         }

@@ -2,7 +2,8 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `/v1/completions`, `/v1/messages` (JSON or
 //! SSE with `stream: true`), `GET /v1/models`, `GET /health`, `GET /metrics`
-//! (vLLM metric names), and for tests `GET /sim/stats`, `POST /sim/health?ok=false`,
+//! (vLLM metric names), and for tests `GET /sim/stats`, `POST /sim/health?ok=false`
+//! (or `?delay_ms=N`: answer `/health` that late),
 //! `POST /sim/accept?paused=true|false` (stop or resume accepting connections:
 //! with a short `--backlog`, connects then time out as on an overloaded host;
 //! resume over a connection opened before the pause).
@@ -128,6 +129,8 @@ struct Sim {
     healthy: AtomicBool,
     /// `/health` requests answered 503 (tests count the checks a replica failed).
     health_failed: AtomicU64,
+    /// `/health` answers after this many milliseconds (a slow engine).
+    health_delay_ms: AtomicU64,
     models: std::sync::Mutex<Vec<String>>,
     /// Responses API: stored responses (id -> the conversation's text so
     /// far, output included), as an engine keeps them for `previous_response_id`.
@@ -179,6 +182,7 @@ pub async fn main() -> std::io::Result<()> {
         next_id: AtomicU64::new(0),
         healthy: AtomicBool::new(loading.is_zero()),
         health_failed: AtomicU64::new(0),
+        health_delay_ms: AtomicU64::new(0),
         models: std::sync::Mutex::new(cli.models.clone()),
         responses: std::sync::Mutex::new(std::collections::HashMap::new()),
         next_response: AtomicU64::new(0),

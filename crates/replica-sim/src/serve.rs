@@ -13,6 +13,10 @@ impl Sim {
         };
         match (&parts.method, path.as_str()) {
             (&Method::GET, "/health") => {
+                let delay = self.health_delay_ms.load(Relaxed);
+                if delay > 0 {
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                }
                 if self.healthy.load(Relaxed) {
                     full(StatusCode::OK, "text/plain", "")
                 } else {
@@ -40,9 +44,21 @@ impl Sim {
             }
             (&Method::GET, "/sim/stats") => json_response(StatusCode::OK, &self.stats()),
             (&Method::POST, "/sim/health") => {
-                let ok = !parts.uri.query().unwrap_or("").contains("ok=false");
-                self.healthy.store(ok, Relaxed);
-                json_response(StatusCode::OK, &json!({"healthy": ok}))
+                let query = parts.uri.query().unwrap_or("");
+                let delay = (query.split('&'))
+                    .find_map(|kv| kv.strip_prefix("delay_ms="))
+                    .and_then(|v| v.parse().ok());
+                if let Some(ms) = delay {
+                    self.health_delay_ms.store(ms, Relaxed);
+                } else {
+                    self.healthy.store(!query.contains("ok=false"), Relaxed);
+                }
+                let ok = self.healthy.load(Relaxed);
+                let delay_ms = self.health_delay_ms.load(Relaxed);
+                json_response(
+                    StatusCode::OK,
+                    &json!({"healthy": ok, "delay_ms": delay_ms}),
+                )
             }
             (&Method::POST, "/sim/accept") => {
                 let paused = parts.uri.query().unwrap_or("").contains("paused=true");

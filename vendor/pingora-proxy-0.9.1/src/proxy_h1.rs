@@ -286,7 +286,9 @@ where
         );
         tokio::pin!(header_timer);
         // prefix-router patch: after a failed write, an early answer is waited
-        // for this long (armed when the write fails, disarmed by a response head).
+        // for this long (armed when the write fails before a final response
+        // head came, disarmed by one).
+        let mut final_head_seen = false;
         let mut early_answer_pending = false;
         let early_answer_timer = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(early_answer_timer);
@@ -339,13 +341,14 @@ where
                 res = client_session.read_response_task(), if !response_done => {
                     match res {
                         Ok(task) => {
-                            if matches!(task, HttpTask::Header(..)) {
-                                early_answer_pending = false;
-                            }
                             if let HttpTask::Header(header, _) = &task {
-                                // 101 ends the head too: the upgraded stream has no deadline.
-                                header_pending &= header.status.is_informational()
+                                // 101 ends the head too: the upgraded stream has no
+                                // deadline, and no early-answer wait.
+                                let interim = header.status.is_informational()
                                     && header.status != http::StatusCode::SWITCHING_PROTOCOLS;
+                                header_pending &= interim;
+                                final_head_seen |= !interim;
+                                early_answer_pending &= interim;
                             }
                             response_done = task.is_end();
                             if !upgraded && client_session.was_upgraded() {
@@ -423,7 +426,7 @@ where
                            // HTTP/1 request makes this connection unsafe to reuse.
                            upstream_can_reuse = false;
                            send_error = Some(e);
-                           if let Some(grace) = early_answer_grace {
+                           if let (Some(grace), false) = (early_answer_grace, final_head_seen) {
                                early_answer_timer.as_mut().reset(tokio::time::Instant::now() + grace);
                                early_answer_pending = true;
                            }
