@@ -20,17 +20,17 @@ MAX_LINES = 600
 # all of them and imports none of them: Cargo enforces that.
 LAYERS = [
     # Leaves: the config's types, the error and path vocabularies, usage
-    # figures, admission limits, API keys, the response-id store.
-    ["config", "errors", "paths", "usage", "admission", "auth", "listen_tls", "response_ids"],
+    # figures, API keys, the response-id store.
+    ["config", "errors", "paths", "usage", "auth", "listen_tls", "response_ids"],
     # Built from the config: metrics handles, the log, name resolution, the
     # upgrade socket, the router's own requests to engines, the policy's
-    # parameters, drain.
-    ["metrics", "access_log", "resolve", "upgrade", "engine_client", "policy_config", "drain"],
+    # parameters, admission limits.
+    ["metrics", "access_log", "resolve", "upgrade", "engine_client", "policy_config", "admission"],
     # The replica set, shared pins.
     ["replicas", "shared_pins"],
     # What runs over the set: Pingora's balancer and health checks, engine
-    # load, capacity, the status listener; the proxy's settings.
-    ["balancer", "engine_load", "capacity", "status", "settings"],
+    # load, capacity, the status listener, drain; the proxy's settings.
+    ["balancer", "engine_load", "capacity", "status", "drain", "settings"],
     # The request body.
     ["body"],
     # The ProxyHttp seam and hot reload.

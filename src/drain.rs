@@ -1,8 +1,8 @@
 //! Stopping. After SIGTERM Pingora stops accepting and then waits its whole
 //! grace period (`shutdown_grace_s`) before ending what still runs; this
-//! service ends that wait early: once no request is held by the router (its
-//! admission count, which every POST takes until its response has gone, is
-//! zero), the process exits 0.
+//! service ends that wait early: once no request is in progress (every
+//! request, any method or path, from its head until its response has gone),
+//! the process exits 0.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +30,7 @@ impl BackgroundService for Drain {
             return;
         }
         tokio::time::sleep(SETTLE).await;
-        while self.admission.requests() > 0 {
+        while self.admission.in_progress() > 0 {
             tokio::time::sleep(POLL).await;
         }
         log::info!("stopping: nothing in flight, exiting");

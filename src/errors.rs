@@ -23,6 +23,8 @@ pub enum RouterError {
         "every replica has {in_flight} or more requests in flight (shed_in_flight); retry shortly"
     )]
     Saturated { in_flight: u32 },
+    #[error("this client address has {max} requests in progress (limits.max_requests_per_client); retry shortly")]
+    ClientLimit { max: usize },
     #[error("invalid API key: send `Authorization: Bearer <key>` with a key this router accepts")]
     Unauthorized,
     #[error("the model `{model}` is not served by any replica")]
@@ -43,7 +45,7 @@ fn named(replica: &Option<String>) -> String {
 
 impl RouterError {
     /// Every `code`, for pre-registering metric labels.
-    pub const CODES: [&'static str; 11] = [
+    pub const CODES: [&'static str; 12] = [
         "no_replica",
         "body_too_large",
         "body_timeout",
@@ -51,6 +53,7 @@ impl RouterError {
         "upstream_timeout",
         "overloaded",
         "replicas_saturated",
+        "rate_limit_exceeded",
         "invalid_api_key",
         "model_not_found",
         "response_unavailable",
@@ -67,6 +70,7 @@ impl RouterError {
             RouterError::UpstreamTimeout { .. } => 504,
             RouterError::Overloaded { .. } => 503,
             RouterError::Saturated { .. } => 429,
+            RouterError::ClientLimit { .. } => 429,
             RouterError::Unauthorized => 401,
             RouterError::ModelNotFound { .. } => 404,
             RouterError::ResponseUnavailable { .. } => 503,
@@ -84,12 +88,18 @@ impl RouterError {
             RouterError::UpstreamTimeout { .. } => "upstream_timeout",
             RouterError::Overloaded { .. } => "overloaded",
             RouterError::Saturated { .. } => "replicas_saturated",
+            RouterError::ClientLimit { .. } => "rate_limit_exceeded",
             RouterError::Unauthorized => "invalid_api_key",
             RouterError::ModelNotFound { .. } => "model_not_found",
             RouterError::ResponseUnavailable { .. } => "response_unavailable",
             RouterError::Internal(_) => "internal_error",
         }
     }
+
+    /// Every slot (`limits.max_requests`) is taken.
+    pub const AT_CAPACITY: RouterError = RouterError::Overloaded {
+        what: "requests in flight",
+    };
 
     /// The byte budget (`limits.max_buffered_bytes`) is spent.
     pub const OVER_BUDGET: RouterError = RouterError::Overloaded {
@@ -102,6 +112,7 @@ impl RouterError {
             self,
             RouterError::Overloaded { .. }
                 | RouterError::Saturated { .. }
+                | RouterError::ClientLimit { .. }
                 | RouterError::NoReplica
                 | RouterError::ResponseUnavailable { .. }
         )
@@ -116,6 +127,7 @@ impl RouterError {
             RouterError::Upstream { .. } | RouterError::UpstreamTimeout { .. } => Some(false),
             RouterError::Overloaded { .. }
             | RouterError::Saturated { .. }
+            | RouterError::ClientLimit { .. }
             | RouterError::NoReplica => Some(true),
             _ => None,
         }

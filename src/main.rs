@@ -236,7 +236,7 @@ fn main() -> anyhow::Result<()> {
     );
     let settings = Arc::new(arc_swap::ArcSwap::from_pointee(Settings::from_config(&cfg)));
     let responses = Arc::new(ResponseIds::new(prefix_router::response_ids::DEFAULT_CAP));
-    let admission = Admission::new(cfg.limits.max_requests, cfg.limits.max_buffered_bytes);
+    let admission = Admission::new(&cfg.limits);
     // Shared pins: a background task owns the Redis connection.
     let shared = match (&cfg.fleet.mode, &cfg.fleet.redis_url) {
         (FleetMode::Redis, Some(url)) => {

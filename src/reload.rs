@@ -169,8 +169,7 @@ impl Reloader {
             .set_config(crate::policy_config::policy_config(&cfg));
         crate::access_log::set_format(cfg.log_format);
         live.settings.store(Arc::new(Settings::from_config(&cfg)));
-        live.admission
-            .set_limits(cfg.limits.max_requests, cfg.limits.max_buffered_bytes);
+        live.admission.set_limits(&cfg.limits);
         // Validated by Config::parse: a path that is not a URI path is refused there.
         if let Err(e) = live.probe.configure(&cfg.health_check) {
             log::error!("config: health_check.path: {e}");
@@ -354,7 +353,7 @@ mod tests {
             replicas: Arc::new(Replicas::new(&cfg.replicas, Arc::clone(&metrics))),
             policy: Arc::new(Policy::new(crate::policy_config::policy_config(&cfg))),
             settings: Arc::new(ArcSwap::from_pointee(Settings::from_config(&cfg))),
-            admission: Admission::new(1, 1),
+            admission: Admission::new(&cfg.limits),
             probe: HealthProbe::new(&cfg.health_check, &cfg.replica_tls).unwrap(),
             keys: None,
             resolver: Arc::default(),

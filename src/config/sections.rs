@@ -121,7 +121,8 @@ pub struct Outlier {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
-    /// Routed requests (body read, in flight to a replica) at once.
+    /// Requests in flight to replicas at once (a slot is taken when a
+    /// request is placed: a client still sending its body holds none).
     pub max_requests: usize,
     /// Request body bytes buffered at once, all requests together.
     pub max_buffered_bytes: usize,
@@ -132,6 +133,8 @@ pub struct Limits {
     /// more, their canonical text and hashes), so that a next turn's body is
     /// read from where the last one ended; 0: none kept.
     pub max_checkpoint_bytes: usize,
+    /// Requests in progress (head to end) per client address; 0: no cap.
+    pub max_requests_per_client: usize,
 }
 
 /// `client_timeouts:` — towards clients (downstream).
@@ -331,6 +334,7 @@ impl Default for Limits {
             max_buffered_bytes: 2 << 30,
             max_prompt_bytes: 8 << 20,
             max_checkpoint_bytes: 128 << 20,
+            max_requests_per_client: 0,
         }
     }
 }

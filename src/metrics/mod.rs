@@ -269,7 +269,7 @@ impl Metrics {
             )?,
             admitted_requests: register_int_gauge_with_registry!(
                 "prefix_router_admitted_requests",
-                "Routed requests held now (limits.max_requests)",
+                "Requests in flight to replicas now (limits.max_requests; taken when placed)",
                 registry
             )?,
             buffered_body_bytes: register_int_gauge_with_registry!(

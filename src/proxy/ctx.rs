@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::admission::Ticket;
+use crate::admission::{Arrival, Ticket};
 use crate::errors::RouterError;
 use crate::paths::Route;
 use crate::policy::{Decision, ReplicaId, Request};
@@ -35,9 +35,12 @@ pub struct Ctx {
 /// What the request brought, read before it is placed.
 #[derive(Default)]
 pub struct Read {
+    /// Counted in progress (and against its client address) until it ends.
+    pub(super) arrival: Option<Arrival>,
     /// The route the request was recognised as (forwarded as its path).
     pub(super) route: Option<Route>,
-    /// Its place under `limits`, released when the request ends.
+    /// Its body bytes under `limits`, and its slot once placed; released
+    /// when the request ends.
     pub(super) ticket: Option<Ticket>,
     /// The body, read whole before placement (routed paths only); dropped
     /// when a response arrives (nothing is re-sent after that).

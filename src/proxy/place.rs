@@ -32,6 +32,12 @@ impl Router {
             ctx.error = Some(RouterError::UpstreamTimeout { replica: None });
             return Error::e_explain(ErrorType::HTTPStatus(504), "response head deadline passed");
         }
+        // A slot under `limits.max_requests`, taken once (kept over retries).
+        let ticket = (ctx.read.ticket).get_or_insert_with(|| self.admission.receive());
+        if !ticket.take_slot() {
+            ctx.error = Some(RouterError::AT_CAPACITY);
+            return Error::e_explain(ErrorType::HTTPStatus(503), "every slot taken");
+        }
         // Placed again (a retry): the prompt as the first placement saw it,
         // or spread if the budget cannot hold it now.
         if matches!(ctx.read.prompt, Prompt::Placed) {

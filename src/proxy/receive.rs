@@ -18,6 +18,19 @@ use crate::response_ids::IdScan;
 impl Router {
     /// `request_filter`: `true` when the router answered the request itself.
     pub(super) async fn receive(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let client = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip());
+        match self.admission.arrive(client) {
+            Some(arrival) => ctx.read.arrival = Some(arrival),
+            None => {
+                let max = self.settings.load().max_requests_per_client;
+                return self
+                    .refuse(session, ctx, &RouterError::ClientLimit { max }, true)
+                    .await;
+            }
+        }
         if !self.authorised(session) {
             return self
                 .refuse(session, ctx, &RouterError::Unauthorized, true)
@@ -43,14 +56,13 @@ impl Router {
             return Ok(false);
         }
         let routed = route(req.uri.path());
-        // Every POST holds a slot; only routed ones buffer their body.
-        let Some(ticket) = self.admission.admit() else {
-            let err = RouterError::Overloaded {
-                what: "requests in flight",
-            };
-            return self.refuse(session, ctx, &err, true).await;
-        };
-        let ticket = ctx.read.ticket.insert(ticket);
+        // Refused before any upload while every slot is taken (the slot
+        // itself is taken when the request is placed).
+        if self.admission.full() {
+            return self
+                .refuse(session, ctx, &RouterError::AT_CAPACITY, true)
+                .await;
+        }
         let limit = self.settings.load().max_body_bytes;
         let declared = header(session, "content-length").and_then(|v| v.parse::<usize>().ok());
         if declared.is_some_and(|n| n > limit) {
@@ -58,7 +70,10 @@ impl Router {
             return self.refuse(session, ctx, &err, true).await;
         }
         let Some(routed) = routed else {
-            return Ok(false); // streamed to the replica unread
+            // Streamed to the replica unread: each read of it is bounded by
+            // `body_read_timeout_ms`, and the whole of it too (on each piece).
+            session.set_read_timeout(Some(self.settings.load().body_read_timeout));
+            return Ok(false);
         };
         ctx.read.route = Some(routed);
         // Shed at once when every replica is saturated, before reading anything.
@@ -78,6 +93,7 @@ impl Router {
             session.write_continue_response().await?;
         }
         let deadline = self.settings.load().body_read_timeout;
+        let ticket = ctx.read.ticket.insert(self.admission.receive());
         let read = body::read(session, limit, declared, ticket);
         let body = match tokio::time::timeout(deadline, read).await {
             Ok(read) => read?,
