@@ -104,6 +104,14 @@ fn main() -> anyhow::Result<()> {
     };
     let probe = HealthProbe::new(&cfg.health_check, &cfg.replica_tls).context("health check")?;
     let resolver = Arc::new(Resolver::default());
+    // Names resolve before the set is built (each within its deadline);
+    // the runtime is let go at once, a lookup still blocked included.
+    let startup = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("runtime for name lookups")?;
+    startup.block_on(resolver.refresh(&cfg));
+    startup.shutdown_background();
     let listed = resolver.expand(&cfg, |_| None);
     let metrics =
         Arc::new(Metrics::new(prometheus::default_registry().clone()).context("metrics registry")?);

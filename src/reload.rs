@@ -124,26 +124,32 @@ impl Reloader {
     /// finish. `Ok(None)`: unchanged, or still being written.
     pub async fn check_settled(&self) -> Result<Option<Change>, ConfigError> {
         match settled(|| self.read(), |t| self.changed(t)).await {
-            Some(text) => self.judge(text),
+            Some(text) => self.judge(text).await,
             None => Ok(None),
         }
     }
 
     /// Re-reads the file if it changed (no settling). `Ok(None)`: unchanged.
     #[cfg(test)]
-    fn check(&self) -> Result<Option<Change>, ConfigError> {
-        self.judge(self.read())
+    async fn check(&self) -> Result<Option<Change>, ConfigError> {
+        self.judge(self.read()).await
     }
 
-    fn judge(&self, text: Result<String, ConfigError>) -> Result<Option<Change>, ConfigError> {
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if let Ok(t) = &text {
-            if last.as_deref() == Some(t.as_str()) {
-                return Ok(None);
+    async fn judge(
+        &self,
+        text: Result<String, ConfigError>,
+    ) -> Result<Option<Change>, ConfigError> {
+        {
+            let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+            if let Ok(t) = &text {
+                if last.as_deref() == Some(t.as_str()) {
+                    return Ok(None);
+                }
+                *last = Some(t.clone());
             }
-            *last = Some(t.clone());
         }
         let cfg = Config::parse(&text?, self.env_policy.as_deref())?;
+        self.live.resolver.refresh(&cfg).await;
         Ok(Some(self.apply(cfg)))
     }
 
@@ -214,22 +220,27 @@ impl Reloader {
     /// Looks replica names up again once `dns_refresh_ms` has passed (only
     /// when the config has names); an address that changed is a replica
     /// change, logged as a reload's.
-    fn refresh_names(&self) -> Option<Change> {
+    async fn refresh_names(&self) -> Option<Change> {
+        let cfg = {
+            let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            let named = !running.replicas_dns.is_empty()
+                || running
+                    .replicas
+                    .iter()
+                    .any(|r| r.addr.parse::<std::net::SocketAddr>().is_err());
+            let due = self
+                .resolved_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .elapsed()
+                >= crate::config::ms(running.dns_refresh_ms);
+            if !named || !due {
+                return None;
+            }
+            running.clone()
+        };
+        self.live.resolver.refresh(&cfg).await;
         let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        let named = !running.replicas_dns.is_empty()
-            || running
-                .replicas
-                .iter()
-                .any(|r| r.addr.parse::<std::net::SocketAddr>().is_err());
-        let due = self
-            .resolved_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .elapsed()
-            >= crate::config::ms(running.dns_refresh_ms);
-        if !named || !due {
-            return None;
-        }
         let change = self.apply_replicas(&running);
         (!change.added.is_empty() || !change.removed.is_empty()).then_some(change)
     }
@@ -316,9 +327,10 @@ impl BackgroundService for Reloader {
             tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = tick.tick() => {
-                    self.report(self.check_settled().await);
+                    // Keys first: a revocation never waits on DNS.
                     self.reload_keys().await;
-                    if let Some(change) = self.refresh_names() {
+                    self.report(self.check_settled().await);
+                    if let Some(change) = self.refresh_names().await {
                         log::info!(
                             "replica names resolved to new addresses: added [{}] (join after a passing health check), removed [{}] (draining)",
                             names(&change.added),
@@ -362,24 +374,24 @@ mod tests {
         Reloader::new(path, cfg, None, live)
     }
 
-    #[test]
-    fn invalid_edit_keeps_the_previous_set_and_a_valid_one_applies() {
+    #[tokio::test]
+    async fn invalid_edit_keeps_the_previous_set_and_a_valid_one_applies() {
         let dir = std::env::temp_dir().join(format!("prefix-router-reload-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let r = reloader(&dir, "replicas:\n- {name: a, addr: \"127.0.0.1:1\"}\n");
-        assert!(r.check().unwrap().is_none(), "unchanged file");
+        assert!(r.check().await.unwrap().is_none(), "unchanged file");
         std::fs::write(&r.path, "replicas:\n- {name: a, adr: \"127.0.0.1:1\"}\n").unwrap();
-        assert!(r.check().unwrap_err().to_string().contains("adr"));
+        assert!(r.check().await.unwrap_err().to_string().contains("adr"));
         assert_eq!(r.live.replicas.snapshot().len(), 1);
         std::fs::write(&r.path, "replicas:\n- {name: b, addr: \"127.0.0.1:2\"}\n").unwrap();
-        let change = r.check().unwrap().unwrap();
+        let change = r.check().await.unwrap().unwrap();
         assert_eq!(change.added[0].name, "b");
         assert_eq!(change.removed[0].name, "a");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    #[test]
-    fn names_are_looked_up_again_and_a_changed_address_is_a_replica_change() {
+    #[tokio::test]
+    async fn names_are_looked_up_again_and_a_changed_address_is_a_replica_change() {
         let dir = std::env::temp_dir().join(format!("prefix-router-names-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let name = "engine.invalid:80";
@@ -402,18 +414,18 @@ mod tests {
         r.live
             .resolver
             .remember(name, vec!["10.0.0.7:80".parse().unwrap()]);
-        assert!(r.refresh_names().is_none(), "not due yet");
+        assert!(r.refresh_names().await.is_none(), "not due yet");
         due();
-        let change = r.refresh_names().expect("b resolved");
+        let change = r.refresh_names().await.expect("b resolved");
         assert_eq!(change.added[0].name, "b");
         assert_eq!(addrs(&r), ["a 127.0.0.1:1", "b 10.0.0.7:80"]);
         due();
-        assert!(r.refresh_names().is_none(), "unchanged");
+        assert!(r.refresh_names().await.is_none(), "unchanged");
         r.live
             .resolver
             .remember(name, vec!["10.0.0.8:80".parse().unwrap()]);
         due();
-        let change = r.refresh_names().expect("moved");
+        let change = r.refresh_names().await.expect("moved");
         assert_eq!((change.added.len(), change.removed.len()), (1, 1));
         assert_eq!(addrs(&r), ["a 127.0.0.1:1", "b 10.0.0.8:80"]);
         std::fs::remove_dir_all(&dir).unwrap();

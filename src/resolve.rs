@@ -3,12 +3,18 @@
 //! stands for every address behind its name (a headless Service). Names are
 //! looked up at load and again every `dns_refresh_ms`; an address that changes
 //! is a replica change (the new one joins through the health gate, the old one
-//! drains); a lookup that fails or finds nothing keeps the last good addresses,
-//! logged once until the name resolves again.
+//! drains); a lookup that fails, finds nothing or takes longer than
+//! [`LOOKUP_DEADLINE`] keeps the last good addresses, logged once until the
+//! name resolves again. Lookups run on the blocking pool, every name at once,
+//! before a reload applies ([`Resolver::refresh`]); building the replica list
+//! ([`Resolver::expand`]) only reads what they found, so a DNS outage holds
+//! no reload (and no API-key revocation) for longer than the deadline.
 
-use std::collections::{HashMap, HashSet};
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use crate::config::{Config, Replica};
 
@@ -25,8 +31,8 @@ impl Resolver {
     /// address `running` gives its replica, else is left out until it
     /// resolves), then one replica per address behind each `replicas_dns`
     /// name, named `<name>-<IP>-<port>` (the same in every router instance).
-    /// An address listed twice keeps its first entry. Blocking (the system
-    /// resolver): call it off the async workers.
+    /// An address listed twice keeps its first entry. Names resolve as the
+    /// last [`Resolver::refresh`] found them.
     pub fn expand(
         &self,
         cfg: &Config,
@@ -37,7 +43,7 @@ impl Resolver {
             let addr = match r.addr.parse::<SocketAddr>() {
                 Ok(a) => Some(a),
                 Err(_) => self
-                    .lookup(&r.addr)
+                    .cached(&r.addr)
                     .first()
                     .copied()
                     .or_else(|| running(&r.name)),
@@ -50,7 +56,7 @@ impl Resolver {
             }
         }
         for d in &cfg.replicas_dns {
-            for a in self.lookup(&d.addr) {
+            for a in self.cached(&d.addr) {
                 let id = a.to_string().replace([':', '[', ']'], "-");
                 out.push(Replica {
                     name: format!("{}-{}", d.name, id.trim_matches('-').replace("--", "-")),
@@ -103,12 +109,56 @@ impl Resolver {
         names
     }
 
-    /// The addresses behind `name` (sorted), or the last good ones.
-    fn lookup(&self, name: &str) -> Vec<SocketAddr> {
+    /// Looks every name of `cfg` up again, all at once on the blocking pool
+    /// (the system resolver), each within [`LOOKUP_DEADLINE`].
+    pub async fn refresh(&self, cfg: &Config) {
+        self.refresh_with(cfg, LOOKUP_DEADLINE, |name| async move {
+            tokio::net::lookup_host(name).await.map(Iterator::collect)
+        })
+        .await;
+    }
+
+    async fn refresh_with<F, L>(&self, cfg: &Config, deadline: Duration, lookup: L)
+    where
+        L: Fn(String) -> F,
+        F: Future<Output = std::io::Result<Vec<SocketAddr>>> + Send + 'static,
+    {
+        let names: BTreeSet<&str> = (cfg.replicas.iter())
+            .chain(&cfg.replicas_dns)
+            .map(|r| r.addr.as_str())
+            .filter(|a| a.parse::<SocketAddr>().is_err())
+            .collect();
+        let mut lookups = tokio::task::JoinSet::new();
+        for name in names {
+            let found = lookup(name.to_owned());
+            let name = name.to_owned();
+            lookups.spawn(async move { (name, tokio::time::timeout(deadline, found).await) });
+        }
+        while let Some(done) = lookups.join_next().await {
+            let Ok((name, found)) = done else { continue };
+            let found = match found {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer within {deadline:?}")),
+            };
+            self.record(&name, found);
+        }
+    }
+
+    /// The last good addresses of `name` (none if it never resolved).
+    fn cached(&self, name: &str) -> Vec<SocketAddr> {
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.get(name)
+            .map(|(good, _)| good.clone())
+            .unwrap_or_default()
+    }
+
+    /// Records a lookup of `name`: its addresses (sorted, one family), or
+    /// why it failed (the last good ones stay).
+    fn record(&self, name: &str, found: Result<Vec<SocketAddr>, String>) {
         // One address family per name (IPv4 when it has any): a dual-stack
         // engine is one replica, not two.
-        let found = name.to_socket_addrs().map(|a| {
-            let mut v: Vec<SocketAddr> = a.collect();
+        let found = found.map(|mut v| {
             let v4 = v.iter().any(SocketAddr::is_ipv4);
             v.retain(|a| a.is_ipv4() == v4);
             v.sort();
@@ -127,7 +177,7 @@ impl Resolver {
             }
             other => {
                 if !*failing {
-                    let why = other.map_or_else(|e| e.to_string(), |_| "no address".into());
+                    let why = other.map_or_else(|e| e, |_| "no address".into());
                     log::warn!(
                         "replica address {name}: lookup failed ({why}); keeping its last addresses {good:?}"
                     );
@@ -135,9 +185,11 @@ impl Resolver {
                 *failing = true;
             }
         }
-        good.clone()
     }
 }
+
+/// The longest wait for one name's lookup.
+pub const LOOKUP_DEADLINE: Duration = Duration::from_secs(2);
 
 #[cfg(test)]
 mod tests {
@@ -147,13 +199,16 @@ mod tests {
         serde_yaml::from_str(yaml).expect("yaml")
     }
 
-    #[test]
-    fn names_resolve_and_dns_entries_stand_for_every_address_behind_them() {
+    #[tokio::test]
+    async fn names_resolve_and_dns_entries_stand_for_every_address_behind_them() {
         let c = cfg(
             "replicas:\n- {name: a, addr: \"127.0.0.1:1\"}\n- {name: b, addr: \"localhost:2\"}\n\
              replicas_dns:\n- {name: pool, addr: \"localhost:3\", kv_tokens: 7}\n",
         );
-        let list = Resolver::default().expand(&c, |_| None);
+        let r = Resolver::default();
+        assert_eq!(r.expand(&c, |_| None).len(), 1, "nothing looked up yet");
+        r.refresh(&c).await;
+        let list = r.expand(&c, |_| None);
         let b = list.iter().find(|r| r.name == "b").expect("b");
         assert!(b
             .addr
@@ -169,16 +224,33 @@ mod tests {
         assert_eq!(pool[0].kv_tokens, Some(7));
     }
 
-    #[test]
-    fn a_name_that_stops_resolving_keeps_its_last_addresses() {
+    #[tokio::test]
+    async fn a_name_that_stops_resolving_or_answering_keeps_its_last_addresses() {
         let r = Resolver::default();
-        let missing = "no-such-host.invalid:80";
-        assert!(r.lookup(missing).is_empty(), "never resolved: nothing");
-        let good = vec!["10.0.0.9:80".parse().expect("addr")];
-        r.remember(missing, good.clone());
-        assert_eq!(r.lookup(missing), good);
-        assert_eq!(r.lookup(missing), good, "still, and logged once");
-        assert_eq!(r.failing(), [missing]);
+        let name = "engine.example:80";
+        let c = cfg(&format!("replicas:\n- {{name: a, addr: \"{name}\"}}\n"));
+        let good: Vec<SocketAddr> = vec!["10.0.0.9:80".parse().expect("addr")];
+        let answer = good.clone();
+        r.refresh_with(&c, LOOKUP_DEADLINE, move |_| {
+            let v = answer.clone();
+            async move { Ok(v) }
+        })
+        .await;
+        assert_eq!(r.cached(name), good);
+        r.refresh_with(&c, LOOKUP_DEADLINE, |_| async {
+            Err(std::io::Error::other("SERVFAIL"))
+        })
+        .await;
+        assert_eq!(
+            (r.cached(name), r.failing()),
+            (good.clone(), vec![name.to_owned()])
+        );
+        // A resolver that never answers holds the refresh for the deadline only.
+        let started = std::time::Instant::now();
+        r.refresh_with(&c, Duration::from_millis(50), |_| std::future::pending())
+            .await;
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(r.cached(name), good);
     }
 
     #[test]
