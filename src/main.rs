@@ -110,7 +110,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("runtime for name lookups")?;
-    startup.block_on(resolver.refresh(&cfg));
+    startup.block_on(resolver.refresh(&cfg, prefix_router::resolve::STARTUP_LOOKUP_DEADLINE));
     startup.shutdown_background();
     let listed = resolver.expand(&cfg, |_| None);
     let metrics =

@@ -149,7 +149,10 @@ impl Reloader {
             }
         }
         let cfg = Config::parse(&text?, self.env_policy.as_deref())?;
-        self.live.resolver.refresh(&cfg).await;
+        self.live
+            .resolver
+            .refresh(&cfg, crate::resolve::LOOKUP_DEADLINE)
+            .await;
         Ok(Some(self.apply(cfg)))
     }
 
@@ -239,7 +242,10 @@ impl Reloader {
             }
             running.clone()
         };
-        self.live.resolver.refresh(&cfg).await;
+        self.live
+            .resolver
+            .refresh(&cfg, crate::resolve::LOOKUP_DEADLINE)
+            .await;
         let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         let change = self.apply_replicas(&running);
         (!change.added.is_empty() || !change.removed.is_empty()).then_some(change)

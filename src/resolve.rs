@@ -13,7 +13,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config::{Config, Replica};
@@ -23,6 +23,9 @@ use crate::config::{Config, Replica};
 pub struct Resolver {
     /// Per `host:port`: its addresses, and whether its last lookup failed.
     last: Mutex<HashMap<String, (Vec<SocketAddr>, bool)>>,
+    /// Names whose lookup still runs (past its deadline, on a blocking
+    /// thread the system resolver holds): not looked up again meanwhile.
+    running: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Resolver {
@@ -110,9 +113,10 @@ impl Resolver {
     }
 
     /// Looks every name of `cfg` up again, all at once on the blocking pool
-    /// (the system resolver), each within [`LOOKUP_DEADLINE`].
-    pub async fn refresh(&self, cfg: &Config) {
-        self.refresh_with(cfg, LOOKUP_DEADLINE, |name| async move {
+    /// (the system resolver), each within `deadline` ([`LOOKUP_DEADLINE`] on
+    /// reloads). A name whose last lookup still runs is not looked up again.
+    pub async fn refresh(&self, cfg: &Config, deadline: Duration) {
+        self.refresh_with(cfg, deadline, |name| async move {
             tokio::net::lookup_host(name).await.map(Iterator::collect)
         })
         .await;
@@ -130,14 +134,27 @@ impl Resolver {
             .collect();
         let mut lookups = tokio::task::JoinSet::new();
         for name in names {
-            let found = lookup(name.to_owned());
             let name = name.to_owned();
-            lookups.spawn(async move { (name, tokio::time::timeout(deadline, found).await) });
+            if !lock(&self.running).insert(name.clone()) {
+                continue;
+            }
+            // The lookup runs to its end in its own task; the refresh waits
+            // for it until the deadline only.
+            let running = Arc::clone(&self.running);
+            let found = lookup(name.clone());
+            let key = name.clone();
+            let lookup = tokio::spawn(async move {
+                let found = found.await;
+                lock(&running).remove(&key);
+                found
+            });
+            lookups.spawn(async move { (name, tokio::time::timeout(deadline, lookup).await) });
         }
         while let Some(done) = lookups.join_next().await {
             let Ok((name, found)) = done else { continue };
             let found = match found {
-                Ok(Ok(v)) => Ok(v),
+                Ok(Ok(Ok(v))) => Ok(v),
+                Ok(Ok(Err(e))) => Err(e.to_string()),
                 Ok(Err(e)) => Err(e.to_string()),
                 Err(_) => Err(format!("no answer within {deadline:?}")),
             };
@@ -188,8 +205,15 @@ impl Resolver {
     }
 }
 
-/// The longest wait for one name's lookup.
+/// The longest wait for one name's lookup on a reload.
 pub const LOOKUP_DEADLINE: Duration = Duration::from_secs(2);
+
+/// At start-up, where a name left out would start the router without it.
+pub const STARTUP_LOOKUP_DEADLINE: Duration = Duration::from_secs(10);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 #[cfg(test)]
 mod tests {
@@ -207,7 +231,7 @@ mod tests {
         );
         let r = Resolver::default();
         assert_eq!(r.expand(&c, |_| None).len(), 1, "nothing looked up yet");
-        r.refresh(&c).await;
+        r.refresh(&c, LOOKUP_DEADLINE).await;
         let list = r.expand(&c, |_| None);
         let b = list.iter().find(|r| r.name == "b").expect("b");
         assert!(b
@@ -251,6 +275,15 @@ mod tests {
             .await;
         assert!(started.elapsed() < Duration::from_secs(5));
         assert_eq!(r.cached(name), good);
+        // Still blocked: not looked up again (no pile of blocked lookups).
+        let asked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = Arc::clone(&asked);
+        r.refresh_with(&c, Duration::from_millis(50), move |_| {
+            seen.store(true, std::sync::atomic::Ordering::Relaxed);
+            std::future::pending()
+        })
+        .await;
+        assert!(!asked.load(std::sync::atomic::Ordering::Relaxed));
     }
 
     #[test]

@@ -23,13 +23,7 @@ impl Router {
     ) -> FailToProxy {
         let current = ctx.attempts.current.as_ref();
         let replica = current.and_then(|a| self.shown(a.replica()));
-        let downstream = e.esource() == &ErrorSource::Downstream;
         let err = ctx.error.take().unwrap_or_else(|| match e.etype() {
-            // The client stopped sending a body streamed unread.
-            ErrorType::ReadTimedout if downstream && !session.is_body_done() => {
-                let ms = self.settings.load().body_read_timeout.as_millis() as u64;
-                RouterError::BodyTimeout { ms }
-            }
             ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
                 RouterError::UpstreamTimeout { replica }
             }
@@ -41,7 +35,7 @@ impl Router {
         let client_gone = matches!(
             e.etype(),
             ErrorType::ReadError | ErrorType::WriteError | ErrorType::ConnectionClosed
-        ) && downstream;
+        ) && e.esource() == &ErrorSource::Downstream;
         let code = if client_gone || response_started(session) {
             0
         } else {

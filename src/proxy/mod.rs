@@ -51,7 +51,7 @@ use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
 use pingora_core::upstreams::peer::HttpPeer;
-use pingora_core::{Error, ErrorType, Result};
+use pingora_core::{Error, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
@@ -164,14 +164,6 @@ impl ProxyHttp for Router {
         if end_of_stream {
             if let Some(b) = &ctx.read.body {
                 *body = Some(b.clone());
-            }
-        } else if ctx.read.route.is_none() {
-            // A body streamed unread is bounded as a whole too.
-            let deadline = self.settings.load().body_read_timeout;
-            if ctx.started.elapsed() > deadline {
-                let ms = deadline.as_millis() as u64;
-                ctx.error = Some(crate::errors::RouterError::BodyTimeout { ms });
-                return Error::e_explain(ErrorType::ReadTimedout, "body_read_timeout_ms");
             }
         }
         Ok(())

@@ -1,7 +1,8 @@
-//! Receiving a request (`request_filter`): the API key, the router's own
-//! `/v1/models` answers, a slot under `limits`, the body read whole within
-//! its limits and parsed into the policy's view of the prompt, and the
-//! refusals on the way, each answered at once and the connection closed.
+//! Receiving a request (`request_filter`): the count of requests in progress
+//! (per client address when capped), the API key, the router's own
+//! `/v1/models` answers, any body read whole within its limits (a routed
+//! POST's parsed into the policy's view of the prompt), and the refusals on
+//! the way, each answered at once and the connection closed.
 
 use std::sync::Arc;
 
@@ -52,10 +53,16 @@ impl Router {
                 };
             }
         }
-        if req.method != http::Method::POST {
+        // Every body, any method or path, is read whole before placement
+        // (bounded by the limits below); routed POSTs' bodies are also read
+        // as prompts. A request without a body goes on as it is.
+        let post = req.method == http::Method::POST;
+        if !post && session.is_body_empty() {
             return Ok(false);
         }
-        let routed = route(req.uri.path());
+        let routed = post
+            .then(|| route(session.req_header().uri.path()))
+            .flatten();
         // Refused before any upload while every slot is taken (the slot
         // itself is taken when the request is placed).
         if self.admission.full() {
@@ -69,15 +76,9 @@ impl Router {
             let err = RouterError::BodyTooLarge { limit };
             return self.refuse(session, ctx, &err, true).await;
         }
-        let Some(routed) = routed else {
-            // Streamed to the replica unread: each read of it is bounded by
-            // `body_read_timeout_ms`, and the whole of it too (on each piece).
-            session.set_read_timeout(Some(self.settings.load().body_read_timeout));
-            return Ok(false);
-        };
-        ctx.read.route = Some(routed);
+        ctx.read.route = routed;
         // Shed at once when every replica is saturated, before reading anything.
-        if let Some(in_flight) = self.settings.load().shed_in_flight {
+        if let (Some(in_flight), Some(_)) = (self.settings.load().shed_in_flight, routed) {
             if self.replicas.saturated(in_flight) {
                 let err = RouterError::Saturated { in_flight };
                 return self.refuse(session, ctx, &err, true).await;
@@ -108,7 +109,9 @@ impl Router {
                 return self.refuse(session, ctx, &err, drain).await;
             }
         };
-        self.metrics.request_body_bytes.observe(body.len() as f64);
+        if routed.is_some() {
+            self.metrics.request_body_bytes.observe(body.len() as f64);
+        }
         ctx.read.body = Some(body);
         if !self.read_prompt(session, ctx).await {
             return self
