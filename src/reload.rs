@@ -28,7 +28,7 @@ use crate::balancer::HealthProbe;
 use crate::config::{Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
-use crate::replicas::{Change, Replicas};
+use crate::replicas::{Change, Replica, Replicas};
 use crate::resolve::Resolver;
 use crate::settings::Settings;
 
@@ -153,7 +153,30 @@ impl Reloader {
             .resolver
             .refresh(&cfg, crate::resolve::LOOKUP_DEADLINE)
             .await;
+        self.removes_too_many(&cfg)?;
         Ok(Some(self.apply(cfg)))
+    }
+
+    /// Refuses a file that would remove more than `reload_max_removed_percent`
+    /// of the running replicas at once (a writer that paused at a line
+    /// boundary for longer than [`SETTLE`] leaves such a file).
+    fn removes_too_many(&self, cfg: &Config) -> Result<(), ConfigError> {
+        let running = self.live.replicas.snapshot();
+        let next = self.live.resolver.expand(cfg, |name| {
+            running.iter().find(|r| r.name == name).map(|r| r.addr)
+        });
+        // A replica that moves keeps its name: only names that go count.
+        let kept = |r: &Replica| next.iter().any(|n| n.name == r.name);
+        let removed = running.iter().filter(|r| !kept(r)).count();
+        let percent = cfg.reload_max_removed_percent;
+        if removed * 100 > running.len() * percent as usize {
+            return Err(ConfigError::MassRemoval {
+                removed,
+                running: running.len(),
+                percent,
+            });
+        }
+        Ok(())
     }
 
     fn apply(&self, cfg: Config) -> Change {
@@ -195,6 +218,7 @@ impl Reloader {
         let list = live.resolver.expand(cfg, |name| {
             running.iter().find(|r| r.name == name).map(|r| r.addr)
         });
+        live.resolver.forget_others(cfg);
         *self.resolved_at.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         if list.is_empty() && !running.is_empty() {
             // Every name failed (a DNS outage; the resolver logged each name
@@ -389,7 +413,9 @@ mod tests {
         std::fs::write(&r.path, "replicas:\n- {name: a, adr: \"127.0.0.1:1\"}\n").unwrap();
         assert!(r.check().await.unwrap_err().to_string().contains("adr"));
         assert_eq!(r.live.replicas.snapshot().len(), 1);
-        std::fs::write(&r.path, "replicas:\n- {name: b, addr: \"127.0.0.1:2\"}\n").unwrap();
+        let moved =
+            "reload_max_removed_percent: 100\nreplicas:\n- {name: b, addr: \"127.0.0.1:2\"}\n";
+        std::fs::write(&r.path, moved).unwrap();
         let change = r.check().await.unwrap().unwrap();
         assert_eq!(change.added[0].name, "b");
         assert_eq!(change.removed[0].name, "a");

@@ -80,8 +80,12 @@ impl Resolver {
             }
             first
         });
-        // Names no longer in the config are forgotten: an address kept for
-        // one must not come back with it later.
+        out
+    }
+
+    /// Forgets the names `cfg` (the config now applied) no longer lists: an
+    /// address kept for one must not come back with it later.
+    pub fn forget_others(&self, cfg: &Config) {
         let names: HashSet<&str> = cfg
             .replicas
             .iter()
@@ -90,7 +94,6 @@ impl Resolver {
             .collect();
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         last.retain(|name, _| names.contains(name.as_str()));
-        out
     }
 
     /// Sets what a name last resolved to (tests: no DNS to change here).
@@ -296,7 +299,7 @@ mod tests {
         assert!(r.expand(&c, |_| None).is_empty());
         r.remember("no-such-host.invalid:80", vec![kept]);
         let other = cfg("replicas:\n- {name: b, addr: \"127.0.0.1:1\"}\n");
-        r.expand(&other, |_| None);
+        r.forget_others(&other);
         assert!(r.expand(&c, |_| None).is_empty(), "forgotten with its name");
     }
 }

@@ -260,7 +260,8 @@ fn a_request_whose_write_failed_is_resent_once_to_another_replica() {
 fn a_replica_that_hangs_or_fails_is_ejected_after_consecutive_failures() {
     for fault in ["--hang-after-requests", "--fail-after-requests"] {
         let a = Sim::start("a", &[]);
-        let b = Sim::start("b", &[fault, "0"]);
+        // A failing engine answers 503 (gateway-class: counted).
+        let b = Sim::start("b", &[fault, "0", "--fail-status", "503"]);
         let router = Router::start(
             &[&a, &b],
             &format!(
@@ -291,6 +292,35 @@ fn a_replica_that_hangs_or_fails_is_ejected_after_consecutive_failures() {
         assert!(picks.iter().all(|p| p == "a"), "{fault}: {picks:?}");
         assert_eq!(b.received(), 2, "{fault}: b got traffic after its ejection");
     }
+}
+
+#[test]
+fn answers_500_pass_to_the_client_and_never_eject_the_replica() {
+    // A 500 is as often the request's doing (a prompt the engine rejects):
+    // a client sending such prompts must not take replicas out.
+    let a = Sim::start("a", &[]);
+    let b = Sim::start("b", &["--fail-after-requests", "0"]);
+    let router = Router::start(
+        &[&a, &b],
+        &format!("{SLOW_HEALTH}outlier: {{consecutive_failures: 2}}\n"),
+    );
+    let statuses: Vec<u16> = (0..8)
+        .map(|i| {
+            let r = router.post("/v1/chat/completions", &single(&format!("bad {i}")));
+            r.status
+        })
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 500).count(),
+        4,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        router
+            .metric("prefix_router_ejections_total{reason=\"consecutive_failures\",replica=\"b\"}"),
+        0.0
+    );
+    assert_eq!(b.received(), 4, "b kept its share");
 }
 
 #[test]

@@ -151,6 +151,34 @@ fn a_health_check_that_ends_after_its_replica_moved_does_not_show_the_new_addres
 }
 
 #[test]
+fn a_file_that_would_remove_most_replicas_is_refused_unless_it_says_so() {
+    let (a, b, c) = (
+        Sim::start("a", &[]),
+        Sim::start("b", &[]),
+        Sim::start("c", &[]),
+    );
+    let router = Router::start(&[&a, &b, &c], FAST_HEALTH);
+    // A writer that paused at a line boundary: one replica of three left.
+    router.rewrite(&Router::yaml(&[&a], FAST_HEALTH));
+    wait_reloads(&router, "error", 1.0);
+    assert!(
+        router.log().contains("reload_max_removed_percent"),
+        "{}",
+        router.log()
+    );
+    let mut picks = router.singles(6, "kept");
+    picks.sort();
+    picks.dedup();
+    assert_eq!(picks, ["a", "b", "c"]);
+    // A file that means it says so.
+    let meant = format!("{FAST_HEALTH}reload_max_removed_percent: 100\n");
+    router.rewrite(&Router::yaml(&[&a], &meant));
+    wait_reloads(&router, "ok", 1.0);
+    let picks = router.singles(4, "meant");
+    assert!(picks.iter().all(|p| p == "a"), "{picks:?}");
+}
+
+#[test]
 fn an_invalid_file_is_rejected_and_the_previous_list_stays() {
     let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
     let router = Router::start(&[&a, &b], FAST_HEALTH);

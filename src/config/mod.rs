@@ -37,6 +37,12 @@ pub enum ConfigError {
     Yaml(#[from] serde_yaml::Error),
     #[error("invalid `{field}`: {reason}")]
     Invalid { field: String, reason: String },
+    #[error("it would remove {removed} of the {running} replicas at once, more than reload_max_removed_percent ({percent} %); a file that means it sets reload_max_removed_percent: 100")]
+    MassRemoval {
+        removed: usize,
+        running: usize,
+        percent: u32,
+    },
 }
 
 fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
@@ -95,6 +101,10 @@ pub struct Config {
     pub upgrade_sock: Option<String>,
     /// How often the config file is checked for changes.
     pub reload_interval_ms: u64,
+    /// A reload that would remove more than this share of the replicas at
+    /// once is refused (a file cut short by its writer looks like one); the
+    /// file that means it says so by setting this to 100.
+    pub reload_max_removed_percent: u32,
     /// Window of the per-replica working-set estimate (capacity gauges and warning).
     pub working_set_window_s: u32,
     /// Pingora worker threads for the proxy (default: the cores available).
@@ -151,6 +161,7 @@ impl Default for Config {
             shutdown_grace_s: 20,
             upgrade_sock: None,
             reload_interval_ms: 1_000,
+            reload_max_removed_percent: 50,
             working_set_window_s: 300,
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             replica_tls: ReplicaTls::default(),

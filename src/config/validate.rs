@@ -104,6 +104,9 @@ impl Config {
         if self.singles.min_prefix_percent > 100 {
             return Err(invalid("singles.min_prefix_percent", "must be 0..=100"));
         }
+        if self.reload_max_removed_percent > 100 {
+            return Err(invalid("reload_max_removed_percent", "must be 0..=100"));
+        }
         if self.outlier.max_ejection_percent > 100 {
             return Err(invalid("outlier.max_ejection_percent", "must be 0..=100"));
         }

@@ -1,4 +1,4 @@
-//! The engine's answer as it passes: outlier bookkeeping (5xx), placement
+//! The engine's answer as it passes: outlier bookkeeping (502-504), placement
 //! headers and counters at its head; its first byte, the Responses API id it
 //! names and its cache figures in its body, the figures counted against the
 //! placement's prediction at its end (and the index repaired after a lost
@@ -28,10 +28,14 @@ impl Router {
             return Ok(());
         };
         let r = a.replica();
-        if head.status.is_server_error() {
+        // Only gateway-class answers say the replica is unwell (Envoy's
+        // `consecutive_gateway_failure`): a 500 is as often the request's
+        // doing (a prompt the engine cannot take) and must not let a client
+        // eject replicas.
+        if matches!(head.status.as_u16(), 502..=504) {
             let why = format!("answered {}", head.status);
             self.failed(r, Failure::Response, &why);
-        } else {
+        } else if !head.status.is_server_error() {
             r.on_success();
         }
         ctx.read.answered();

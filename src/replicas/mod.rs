@@ -5,7 +5,7 @@
 //! Ejection, in the style of Envoy's outlier detection:
 //! - a refused or reset connection ejects at once (the engine is gone); the
 //!   next passing health check readmits it;
-//! - connect timeouts, response timeouts and 5xx answers are counted; after
+//! - connect timeouts, response timeouts and 502/503/504 answers are counted; after
 //!   `consecutive_failures` in a row the replica is ejected for
 //!   `base_ejection` × 2^(earlier ejections in a row), at most `max_ejection`,
 //!   and readmitted by the first passing health check after that; a success
@@ -43,7 +43,7 @@ pub enum Failure {
     Dead,
     /// The connect timed out: an overloaded accept queue as often as a dead host.
     ConnectTimeout,
-    /// A response timeout, a broken response, or a 5xx answer.
+    /// A response timeout, a broken response, or a 502/503/504 answer.
     Response,
 }
 

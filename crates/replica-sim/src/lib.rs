@@ -102,9 +102,13 @@ struct Cli {
     /// `received`) and never answered, while /health keeps passing (a hung engine).
     #[arg(long)]
     hang_after_requests: Option<u64>,
-    /// Testing: completion requests after the first N are answered 500.
+    /// Testing: completion requests after the first N are answered
+    /// `--fail-status`.
     #[arg(long)]
     fail_after_requests: Option<u64>,
+    /// Testing: the status of those failed answers.
+    #[arg(long, default_value_t = 500)]
+    fail_status: u16,
     /// Testing: a request declaring a body larger than this is never read (an
     /// engine that stopped reading): the sender's write stalls.
     #[arg(long)]

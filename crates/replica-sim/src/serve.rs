@@ -94,10 +94,9 @@ impl Sim {
                     return std::future::pending().await;
                 }
                 if self.cli.fail_after_requests.is_some_and(|f| n >= f) {
-                    return error(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "simulated engine failure",
-                    );
+                    let status = StatusCode::from_u16(self.cli.fail_status)
+                        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                    return error(status, "simulated engine failure");
                 }
                 self.complete(&path, body).await
             }
