@@ -16,7 +16,7 @@ use crate::config;
 pub struct Admission {
     max_requests: AtomicUsize,
     max_bytes: AtomicUsize,
-    /// Requests in progress per client address; 0: not counted.
+    /// Requests in progress per client address (an IPv6 /64); 0: not counted.
     max_per_client: AtomicUsize,
     requests: AtomicUsize,
     bytes: AtomicUsize,
@@ -33,7 +33,8 @@ impl Admission {
     pub fn set_limits(&self, limits: &config::Limits) {
         self.max_requests.store(limits.max_requests, Relaxed);
         self.max_bytes.store(limits.max_buffered_bytes, Relaxed);
-        (self.max_per_client).store(limits.max_requests_per_client, Relaxed);
+        self.max_per_client
+            .store(limits.max_requests_per_client, Relaxed);
     }
 
     pub fn new(limits: &config::Limits) -> Arc<Self> {
@@ -55,7 +56,11 @@ impl Admission {
     /// in progress already.
     pub fn arrive(self: &Arc<Self>, client: Option<IpAddr>) -> Option<Arrival> {
         let max = self.max_per_client.load(Relaxed);
-        let client = client.filter(|_| max > 0);
+        // An IPv6 client is its /64: one host holds a whole one.
+        let client = client.filter(|_| max > 0).map(|ip| match ip {
+            IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+            v4 => v4,
+        });
         if let Some(ip) = client {
             let mut shard = self.shard(ip);
             let n = shard.entry(ip).or_insert(0);
@@ -231,6 +236,12 @@ mod tests {
         drop(first);
         assert!(a.arrive(one).is_some());
         assert_eq!(a.in_progress(), 3);
+        // One IPv6 /64 is one client.
+        let v6 = |s: &str| Some(s.parse().unwrap());
+        let _x = a.arrive(v6("2001:db8::1")).unwrap();
+        let _y = a.arrive(v6("2001:db8::ffff:2")).unwrap();
+        assert!(a.arrive(v6("2001:db8::3")).is_none());
+        assert!(a.arrive(v6("2001:db8:0:1::3")).is_some());
     }
 
     #[test]

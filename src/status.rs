@@ -1,5 +1,5 @@
-//! The metrics listener: Prometheus text on `/metrics` (and, as before, on
-//! any other path), plus the probes an orchestrator polls: `/healthz`
+//! The metrics listener: Prometheus text on `/metrics` (404 on any path it
+//! does not know), plus the probes an orchestrator polls: `/healthz`
 //! (liveness: the process serves) and `/ready` (readiness: the configuration
 //! loaded and a replica is live, or, with none live, one completed a prompt
 //! lately (panic mode serves); 503 otherwise). Also the client
@@ -82,7 +82,7 @@ impl ServeHttp for MetricsApp {
                 }
                 answer(status, "text/plain", body.into_bytes())
             }
-            _ => {
+            "/metrics" => {
                 let mut buffer = Vec::new();
                 match TextEncoder::new().encode(&self.metrics.registry().gather(), &mut buffer) {
                     Ok(()) => answer(StatusCode::OK, TEXT_FORMAT, buffer),
@@ -93,6 +93,8 @@ impl ServeHttp for MetricsApp {
                     ),
                 }
             }
+            // Only the known paths: a scanner gets no page to compress.
+            _ => answer(StatusCode::NOT_FOUND, "text/plain", b"not found\n".to_vec()),
         }
     }
 }

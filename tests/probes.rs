@@ -22,6 +22,12 @@ fn ready_follows_the_live_replicas_and_healthz_the_process() {
     assert!(probe("/metrics")
         .text()
         .contains("prefix_router_replica_up"));
+    // Other paths: nothing (before: the whole page, on any path).
+    let other = probe("/admin/../metrics?x");
+    assert_eq!(
+        (other.status, other.text()),
+        (404, "not found\n".to_owned())
+    );
     a.kill();
     router.wait_replica_up("a", false);
     wait_for("/ready to say 503", Duration::from_secs(10), || {
