@@ -25,6 +25,8 @@ pub enum RouterError {
     Saturated { in_flight: u32 },
     #[error("this client address has {max} requests in progress (limits.max_requests_per_client); retry shortly")]
     ClientLimit { max: usize },
+    #[error("`{field}` is longer than {max} bytes")]
+    TooLong { field: &'static str, max: usize },
     #[error("invalid API key: send `Authorization: Bearer <key>` with a key this router accepts")]
     Unauthorized,
     #[error("the model `{model}` is not served by any replica")]
@@ -45,7 +47,7 @@ fn named(replica: &Option<String>) -> String {
 
 impl RouterError {
     /// Every `code`, for pre-registering metric labels.
-    pub const CODES: [&'static str; 12] = [
+    pub const CODES: [&'static str; 13] = [
         "no_replica",
         "body_too_large",
         "body_timeout",
@@ -54,6 +56,7 @@ impl RouterError {
         "overloaded",
         "replicas_saturated",
         "rate_limit_exceeded",
+        "string_above_max_length",
         "invalid_api_key",
         "model_not_found",
         "response_unavailable",
@@ -71,6 +74,7 @@ impl RouterError {
             RouterError::Overloaded { .. } => 503,
             RouterError::Saturated { .. } => 429,
             RouterError::ClientLimit { .. } => 429,
+            RouterError::TooLong { .. } => 400,
             RouterError::Unauthorized => 401,
             RouterError::ModelNotFound { .. } => 404,
             RouterError::ResponseUnavailable { .. } => 503,
@@ -89,6 +93,7 @@ impl RouterError {
             RouterError::Overloaded { .. } => "overloaded",
             RouterError::Saturated { .. } => "replicas_saturated",
             RouterError::ClientLimit { .. } => "rate_limit_exceeded",
+            RouterError::TooLong { .. } => "string_above_max_length",
             RouterError::Unauthorized => "invalid_api_key",
             RouterError::ModelNotFound { .. } => "model_not_found",
             RouterError::ResponseUnavailable { .. } => "response_unavailable",

@@ -1,6 +1,6 @@
 //! Admission, black-box: a slot is a request in flight to a replica, not a
 //! client still sending its body; every body has a whole-body deadline; one
-//! client address can be held to its share.
+//! client address can be held to its share; identifiers have caps.
 
 mod common;
 
@@ -105,4 +105,27 @@ fn a_body_on_another_path_is_forwarded_whole_and_resent_once_after_a_failed_writ
         a.stats()["stalled"].as_u64().unwrap() >= 1,
         "the counter never chose a"
     );
+}
+
+#[test]
+fn identifiers_past_their_caps_get_a_400_and_never_reach_a_replica() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "");
+    for (field, len) in [("prompt_cache_key", 4096), ("model", 300)] {
+        let mut body = single("capped");
+        body[field] = serde_json::json!("x".repeat(len));
+        let r = router.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 400, "{field}: {}", r.text());
+        let error = &r.json()["error"];
+        assert_eq!(error["code"], "string_above_max_length");
+        assert_eq!(error["type"], "invalid_request_error");
+        assert!(
+            error["message"].as_str().unwrap().contains(field),
+            "{error}"
+        );
+    }
+    assert_eq!(a.stats()["requests"], 0, "nothing reached the engine");
+    let mut body = single("within");
+    body["prompt_cache_key"] = serde_json::json!("k".repeat(1024));
+    assert_eq!(router.post("/v1/chat/completions", &body).status, 200);
 }

@@ -41,7 +41,7 @@ impl Router {
         // Placed again (a retry): the prompt as the first placement saw it,
         // or spread if the budget cannot hold it now.
         if matches!(ctx.read.prompt, Prompt::Placed) {
-            self.read_prompt(session, ctx).await;
+            let _ = self.read_prompt(session, ctx).await;
         }
         let list = self.replicas.snapshot();
         // A known response's replica, and no other: the state is there (a

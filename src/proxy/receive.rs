@@ -14,6 +14,7 @@ use super::{Ctx, Prompt, Router, SESSION_HEADER};
 use crate::body;
 use crate::errors::RouterError;
 use crate::paths::{response_id, route, Route};
+use crate::policy::Request;
 use crate::response_ids::IdScan;
 
 impl Router {
@@ -113,10 +114,8 @@ impl Router {
             self.metrics.request_body_bytes.observe(body.len() as f64);
         }
         ctx.read.body = Some(body);
-        if !self.read_prompt(session, ctx).await {
-            return self
-                .refuse(session, ctx, &RouterError::OVER_BUDGET, false)
-                .await;
+        if let Err(err) = self.read_prompt(session, ctx).await {
+            return self.refuse(session, ctx, &err, false).await;
         }
         if let Some(model) = ctx.read.model.as_deref() {
             if self.replicas.nobody_serves(model) {
@@ -130,17 +129,25 @@ impl Router {
     }
 
     /// Parses the body in `ctx` into the policy's view of its prompt, its
-    /// canonical text reserved on the request's ticket; `false` (nothing kept)
-    /// when the budget cannot hold it. A body that is not a prompt is still
-    /// forwarded, spread: the engine answers it.
-    pub(super) async fn read_prompt(&self, session: &Session, ctx: &mut Ctx) -> bool {
+    /// canonical text reserved on the request's ticket; an error (nothing
+    /// kept) when an identifier is longer than its cap or the budget cannot
+    /// hold the text. A body that is not a prompt is still forwarded,
+    /// spread: the engine answers it.
+    pub(super) async fn read_prompt(
+        &self,
+        session: &Session,
+        ctx: &mut Ctx,
+    ) -> std::result::Result<(), RouterError> {
         let (Some(body), Some(route)) = (ctx.read.body.clone(), ctx.read.route) else {
-            return true;
+            return Ok(());
         };
         let key = header(session, SESSION_HEADER).map(str::to_owned);
         let s = self.settings.load();
         let checkpoints = Arc::clone(&self.checkpoints);
         let request = body::parse(body, route, &s, checkpoints, key, &self.metrics).await;
+        if let Some(err) = request.as_ref().and_then(too_long) {
+            return Err(err);
+        }
         let parsed_bytes = request.as_ref().map_or(0, |r| r.chain.heap_bytes());
         if !ctx
             .read
@@ -148,7 +155,7 @@ impl Router {
             .as_mut()
             .is_some_and(|t| t.reserve(parsed_bytes))
         {
-            return false;
+            return Err(RouterError::OVER_BUDGET);
         }
         if let Some(r) = &request {
             ctx.read.model.clone_from(&r.model);
@@ -166,7 +173,7 @@ impl Router {
         if ctx.response.is_none() {
             self.ask_shared(ctx).await;
         }
-        true
+        Ok(())
     }
 
     /// Answers `err` and closes the connection. With `drain`, the unread rest
@@ -248,4 +255,28 @@ impl Router {
             }),
         })
     }
+}
+
+/// The longest conversation key (`prompt_cache_key`, `x-session-id`) held.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// The first identifier of `r` longer than its cap: each is held for the
+/// request's life (and may go to Redis), so none is taken unbounded.
+fn too_long(r: &Request) -> Option<RouterError> {
+    let caps = [
+        ("model", r.model.as_deref(), crate::config::MAX_MODEL_NAME),
+        (
+            "prompt_cache_key or x-session-id",
+            r.key.as_deref(),
+            MAX_KEY_BYTES,
+        ),
+        (
+            "previous_response_id",
+            r.previous_response_id.as_deref(),
+            crate::response_ids::MAX_ID,
+        ),
+    ];
+    caps.into_iter()
+        .find(|(_, v, max)| v.is_some_and(|v| v.len() > *max))
+        .map(|(field, _, max)| RouterError::TooLong { field, max })
 }
