@@ -3,24 +3,27 @@
 //!
 //! Phase by phase:
 //! - `early_request_filter`: client keep-alive and write timeouts.
-//! - `request_filter`: the API key (when configured), then for `POST` to a
-//!   routed path (normalised): a slot under `limits`, answer `Expect:
-//!   100-continue`, read the body within `max_body_bytes`,
-//!   `body_read_timeout_ms` and the byte budget, parse it (off the async
-//!   workers when large). A request refused before its body was read has the
-//!   body drained, so a client that sends before it reads gets the answer.
-//! - `upstream_peer` (again on every retry): the policy places the request among
-//!   live replicas not yet tried; Pingora's selection confirms membership and health.
+//! - `request_filter`: the request counted in progress (per client address
+//!   when capped), the API key (when configured), then any body: answer
+//!   `Expect: 100-continue`, read it whole within `max_body_bytes`,
+//!   `body_read_timeout_ms` and the byte budget, and for a routed `POST`
+//!   parse it (off the async workers when large). A request refused before
+//!   its body was read has the body drained, so a client that sends before
+//!   it reads gets the answer.
+//! - `upstream_peer` (again on every retry): the slot under `limits` (once),
+//!   then the policy places the request among live replicas not yet tried;
+//!   Pingora's selection confirms membership.
 //! - `request_body_filter`: hands the buffered body to Pingora at end of stream.
 //!   With `patches/pingora-proxy-0.9.1.diff` this happens on every attempt and
 //!   for any size (stock Pingora forwards only from its 64 KiB retry buffer).
 //! - `fail_to_connect`: nothing reached the engine: record the failure (see
 //!   `replicas` for ejection) and retry elsewhere.
 //! - `error_while_proxy`: retry only when the request cannot have reached the
-//!   engine whole (writing it failed) and nothing went to the client; a read
+//!   engine whole (writing it failed; an early answer is waited for 1 s) and
+//!   nothing went to the client; a read
 //!   error or timeout after the request was sent is answered 502/504, never
 //!   re-sent: a second delivery is a second prefill and maybe a second tool call.
-//! - `response_filter`: outlier bookkeeping (5xx), placement headers, metrics.
+//! - `response_filter`: outlier bookkeeping (502-504), placement headers, metrics.
 //! - `response_body_filter`: reads the engine's cache figures as the body
 //!   passes (`usage`), counted against the placement's prediction at its end.
 //!
