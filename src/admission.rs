@@ -52,9 +52,9 @@ impl Admission {
     }
 
     /// A request's head arrived from `client`: counted until the returned
-    /// guard drops; `None` when that address has `max_requests_per_client`
-    /// in progress already.
-    pub fn arrive(self: &Arc<Self>, client: Option<IpAddr>) -> Option<Arrival> {
+    /// guard drops; `Err` with the cap when that address has
+    /// `max_requests_per_client` in progress already.
+    pub fn arrive(self: &Arc<Self>, client: Option<IpAddr>) -> Result<Arrival, usize> {
         let max = self.max_per_client.load(Relaxed);
         // An IPv6 client is its /64: one host holds a whole one.
         let client = client.filter(|_| max > 0).map(|ip| match ip {
@@ -65,12 +65,12 @@ impl Admission {
             let mut shard = self.shard(ip);
             let n = shard.entry(ip).or_insert(0);
             if *n >= max {
-                return None;
+                return Err(max);
             }
             *n += 1;
         }
         self.in_progress.fetch_add(1, Relaxed);
-        Some(Arrival {
+        Ok(Arrival {
             admission: Arc::clone(self),
             client,
         })
@@ -229,19 +229,19 @@ mod tests {
         );
         let first = a.arrive(one).unwrap();
         let _second = a.arrive(one).unwrap();
-        assert!(a.arrive(one).is_none());
+        assert!(a.arrive(one).is_err());
         let _other = a.arrive(two).unwrap();
         let _unknown = a.arrive(None).unwrap();
         assert_eq!(a.in_progress(), 4);
         drop(first);
-        assert!(a.arrive(one).is_some());
+        assert!(a.arrive(one).is_ok());
         assert_eq!(a.in_progress(), 3);
         // One IPv6 /64 is one client.
         let v6 = |s: &str| Some(s.parse().unwrap());
         let _x = a.arrive(v6("2001:db8::1")).unwrap();
         let _y = a.arrive(v6("2001:db8::ffff:2")).unwrap();
-        assert!(a.arrive(v6("2001:db8::3")).is_none());
-        assert!(a.arrive(v6("2001:db8:0:1::3")).is_some());
+        assert!(a.arrive(v6("2001:db8::3")).is_err());
+        assert!(a.arrive(v6("2001:db8:0:1::3")).is_ok());
     }
 
     #[test]

@@ -28,8 +28,6 @@ pub struct Settings {
     pub repair_on_miss_s: Option<u32>,
     /// `shed_in_flight`.
     pub shed_in_flight: Option<u32>,
-    /// `limits.max_requests_per_client` (for the error's message).
-    pub max_requests_per_client: usize,
     pub outlier: OutlierRules,
     pub tls: ReplicaTls,
 }
@@ -53,7 +51,6 @@ impl Settings {
             placement_headers: c.placement_headers,
             repair_on_miss_s: c.prefix_index.repair_on_miss_s,
             shed_in_flight: c.shed_in_flight,
-            max_requests_per_client: c.limits.max_requests_per_client,
             outlier: OutlierRules::from(&c.outlier),
             tls: c.replica_tls.clone(),
         }

@@ -25,12 +25,10 @@ impl Router {
             .and_then(|a| a.as_inet())
             .map(|a| a.ip());
         match self.admission.arrive(client) {
-            Some(arrival) => ctx.read.arrival = Some(arrival),
-            None => {
-                let max = self.settings.load().max_requests_per_client;
-                return self
-                    .refuse(session, ctx, &RouterError::ClientLimit { max }, true)
-                    .await;
+            Ok(arrival) => ctx.read.arrival = Some(arrival),
+            Err(max) => {
+                let err = RouterError::ClientLimit { max };
+                return self.refuse(session, ctx, &err, true).await;
             }
         }
         if !self.authorised(session) {
