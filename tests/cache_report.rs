@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::http::EventStream;
+use common::http::{self, EventStream, Response};
 use common::{get, Router, Sim};
 use serde_json::json;
 
@@ -160,38 +160,84 @@ fn named(name: &str, turns: usize) -> serde_json::Value {
 /// Opens conversations named `base 0`, `base 1`, ... until one's first turn
 /// lands on `replica` (the counter alternates); returns its name.
 fn opened_on(router: &Router, base: &str, replica: &str) -> String {
+    opened_as(router, None, base, replica)
+}
+
+/// As [`opened_on`], sent with API key `key`.
+fn opened_as(router: &Router, key: Option<&str>, base: &str, replica: &str) -> String {
     (0..8)
         .map(|i| format!("{base} {i}"))
         .find(|name| {
-            let r = router.post("/v1/chat/completions", &named(name, 1));
+            let r = post_as(router, key, &named(name, 1));
             assert_eq!(r.status, 200, "{}", r.text());
             r.replica() == replica
         })
         .expect("the counter reaches every replica")
 }
 
+/// A chat request sent with API key `key` (none: as `Router::post`).
+fn post_as(router: &Router, key: Option<&str>, body: &serde_json::Value) -> Response {
+    let Some(key) = key else {
+        return router.post("/v1/chat/completions", body);
+    };
+    let auth = format!("Bearer {key}");
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", auth.as_str()),
+    ];
+    let bytes = serde_json::to_vec(body).expect("json");
+    http::request(
+        router.addr,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        &bytes,
+    )
+}
+
 #[test]
-fn a_pin_the_engine_lost_unpins_what_its_replica_held_before_it() {
+fn pins_two_clients_found_lost_unpin_what_their_replica_held_before_them() {
     // Health checks far apart: the restart below goes unseen by them. A lost
-    // pin repairs when its prefix is at least a second old.
+    // pin counts when its prefix is at least a second old. Clients are told
+    // apart by their API keys.
     let mut a = Sim::start("a", &[]);
     let b = Sim::start("b", &[]);
-    let extra = "health_check: {interval_ms: 600000}\nprefix_index: {repair_on_miss_s: 1}\n";
-    let router = Router::start(&[&a, &b], extra);
-    // Two conversations on `a`: "older", then, later, "lost", whose second
-    // turn hits.
-    let older = opened_on(&router, "older", "a");
+    let dir = std::env::temp_dir().join(format!("prefix-router-witness-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let keys = dir.join("keys");
+    let digest = |k: &str| -> String {
+        use sha2::Digest;
+        let d = sha2::Sha256::digest(k.as_bytes());
+        d.iter().map(|b| format!("{b:02x}")).collect()
+    };
+    std::fs::write(&keys, format!("{}\n{}\n", digest("k1"), digest("k2"))).expect("keys");
+    let extra = format!(
+        "health_check: {{interval_ms: 600000}}\nprefix_index: {{repair_on_miss_s: 1}}\napi_keys_file: \"{}\"\n",
+        keys.display()
+    );
+    let router = Router::start(&[&a, &b], &extra);
+    let (k1, k2) = (Some("k1"), Some("k2"));
+    // Three conversations on `a`: "older", then, later, "lost" and "also"
+    // of two clients, whose second turns hit.
+    let older = opened_as(&router, k1, "older", "a");
     next_clock_second();
-    let lost = opened_on(&router, "lost", "a");
-    let hit = router.post("/v1/chat/completions", &named(&lost, 2));
-    assert_eq!((hit.replica(), hit.decision()), ("a", "pin"));
+    let lost = opened_as(&router, k1, "lost", "a");
+    let also = opened_as(&router, k2, "also", "a");
+    for (key, name) in [(k1, &lost), (k2, &also)] {
+        let hit = post_as(&router, key, &named(name, 2));
+        assert_eq!((hit.replica(), hit.decision()), ("a", "pin"));
+    }
     next_clock_second();
-    // `a` restarts with an empty cache; the next turn of "lost" is pinned
-    // there and the engine reports nothing reused.
+    // `a` restarts with an empty cache; the next turns are pinned there and
+    // the engine reports nothing reused.
     let listen = a.addr.to_string();
     a.kill();
     let _a = Sim::start_on(&listen, "a", &[]);
-    let missed = router.post("/v1/chat/completions", &named(&lost, 3));
+    let missed = post_as(&router, k1, &named(&lost, 3));
+    assert_eq!((missed.replica(), missed.decision()), ("a", "pin"));
+    // One client's lost pin proves its own prompt gone, nothing else.
+    assert_eq!(repairs(&router, "miss"), 0.0);
+    let missed = post_as(&router, k2, &named(&also, 3));
     assert_eq!((missed.replica(), missed.decision()), ("a", "pin"));
     assert_eq!(
         (repairs(&router, "miss"), repairs(&router, "restart")),
@@ -199,11 +245,39 @@ fn a_pin_the_engine_lost_unpins_what_its_replica_held_before_it() {
     );
     // "older" sat on `a` from before: forgotten, its next turn is placed on
     // merit (the counter), not sent to a cache that is gone.
-    let next = router.post("/v1/chat/completions", &named(&older, 2));
+    let next = post_as(&router, k1, &named(&older, 2));
     assert_eq!(next.decision(), "spread", "{}", next.replica());
     // "lost" was prefilled again by the turn that missed: it stays.
-    let again = router.post("/v1/chat/completions", &named(&lost, 4));
+    let again = post_as(&router, k1, &named(&lost, 4));
     assert_eq!((again.replica(), again.decision()), ("a", "pin"));
+}
+
+#[test]
+fn a_client_resending_a_prefix_with_other_tools_is_not_pinned_and_wipes_nothing() {
+    // The chat template renders the tool list before the messages: the same
+    // messages with another tool list share no cached tokens. Were it pinned
+    // by its text, the engine would report ~0 cached and the repair would
+    // forget what `a` held from before, other clients' conversations too.
+    let a = Sim::start("a", &[]);
+    let b = Sim::start("b", &[]);
+    let extra = "health_check: {interval_ms: 600000}\nprefix_index: {repair_on_miss_s: 1}\n";
+    let router = Router::start(&[&a, &b], extra);
+    let victim = opened_on(&router, "victim", "a");
+    next_clock_second();
+    let hostile = opened_on(&router, "hostile", "a");
+    next_clock_second();
+    let mut other_tools = named(&hostile, 1);
+    other_tools["tools"] = json!([{"type": "function", "function": {"name": "wipe"}}]);
+    let r = router.post("/v1/chat/completions", &other_tools);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_ne!(r.decision(), "pin", "{}", r.replica());
+    assert_eq!(repairs(&router, "miss"), 0.0);
+    // Its own tool list, resent, is a conversation of its own.
+    let again = router.post("/v1/chat/completions", &other_tools);
+    assert_eq!((again.replica(), again.decision()), (r.replica(), "pin"));
+    let next = router.post("/v1/chat/completions", &named(&victim, 2));
+    assert_eq!((next.replica(), next.decision()), ("a", "pin"));
+    assert_eq!(outcomes(&router).1, 0.0, "no pin missed");
 }
 
 #[test]

@@ -49,6 +49,9 @@ pub struct Read {
     pub(super) prompt: Prompt,
     /// The body's `model`: only replicas serving it are offered.
     pub(super) model: Option<String>,
+    /// Who sent it, as a hash: its API key when keys are checked, else its
+    /// client address (a lost pin repairs others' only when two agree).
+    pub(super) source: u64,
 }
 
 /// The attempts to place the request: the current one and those before it.

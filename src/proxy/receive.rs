@@ -31,10 +31,13 @@ impl Router {
                 return self.refuse(session, ctx, &err, true).await;
             }
         }
-        if !self.authorised(session) {
-            return self
-                .refuse(session, ctx, &RouterError::Unauthorized, true)
-                .await;
+        match self.authorised(session) {
+            Some(key) => ctx.read.source = key.unwrap_or_else(|| source_of_address(client)),
+            None => {
+                return self
+                    .refuse(session, ctx, &RouterError::Unauthorized, true)
+                    .await
+            }
         }
         if let Some(id) = response_id(session.req_header().uri.path()).map(str::to_owned) {
             let holder = self.response_holder(&id).await;
@@ -205,17 +208,19 @@ impl Router {
             .max(64 << 20)
     }
 
-    /// The API key check; `true` when the client may go on.
-    fn authorised(&self, session: &Session) -> bool {
+    /// The API key check: `None` when the client may not go on, else the
+    /// hash of the key it presented when keys are checked.
+    fn authorised(&self, session: &Session) -> Option<Option<u64>> {
         let Some(keys) = &self.keys else {
-            return true;
+            return Some(None);
         };
         let h = &session.req_header().headers;
         let key = crate::auth::presented(
             h.get("authorization").map(|v| v.as_bytes()),
             h.get("x-api-key").map(|v| v.as_bytes()),
         );
-        key.is_some_and(|k| keys.keys().accepts(k))
+        let key = key.filter(|k| keys.keys().accepts(k))?;
+        Some(Some(xxhash_rust::xxh3::xxh3_64(key)))
     }
 
     /// The router's own answer to `GET /v1/models` (the union of the live
@@ -277,4 +282,13 @@ fn too_long(r: &Request) -> Option<RouterError> {
     caps.into_iter()
         .find(|(_, v, max)| v.is_some_and(|v| v.len() > *max))
         .map(|(field, _, max)| RouterError::TooLong { field, max })
+}
+
+/// A request's source when no API key names it: its client address.
+fn source_of_address(client: Option<std::net::IpAddr>) -> u64 {
+    match client {
+        Some(std::net::IpAddr::V4(ip)) => u64::from(ip.to_bits()),
+        Some(std::net::IpAddr::V6(ip)) => xxhash_rust::xxh3::xxh3_64(&ip.octets()),
+        None => 0,
+    }
 }

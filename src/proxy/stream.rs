@@ -102,7 +102,7 @@ impl Router {
                 // `replicas::health`).
                 r.answered(std::time::Instant::now());
                 if ctx.attempts.evidence {
-                    self.reported(r, d, u);
+                    self.reported(r, d, u, ctx.read.source);
                 }
             }
         }
@@ -110,8 +110,9 @@ impl Router {
 
     /// Counts what the engine reported reusing against what the placement
     /// predicted (responses that report no usage are left out, so the
-    /// counters stay comparable), and repairs the index after a lost pin.
-    fn reported(&self, replica: &Replica, d: &Decision, u: &UsageScan) {
+    /// counters stay comparable), and repairs the index after lost pins of
+    /// two sources (`source`: who sent this request, see `Read::source`).
+    fn reported(&self, replica: &Replica, d: &Decision, u: &UsageScan, source: u64) {
         let Some((cached, prompt)) = u.figures() else {
             return;
         };
@@ -129,15 +130,20 @@ impl Router {
         let Some(every) = self.settings.load().repair_on_miss_s else {
             return;
         };
-        // A prefix recorded moments before may still be in its first prefill.
-        let old_enough = d.matched_age_s() >= every;
-        if outcome == Outcome::Lost && old_enough && replica.may_repair(self.policy.clock(), every)
-        {
-            let forgotten = self.policy.forget_stale(d);
-            if forgotten > 0 {
-                self.metrics
-                    .repaired(&replica.name, Repair::Miss, forgotten);
+        match outcome {
+            Outcome::Hit => replica.pin_held(),
+            Outcome::Miss => {}
+            // A prefix recorded moments before may still be in its first
+            // prefill; another client must corroborate (see `lost_pin`).
+            Outcome::Lost if d.matched_age_s() >= every => {
+                let before = replica.lost_pin(source, d.matched_at, self.policy.clock(), every);
+                let forgotten = before.map_or(0, |b| self.policy.forget_before(replica.id, b));
+                if forgotten > 0 {
+                    self.metrics
+                        .repaired(&replica.name, Repair::Miss, forgotten);
+                }
             }
+            Outcome::Lost => {}
         }
     }
 }

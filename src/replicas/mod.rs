@@ -346,12 +346,23 @@ mod tests {
     }
 
     #[test]
-    fn index_repairs_after_lost_pins_are_spaced_per_replica() {
+    fn a_lost_pin_repairs_only_when_another_client_corroborates_it() {
         let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1")]), Metrics::standalone());
         let a = Arc::clone(&set.snapshot()[0]);
-        assert!(a.may_repair(3, 10));
-        assert!(!a.may_repair(12, 10));
-        assert!(a.may_repair(13, 10));
+        // One client, however often: no repair.
+        assert_eq!(a.lost_pin(1, 5, 10, 10), None);
+        assert_eq!(a.lost_pin(1, 6, 11, 10), None);
+        // Another client: repair, bounded by the older prefix.
+        assert_eq!(a.lost_pin(2, 8, 12, 10), Some(6));
+        // Spaced per replica: a second pair within 10 s does not repair.
+        assert_eq!(a.lost_pin(3, 9, 13, 10), None);
+        assert_eq!(a.lost_pin(4, 9, 14, 10), None);
+        assert_eq!(a.lost_pin(5, 9, 24, 10), Some(9));
+        // A pin held in between, or a witness too old, corroborates nothing.
+        assert_eq!(a.lost_pin(6, 30, 40, 10), None);
+        a.pin_held();
+        assert_eq!(a.lost_pin(7, 30, 41, 10), None);
+        assert_eq!(a.lost_pin(8, 30, 41 + replica::WITNESS_S + 1, 10), None);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! One replica as the router sees it: identity, health and ejection
 //! state, in-flight counts, what its engine last reported, and the
-//! [`ReplicaState`] the policy reads. All atomics: the request path never
-//! takes a lock here.
+//! [`ReplicaState`] the policy reads. All atomics on the path of a request
+//! that succeeds; a lock only for an ejection or a lost pin's witness.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -13,6 +13,17 @@ use arc_swap::ArcSwapOption;
 use crate::config::{self, PromptCache};
 use crate::metrics::ReplicaCounters;
 use crate::policy::{EngineLoad, ReplicaId, ReplicaState, Room, BYTES_PER_TOKEN};
+
+/// Seconds a lost pin waits for another client's to corroborate it.
+pub const WITNESS_S: u32 = 300;
+
+/// A lost pin: who sent it, when its prefix was recorded, when it was seen.
+#[derive(Debug, Clone, Copy)]
+struct Witness {
+    source: u64,
+    matched_at: u32,
+    at_s: u32,
+}
 
 /// One replica.
 #[derive(Debug)]
@@ -62,6 +73,8 @@ pub struct Replica {
     pub(super) went_away: AtomicBool,
     /// Clock (seconds) of the last index repair after a lost pin; MAX: none.
     pub(super) last_repair: AtomicU32,
+    /// A lost pin waiting for another client's to corroborate it.
+    witness: Mutex<Option<Witness>>,
     /// Ejected by the request path; see the module header.
     pub(super) ejected: AtomicBool,
     /// Failures in a row (timeouts, 5xx) since the last success.
@@ -106,6 +119,7 @@ impl Replica {
             judged: AtomicBool::new(false),
             went_away: AtomicBool::new(false),
             last_repair: AtomicU32::new(u32::MAX),
+            witness: Mutex::new(None),
             ejected: AtomicBool::new(false),
             consecutive: AtomicU32::new(0),
             ejection: Mutex::new((0, None)),
@@ -207,9 +221,47 @@ impl Replica {
         }
     }
 
+    /// A pin whose prefix (recorded at clock second `matched_at`) the engine
+    /// reported lost, for a request from `source` (its API key, else its
+    /// address): the clock second before which the index may forget what
+    /// this replica held, once a lost pin from another source corroborates
+    /// it within [`WITNESS_S`], and at most once per `every_s` seconds. One
+    /// client alone proves only that its own prefix is gone (which the miss
+    /// re-recorded): the request may have told the engine to render it
+    /// otherwise, so it cannot make the router forget other conversations.
+    /// The older of the two prefixes bounds what is forgotten.
+    pub fn lost_pin(&self, source: u64, matched_at: u32, now_s: u32, every_s: u32) -> Option<u32> {
+        let mut witness = self.witness.lock().unwrap_or_else(|p| p.into_inner());
+        let fresh = |w: &Witness| now_s.saturating_sub(w.at_s) <= WITNESS_S;
+        match *witness {
+            Some(first)
+                if first.source != source && fresh(&first) && self.may_repair(now_s, every_s) =>
+            {
+                *witness = None;
+                Some(first.matched_at.min(matched_at))
+            }
+            _ => {
+                *witness = Some(Witness {
+                    source,
+                    matched_at,
+                    at_s: now_s,
+                });
+                None
+            }
+        }
+    }
+
+    /// The engine reported a pin's prefix cached: its cache is there, and a
+    /// lost pin before this is no witness of a lost cache.
+    pub fn pin_held(&self) {
+        if let Ok(mut w) = self.witness.try_lock() {
+            *w = None;
+        }
+    }
+
     /// Whether an index repair after a lost pin may run at `now_s`: at most
     /// one per `every_s` seconds per replica.
-    pub fn may_repair(&self, now_s: u32, every_s: u32) -> bool {
+    fn may_repair(&self, now_s: u32, every_s: u32) -> bool {
         let last = self.last_repair.load(Relaxed);
         if last != u32::MAX && now_s.saturating_sub(last) < every_s {
             return false;

@@ -4,7 +4,8 @@
 //! KV POOL    kv_tokens / block_tokens blocks, shared by running sequences and
 //!            cached prefix blocks (the seed's capacity wall comes from this).
 //!            Full prompt blocks are identified by a hash chain (seeded by the
-//!            request's `cache_salt`, as vLLM does) and stay cached,
+//!            request's identity: `cache_salt`, model, tools, as vLLM's
+//!            cache keys carry them) and stay cached,
 //!            unreferenced, after their sequence ends (tail first, as vLLM
 //!            frees them); LRU eviction frees them.
 //! ADMISSION  FIFO: a waiting request starts when blocks for its whole prompt

@@ -167,14 +167,10 @@ impl Sim {
             );
         }
         let responses = path == "/v1/responses";
-        let (mut text, salt) = routing::request::Prompt::parse(&body, usize::MAX)
-            .map(|p| {
-                let salt = p
-                    .salt
-                    .map_or(0, |s| xxhash_rust::xxh3::xxh3_64(s.as_bytes()));
-                (p.text, salt)
-            })
+        let mut text = routing::request::Prompt::parse(&body, usize::MAX)
+            .map(|p| p.text)
             .unwrap_or_default();
+        let salt = cache_identity(&req);
         // The Responses API: this request's instructions, then the stored
         // conversation it continues (so its prefix is cached; the earlier
         // instructions are not carried over), then its new items.
@@ -468,4 +464,33 @@ impl Drop for Running {
             self.sim.engine.lock().expect("engine lock").cancel(self.id);
         }
     }
+}
+
+/// What the engine's cache keys carry besides the prompt's text, read from
+/// the request as vLLM does (not from the router's own reading): the
+/// `cache_salt`, the model (a LoRA adapter is a model name), and what the chat
+/// template renders before the messages (the tools, the template and its
+/// kwargs, documents). 0 when the request names none of them.
+fn cache_identity(req: &Value) -> u64 {
+    const KEYS: [&str; 7] = [
+        "cache_salt",
+        "model",
+        "tools",
+        "functions",
+        "chat_template",
+        "chat_template_kwargs",
+        "documents",
+    ];
+    let parts: Vec<&Value> = KEYS
+        .iter()
+        .map(|k| req.get(k).unwrap_or(&Value::Null))
+        .collect();
+    if parts.iter().all(|v| v.is_null()) {
+        return 0;
+    }
+    xxhash_rust::xxh3::xxh3_64(
+        Value::from(parts.into_iter().cloned().collect::<Vec<_>>())
+            .to_string()
+            .as_bytes(),
+    )
 }

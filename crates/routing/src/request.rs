@@ -9,9 +9,10 @@
 //! top-level `system` is a first `system` message wherever its key stands; a
 //! completions `prompt` is its text (strings of a list joined by `0x1E`, token
 //! ids as decimal numbers). `model` is kept (it decides which replicas may
-//! serve the request). Unknown fields are ignored, except vLLM's
-//! `cache_salt`, which becomes part of the prefix identity (the engine shares
-//! cache only within one salt), and the engine options that skip its prefix
+//! serve the request). Unknown fields are ignored, except those the engine
+//! keys its cache by besides the text (vLLM's `cache_salt`, the model, the
+//! tools and template fields; markers for tool calls and media in place: see
+//! `identity`), which make the prefix identity, and the engine options that skip its prefix
 //! cache (`cache_prompt: false`, `prompt_logprobs`), which are noted: such a
 //! response says nothing of what the replica holds.
 //!
@@ -23,6 +24,7 @@
 
 mod blocks;
 mod checkpoint;
+mod identity;
 #[cfg(test)]
 mod reference;
 mod responses;
@@ -63,8 +65,10 @@ pub struct Prompt {
     pub messages: usize,
     /// `prompt_cache_key` from the body.
     pub key: Option<String>,
-    /// `cache_salt` from the body: part of the prefix identity.
-    pub salt: Option<String>,
+    /// What besides the messages' text the engine keys its cache by: the
+    /// `cache_salt`, the model, the tools and template fields (see
+    /// `identity`); `None` when the body names none of them.
+    pub identity: Option<u64>,
     /// `model` from the body: which replicas may serve it.
     pub model: Option<String>,
     /// Responses API: the response this request continues (its state is on
@@ -144,11 +148,11 @@ impl Prompt {
             .key
             .or_else(|| header_key.filter(|k| !k.is_empty()).map(str::to_owned));
         Request {
-            chain: PrefixChain::salted_after(
+            chain: PrefixChain::identified_after(
                 self.text,
                 self.message_ends,
                 block_bytes,
-                self.salt.as_deref(),
+                self.identity,
                 known,
             ),
             model_turn: self.model_turn,
@@ -220,6 +224,8 @@ struct Fields {
     salt: Option<String>,
     /// `model` (a non-empty string).
     model: Option<String>,
+    /// The top-level fields the chat template renders (see `identity`).
+    rendered: identity::Rendered,
     /// A `cache_salt` that is not a string: what the engine does with it is
     /// unknown, so its reuse is no evidence.
     odd_salt: bool,
@@ -250,6 +256,7 @@ impl Fields {
             key: self.key.clone(),
             salt: self.salt.clone(),
             model: self.model.clone(),
+            rendered: self.rendered,
             odd_salt: self.odd_salt,
             no_cache: self.no_cache,
             logprobs: self.logprobs,
@@ -263,8 +270,8 @@ impl Fields {
         let sections = [self.system, self.messages, self.prompt];
         let mut parts = sections.into_iter().flatten();
         let mut prompt = Prompt {
+            identity: identity::of(self.salt.as_deref(), self.model.as_deref(), &self.rendered),
             key: self.key,
-            salt: self.salt,
             model: self.model,
             cache_bypass: self.odd_salt || self.no_cache || self.logprobs,
             ..Prompt::default()
@@ -446,6 +453,67 @@ mod tests {
         assert_eq!(p.messages, 2);
         assert!(p.message_ends.iter().all(|e| *e <= 50));
         assert!(Prompt::parse(&body.as_bytes()[..body.len() - 1], 50).is_err());
+    }
+
+    #[test]
+    fn what_the_template_renders_besides_the_text_is_the_identity() {
+        let body = |extra: &str| {
+            parse(&format!(
+                r#"{{"messages":[{{"role":"user","content":"q"}}],"model":"m"{extra}}}"#
+            ))
+        };
+        let plain = body("");
+        assert_eq!(plain.identity, body("").identity);
+        let tools = r#","tools":[{"type":"function","function":{"name":"ls"}}]"#;
+        let variants = [
+            body(tools),
+            body(r#","tools":[{"type":"function","function":{"name":"rm"}}]"#),
+            body(r#","chat_template_kwargs":{"enable_thinking":false}"#),
+            body(r#","cache_salt":"t""#),
+            parse(r#"{"messages":[{"role":"user","content":"q"}],"model":"m-lora"}"#),
+        ];
+        for (i, v) in variants.iter().enumerate() {
+            assert_eq!(v.text, plain.text, "the text is the same");
+            assert_ne!(v.identity, plain.identity, "variant {i}");
+            for w in &variants[i + 1..] {
+                assert_ne!(v.identity, w.identity);
+            }
+        }
+        // The same tool list, wherever its key stands, is the same identity;
+        // what the template does not render (tool_choice) is not in it.
+        let before = parse(&format!(
+            r#"{{"model":"m"{tools},"messages":[{{"role":"user","content":"q"}}]}}"#
+        ));
+        assert_eq!(before.identity, variants[0].identity);
+        assert_eq!(body(r#","tool_choice":"auto""#).identity, plain.identity);
+    }
+
+    #[test]
+    fn tool_calls_and_media_leave_a_marker_where_they_stand() {
+        let turn = |call: &str, image: &str| {
+            parse(&format!(
+                r#"{{"messages":[{{"role":"user","content":"q"}},
+                {{"role":"assistant","content":null,"tool_calls":[{{"function":{{"arguments":"{call}"}}}}]}},
+                {{"role":"user","content":[{{"type":"image_url","image_url":{{"url":"{image}"}}}},{{"type":"text","text":"what is it"}}]}}]}}"#
+            ))
+        };
+        let a = turn("a", "data:1");
+        let first = a.message_ends[0];
+        for other in [turn("b", "data:1"), turn("a", "data:2")] {
+            assert_eq!(other.text[..first], a.text[..first]);
+            assert_ne!(other.text, a.text);
+            assert_eq!(other.text.len(), a.text.len());
+        }
+        // Whichever key of the message comes first.
+        let swapped = parse(
+            r#"{"messages":[{"role":"user","content":"q"},
+            {"tool_calls":[{"function":{"arguments":"a"}}],"content":"x","role":"assistant"}]}"#,
+        );
+        let ordered = parse(
+            r#"{"messages":[{"role":"user","content":"q"},
+            {"role":"assistant","content":"x","tool_calls":[{"function":{"arguments":"a"}}]}]}"#,
+        );
+        assert_eq!(swapped.text, ordered.text);
     }
 
     #[test]

@@ -102,12 +102,15 @@
 //! STATE           the prefix index (capped LRU, sharded by key, a lock per shard)
 //!                 and the counters; every placement is recorded, so a failover's
 //!                 re-placement moves the pin with it.
-//! REPAIR          the caller reports what engines say: a pin whose predicted prefix
-//!                 the engine reports (almost) all gone forgets what that replica held
-//!                 from before the prefix was last recorded (under the engine's LRU the
-//!                 older is gone too; the miss itself re-recorded the prompt), unless the
-//!                 prefix was recorded only moments before (it may still be in its first
-//!                 prefill); a replica back from a failed health check forgets
+//! REPAIR          the caller reports what engines say: pins whose predicted prefixes
+//!                 the engine reports (almost) all gone, for two clients, forget what
+//!                 that replica held from before the older prefix was last recorded
+//!                 (under the engine's LRU the older is gone too; each miss itself
+//!                 re-recorded its prompt), unless a prefix was recorded only moments
+//!                 before (it may still be in its first prefill). One client's misses
+//!                 repair nothing beyond its own prompt (the caller keeps the witnesses:
+//!                 a request can make the engine render its prompt otherwise). A
+//!                 replica back from a failed health check forgets
 //!                 everything (a restarted engine starts empty). Later turns are then
 //!                 placed on merit. It covers an engine that lost its cache between
 //!                 checks. Singles placed by a shared prompt (`prefix`) never repair.
@@ -368,14 +371,11 @@ impl Policy {
         self.index.forget_replica(id.0, u32::MAX)
     }
 
-    /// The engine reported the prefix this placement predicted (almost) all
-    /// gone: drops what its replica held from before `matched_at` (see
-    /// REPAIR; the caller skips a prefix recorded moments before the
-    /// placement, `matched_age_s`: it may still be in its first prefill);
-    /// returns the entries dropped.
-    pub fn forget_stale(&self, d: &Decision) -> usize {
-        d.replica
-            .map_or(0, |r| self.index.forget_replica(r.0, d.matched_at))
+    /// The engines reported prefixes of `id` (almost) all gone, the older
+    /// recorded at clock second `before_s`: drops what the replica held from
+    /// before it (see REPAIR); returns the entries dropped.
+    pub fn forget_before(&self, id: ReplicaId, before_s: u32) -> usize {
+        self.index.forget_replica(id.0, before_s)
     }
 
     fn shape_of(&self, req: &Request, extends: bool) -> Shape {

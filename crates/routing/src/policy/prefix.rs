@@ -22,14 +22,15 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 pub(crate) const SEED: u64 = 0x7072_6566_6978_2d72; // "prefix-r"
 const END: u64 = 0x656e_645f_6f66_5f70; // "end_of_p"
 const KEY: u64 = 0x6578_706c_6963_6974; // "explicit"
-const SALT: u64 = 0x6361_6368_655f_7361; // "cache_sa"
+const IDENTITY: u64 = 0x6361_6368_655f_7361; // "cache_sa"
 
 /// The hash chain of one prompt, computed once per request outside any lock.
 #[derive(Debug, Clone)]
 pub struct PrefixChain {
     pub(crate) block_bytes: usize,
-    /// `H_0`: `SEED`, or a hash of the request's cache salt (the engine
-    /// shares cache only within one salt, so neither does the index).
+    /// `H_0`: `SEED`, or a hash of the request's identity (its cache salt,
+    /// model, tools: what the engine keys its cache by besides the text, so
+    /// the index shares prefixes only within one identity).
     seed: u64,
     /// The canonical text, kept to hash candidate ends at lookup time
     /// (shared with the checkpoint a long body leaves, see `request`).
@@ -44,34 +45,34 @@ impl PrefixChain {
     /// Hashes `text` in blocks of `block_bytes` (at least 1).
     /// `message_ends` are the offsets where a message of the prompt ends.
     pub fn new(text: Vec<u8>, message_ends: Vec<usize>, block_bytes: usize) -> Self {
-        Self::salted(text, message_ends, block_bytes, None)
+        Self::identified(text, message_ends, block_bytes, None)
     }
 
-    /// As [`PrefixChain::new`], for a request with a cache salt (vLLM's
-    /// `cache_salt`): its prefixes, and its explicit key, match only
-    /// requests with the same salt.
-    pub fn salted(
+    /// As [`PrefixChain::new`], for a request with an identity (see
+    /// `request::identity`: its cache salt, model, tools): its prefixes, and
+    /// its explicit key, match only requests of the same identity.
+    pub fn identified(
         text: Vec<u8>,
         message_ends: Vec<usize>,
         block_bytes: usize,
-        salt: Option<&str>,
+        identity: Option<u64>,
     ) -> Self {
-        Self::salted_after(text, message_ends, block_bytes, salt, None)
+        Self::identified_after(text, message_ends, block_bytes, identity, None)
     }
 
-    /// As [`PrefixChain::salted`] for a text whose first `bytes` bytes are
-    /// those of `known`'s text: the hashes of the blocks within them are
-    /// reused when they were taken with the same block size and salt, and
-    /// only the blocks after them are hashed.
-    pub fn salted_after(
+    /// As [`PrefixChain::identified`] for a text whose first `bytes` bytes
+    /// are those of `known`'s text: the hashes of the blocks within them are
+    /// reused when they were taken with the same block size and identity,
+    /// and only the blocks after them are hashed.
+    pub fn identified_after(
         text: Vec<u8>,
         message_ends: Vec<usize>,
         block_bytes: usize,
-        salt: Option<&str>,
+        identity: Option<u64>,
         known: Option<(&PrefixChain, usize)>,
     ) -> Self {
         let block_bytes = block_bytes.max(1);
-        let seed = salt.map_or(SEED, |s| xxh3_64_with_seed(s.as_bytes(), SALT));
+        let seed = identity.map_or(SEED, |i| xxh3_64_with_seed(&i.to_le_bytes(), IDENTITY));
         let known = known
             .filter(|(k, bytes)| {
                 k.seed == seed && k.block_bytes == block_bytes && *bytes <= text.len()
@@ -194,12 +195,12 @@ mod tests {
     }
 
     #[test]
-    fn a_salt_gives_the_same_text_another_identity_shared_within_the_salt() {
+    fn an_identity_gives_the_same_text_another_chain_shared_within_it() {
         let text = b"the same system prompt, long enough for blocks".to_vec();
         let plain = PrefixChain::new(text.clone(), vec![], 4);
-        let a = PrefixChain::salted(text.clone(), vec![], 4, Some("tenant-a"));
-        let a2 = PrefixChain::salted(text.clone(), vec![], 4, Some("tenant-a"));
-        let b = PrefixChain::salted(text, vec![], 4, Some("tenant-b"));
+        let a = PrefixChain::identified(text.clone(), vec![], 4, Some(1));
+        let a2 = PrefixChain::identified(text.clone(), vec![], 4, Some(1));
+        let b = PrefixChain::identified(text, vec![], 4, Some(2));
         assert_eq!(a.blocks, a2.blocks);
         assert_eq!(a.end_hash(7), a2.end_hash(7));
         for other in [&plain, &b] {

@@ -8,7 +8,10 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 
 // Sections and their assembly are shared with the scanner: the oracle checks
 // the reading of the body, not the assembly.
+use super::identity::{self, CALLS, PARTS};
 use super::{push, Fields, Prompt, Section, MESSAGE_END};
+
+type Raw<'a> = &'a serde_json::value::RawValue;
 
 /// The old `Prompt::parse`.
 pub fn parse(body: &[u8], max_text_bytes: usize) -> Result<Prompt, serde_json::Error> {
@@ -150,6 +153,9 @@ impl<'de> Visitor<'de> for Top<'_> {
                     let raw = map.next_value::<Box<serde_json::value::RawValue>>()?;
                     f.no_cache = raw.get() == "false";
                 }
+                Field::Rendered(i) => {
+                    f.rendered[i] = Some(identity::hash(map.next_value::<Raw>()?.get().as_bytes()));
+                }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -173,6 +179,9 @@ enum Field {
     Content,
     Text,
     Type,
+    Rendered(usize),
+    Calls,
+    Media,
     Other,
 }
 
@@ -196,7 +205,9 @@ impl<'de> serde::Deserialize<'de> for Field {
                     "content" => Field::Content,
                     "text" => Field::Text,
                     "type" => Field::Type,
-                    _ => Field::Other,
+                    _ if CALLS.contains(&v.as_bytes()) => Field::Calls,
+                    _ if PARTS.contains(&v.as_bytes()) => Field::Media,
+                    _ => identity::rendered(v.as_bytes()).map_or(Field::Other, Field::Rendered),
                 })
             }
         }
@@ -266,14 +277,21 @@ impl<'de> Visitor<'de> for Message<'_> {
         let p = self.0;
         let mut role = std::mem::take(&mut p.scratch);
         role.clear();
+        let mut calls = None;
         while let Some(key) = map.next_key::<Field>()? {
             match key {
                 Field::Role => map.next_value_seed(Word(&mut role))?,
                 Field::Content => map.next_value_seed(Content(&mut *p))?,
+                Field::Calls => {
+                    calls = Some(identity::marker(map.next_value::<Raw>()?.get().as_bytes()));
+                }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
+        }
+        if let Some(calls) = calls {
+            p.append(&calls);
         }
         p.end_message(&role);
         p.scratch = role;
@@ -310,6 +328,9 @@ impl<'de> Visitor<'de> for Content<'_> {
         while let Some(key) = map.next_key::<Field>()? {
             match key {
                 Field::Text | Field::Content => map.next_value_seed(Content(&mut *p))?,
+                Field::Media => {
+                    p.append(&identity::marker(map.next_value::<Raw>()?.get().as_bytes()));
+                }
                 Field::Type => {
                     let mut kind = std::mem::take(&mut p.scratch);
                     map.next_value_seed(Word(&mut kind))?;

@@ -17,7 +17,10 @@ use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
+use super::identity::{self, PARTS};
 use super::{Fields, Prompt, Section};
+
+type Raw<'a> = &'a serde_json::value::RawValue;
 
 /// A Responses API request as the router reads it. Items are read one at a
 /// time into the canonical text, never held as a tree: memory stays about
@@ -79,9 +82,15 @@ impl<'de> Visitor<'de> for Top {
                 "prompt_cache_key" => f.key = nonempty(map.next_value()?),
                 "previous_response_id" => previous = nonempty(map.next_value()?),
                 "store" => no_store = map.next_value::<Option<bool>>()? == Some(false),
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
+                other => match identity::rendered(other.as_bytes()) {
+                    Some(i) => {
+                        let raw = map.next_value::<Raw>()?;
+                        f.rendered[i] = Some(identity::hash(raw.get().as_bytes()));
+                    }
+                    None => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                },
             }
         }
         let mut prompt = f.assemble(max);
@@ -212,10 +221,15 @@ impl<'de> Visitor<'de> for Texts<'_> {
         Ok(())
     }
 
+    /// A part: its `text`, and a marker for its media (see `identity`).
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
             if key == "text" {
                 map.next_value_seed(Texts(&mut *self.0))?;
+            } else if PARTS.contains(&key.as_bytes()) {
+                let raw = map.next_value::<Raw>()?;
+                self.0
+                    .extend_from_slice(&identity::marker(raw.get().as_bytes()));
             } else {
                 map.next_value::<IgnoredAny>()?;
             }

@@ -462,6 +462,14 @@ impl<'b> Scanner<'b> {
         Ok(())
     }
 
+    /// Skips one value as [`Scanner::skip_value`] does; the bytes it spans.
+    pub fn skip_raw(&mut self) -> Result<&'b [u8]> {
+        self.peek();
+        let start = self.pos;
+        self.skip_value()?;
+        Ok(self.bytes.get(start..self.pos).unwrap_or_default())
+    }
+
     /// Skips one value: a scalar checked as serde_json checks it, a list or
     /// object by [`Scanner::skip_container`].
     pub fn skip_value(&mut self) -> Result<()> {

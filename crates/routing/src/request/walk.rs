@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use super::identity::{self, CALLS, PARTS};
 use super::scan::{Canonical, JsonError, Number, Result, Scanner, Unescaped};
 use super::{Fields, Section, MESSAGE_END};
 
@@ -29,6 +30,13 @@ enum Field {
     Content,
     Text,
     Type,
+    /// A top-level field the chat template renders (see `identity`), by its
+    /// place in `identity::RENDERED`.
+    Rendered(usize),
+    /// A message's tool calls (see `identity::CALLS`).
+    Calls,
+    /// A part's media or tool input (see `identity::PARTS`).
+    Media,
     Other,
 }
 
@@ -46,7 +54,9 @@ fn field(key: &[u8]) -> Field {
         b"content" => Field::Content,
         b"text" => Field::Text,
         b"type" => Field::Type,
-        _ => Field::Other,
+        _ if CALLS.contains(&key) => Field::Calls,
+        _ if PARTS.contains(&key) => Field::Media,
+        _ => identity::rendered(key).map_or(Field::Other, Field::Rendered),
     }
 }
 
@@ -228,6 +238,7 @@ impl<'b> Walk<'b> {
                 }
                 Field::CacheKey => f.key = self.cache_key()?,
                 Field::Model => f.model = self.cache_key()?,
+                Field::Rendered(i) => f.rendered[i] = Some(identity::hash(self.s.skip_raw()?)),
                 Field::CacheSalt if self.s.peek() == Some(b'"') => {
                     f.salt = self.cache_key()?;
                     f.odd_salt = false;
@@ -300,13 +311,18 @@ impl<'b> Walk<'b> {
             self.enter(b'{', "expected a message object")?;
             let mut role = std::mem::take(&mut self.word);
             role.clear();
-            let mut first = true;
+            let (mut first, mut calls) = (true, None);
             while let Some(key) = self.next_key(&mut first)? {
                 match key {
                     Field::Role => self.word(&mut role)?,
                     Field::Content => self.content()?,
+                    Field::Calls => calls = Some(identity::marker(self.s.skip_raw()?)),
                     _ => self.s.skip_value()?,
                 }
+            }
+            // After the content, whichever key came first.
+            if let Some(calls) = calls {
+                self.append(&calls);
             }
             self.section.end_message(&role, self.max);
             self.word = role;
@@ -372,14 +388,18 @@ impl<'b> Walk<'b> {
         }
     }
 
-    /// A part: `text` counts, a nested `content` (tool results) counts, and a
-    /// tool part marks a model turn.
+    /// A part: `text` counts, a nested `content` (tool results) counts, media
+    /// and tool input leave their marker, and a tool part marks a model turn.
     fn part(&mut self) -> Result<()> {
         self.enter(b'{', "expected an object")?;
         let mut first = true;
         while let Some(key) = self.next_key(&mut first)? {
             match key {
                 Field::Text | Field::Content => self.content()?,
+                Field::Media => {
+                    let marker = identity::marker(self.s.skip_raw()?);
+                    self.append(&marker);
+                }
                 Field::Type => {
                     let mut kind = std::mem::take(&mut self.word);
                     self.word(&mut kind)?;

@@ -20,6 +20,9 @@ pub fn key() -> impl Strategy<Value = String> {
         Just("content".to_owned()),
         Just("text".to_owned()),
         Just("type".to_owned()),
+        Just("tools".to_owned()),
+        Just("tool_calls".to_owned()),
+        Just("image_url".to_owned()),
         "[a-z]{1,6}",
     ]
 }

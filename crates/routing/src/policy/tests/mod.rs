@@ -230,7 +230,7 @@ fn a_lost_pin_forgets_what_its_replica_held_before_it_and_keeps_the_rest() {
     assert_eq!(d.matched_age_s(), 10);
     // The engine reported it all gone: "older" went before it, "newer" came
     // after it (an LRU keeps it), and the turn just placed is held now.
-    assert!(p.forget_stale(&d) > 0);
+    assert!(p.forget_before(d.replica.unwrap(), d.matched_at) > 0);
     let two = replicas(&[true, true]);
     let placed = |name, turn| p.place(&req(&text(name, turn), true), &two).reason;
     assert_eq!(placed("lost", 2), Reason::Pin);
