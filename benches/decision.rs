@@ -180,6 +180,7 @@ fn lookup_vs_tracked(c: &mut Criterion) {
                 model: None,
                 previous_response_id: None,
                 store: true,
+                stream: false,
             };
             p.place(&req, &rs);
         }

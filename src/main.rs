@@ -287,6 +287,21 @@ fn main() -> anyhow::Result<()> {
         Arc::clone(&metrics),
     );
     let mut proxy = pingora_proxy::http_proxy_service(&server.configuration, router);
+    if let Some(app) = proxy.app_logic_mut() {
+        // HTTP/2 clients get HTTP/1's deadlines: the preface within
+        // `header_ms`, an idle connection closed after `keepalive_idle_s`.
+        let mut options = pingora_core::apps::HttpServerOptions::default();
+        options.h2_idle_timeout = Some(std::time::Duration::from_secs(
+            cfg.client_timeouts.keepalive_idle_s,
+        ));
+        options.h2_handshake_timeout = Some(std::time::Duration::from_millis(
+            cfg.client_timeouts.header_ms,
+        ));
+        app.server_options = Some(options);
+        let mut h2 = pingora_core::protocols::http::v2::server::default_h2_options();
+        h2.max_concurrent_streams(cfg.limits.max_streams_per_connection);
+        app.h2_options = Some(h2);
+    }
     proxy.add_tcp(&cfg.listen);
     #[cfg(feature = "tls")]
     if let Some((addr, tls)) = listen_tls {
@@ -294,7 +309,15 @@ fn main() -> anyhow::Result<()> {
     }
     let serving = prefix_router::replicas::HealthRules::from(&cfg.health_check).serving;
     let mut status =
-        prefix_router::status::service(Arc::clone(&replicas), Arc::clone(&metrics), serving);
+        prefix_router::status::service(Arc::clone(&replicas), Arc::clone(&metrics), serving, {
+            let c = &cfg.client_timeouts;
+            prefix_router::status::Deadlines {
+                header: std::time::Duration::from_millis(c.header_ms),
+                keepalive_s: c.keepalive_idle_s,
+                write: std::time::Duration::from_millis(c.write_ms),
+                max_connections: cfg.limits.max_metrics_connections,
+            }
+        });
     status.add_tcp(&cfg.metrics_listen);
 
     if let Some(watch) = engine_load {

@@ -1,5 +1,11 @@
 //! The metrics listener: Prometheus text on `/metrics` (404 on any path it
-//! does not know), plus the probes an orchestrator polls: `/healthz`
+//! does not know; gzip when the client accepts it), with the proxy port's
+//! client deadlines (`client_timeouts`: the whole head within `header_ms`, an
+//! idle connection closed after `keepalive_idle_s`, a client that stops
+//! reading dropped after `write_ms`), at most `limits.max_metrics_connections`
+//! connections (a scanner cannot spend the process's descriptors, which the proxy port
+//! shares) and a failed read logged at `debug`, not once per connection at
+//! `error`; plus the probes an orchestrator polls: `/healthz`
 //! (liveness: the process serves) and `/ready` (readiness: the configuration
 //! loaded and a replica is live, or, with none live, one completed a prompt
 //! lately (panic mode serves); 503 otherwise). Also the client
@@ -8,21 +14,26 @@
 //! proxy's listener until every replica has had its first health check.
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use http::{header, HeaderValue, Response, StatusCode};
-use pingora_core::apps::http_app::{HttpServer, ServeHttp};
+use log::debug;
+use pingora_core::apps::http_app::ServeHttp;
+use pingora_core::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream, ServerApp};
 use pingora_core::connectors::http::Connector as HttpConnector;
 use pingora_core::modules::http::compression::ResponseCompressionBuilder;
-use pingora_core::protocols::http::ServerSession;
+use pingora_core::modules::http::HttpModules;
+use pingora_core::protocols::http::{HttpTask, ServerSession};
+use pingora_core::protocols::Stream;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use pingora_core::services::listening::Service;
 use pingora_core::services::ServiceReadyNotifier;
 use pingora_core::upstreams::peer::HttpPeer;
-use pingora_http::RequestHeader;
+use pingora_http::{RequestHeader, ResponseHeader};
 use prometheus::{Encoder, TextEncoder, TEXT_FORMAT};
 
 use crate::metrics::Metrics;
@@ -36,19 +47,133 @@ pub struct MetricsApp {
     serving: Duration,
 }
 
-/// The metrics listener's service (gzip when the client accepts it).
+/// The metrics listener's client deadlines (the proxy port's) and cap.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadlines {
+    pub header: Duration,
+    pub keepalive_s: u64,
+    pub write: Duration,
+    /// Connections held at once; more are closed as they arrive.
+    pub max_connections: usize,
+}
+
+/// The metrics listener: [`MetricsApp`] over HTTP/1 with its deadlines.
+pub struct MetricsServer {
+    app: MetricsApp,
+    modules: HttpModules,
+    deadlines: Deadlines,
+}
+
+/// [`MetricsServer`] behind its connection cap.
+pub struct Capped {
+    server: Arc<MetricsServer>,
+    open: AtomicUsize,
+}
+
+/// The metrics listener's service.
 pub fn service(
     replicas: Arc<Replicas>,
     metrics: Arc<Metrics>,
     serving: Duration,
-) -> Service<HttpServer<MetricsApp>> {
-    let mut server = HttpServer::new_app(MetricsApp {
+    deadlines: Deadlines,
+) -> Service<Capped> {
+    let mut modules = HttpModules::new();
+    modules.add_module(ResponseCompressionBuilder::enable(7));
+    let app = MetricsApp {
         replicas,
         metrics,
         serving,
+    };
+    let server = Arc::new(MetricsServer {
+        app,
+        modules,
+        deadlines,
     });
-    server.add_module(ResponseCompressionBuilder::enable(7));
-    Service::new("metrics and probes".to_owned(), server)
+    let capped = Capped {
+        server,
+        open: AtomicUsize::new(0),
+    };
+    Service::new("metrics and probes".to_owned(), capped)
+}
+
+/// Counts a connection open until dropped.
+struct Open<'a>(&'a AtomicUsize);
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+#[async_trait]
+impl ServerApp for Capped {
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        let max = self.server.deadlines.max_connections;
+        if self.open.fetch_add(1, Relaxed) >= max {
+            self.open.fetch_sub(1, Relaxed);
+            debug!("metrics listener: {max} connections open, one more closed");
+            return None;
+        }
+        let _open = Open(&self.open);
+        // Every request of the connection, kept alive, is served in here.
+        self.server.process_new(stream, shutdown).await
+    }
+}
+
+#[async_trait]
+impl HttpServerApp for MetricsServer {
+    async fn process_new_http(
+        self: &Arc<Self>,
+        mut http: ServerSession,
+        shutdown: &ShutdownWatch,
+    ) -> Option<ReusedHttpStream> {
+        let d = self.deadlines;
+        // A new connection's first head is awaited as long as a kept-alive
+        // one's; once it starts, it must be whole within `header`.
+        http.set_keepalive(Some(d.keepalive_s));
+        http.set_request_header_timeout(Some(d.header));
+        http.set_write_timeout(Some(d.write));
+        match http.read_request().await {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(e) => {
+                debug!("metrics listener: {e}");
+                return None;
+            }
+        }
+        http.set_keepalive((!*shutdown.borrow()).then_some(d.keepalive_s));
+        let mut modules = self.modules.build_ctx();
+        modules
+            .request_header_filter(http.req_header_mut())
+            .await
+            .ok()?;
+        let (parts, body) = self.app.response(&mut http).await.into_parts();
+        let mut head: ResponseHeader = parts.into();
+        let end = body.is_empty();
+        modules.response_header_filter(&mut head, end).await.ok()?;
+        let mut body = Some(body.into());
+        modules.response_body_filter(&mut body, true).ok()?;
+        let tasks = vec![
+            HttpTask::Header(Box::new(head), end),
+            HttpTask::Body(body, true),
+        ];
+        if let Err(e) = http.response_duplex_vec(tasks).await {
+            debug!("metrics listener: {e}");
+            return None;
+        }
+        let settings = HttpPersistentSettings::for_session(&http);
+        match http.finish().await {
+            Ok(reused) => reused.map(|s| ReusedHttpStream::from_reusable_stream(s, settings)),
+            Err(e) => {
+                debug!("metrics listener: {e}");
+                None
+            }
+        }
+    }
 }
 
 fn answer(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Response<Vec<u8>> {

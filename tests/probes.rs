@@ -118,3 +118,75 @@ fn the_proxy_opens_after_the_first_health_checks_so_its_first_request_is_served(
     let r = router.post("/v1/chat/completions", &common::single("first"));
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// Whether the router closes (or resets) `s` within `limit` while nothing
+/// more is sent.
+fn closed_within(s: &std::net::TcpStream, limit: Duration) -> bool {
+    use std::io::Read;
+    let mut s = s.try_clone().expect("clone");
+    s.set_read_timeout(Some(limit)).expect("timeout");
+    match s.read(&mut [0u8; 256]) {
+        Ok(n) => n == 0,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    }
+}
+
+#[test]
+fn the_metrics_port_has_the_proxy_ports_deadlines_and_a_connection_cap() {
+    use std::io::{Read, Write};
+    let a = Sim::start("a", &[]);
+    let router = Router::start(
+        &[&a],
+        "client_timeouts: {header_ms: 500, keepalive_idle_s: 2}\nlimits: {max_metrics_connections: 4}\n",
+    );
+    let connect = || std::net::TcpStream::connect(router.metrics_addr).expect("connect");
+    // A head that never ends is closed after `header_ms` (before: each read
+    // had 60 s, for ever).
+    let mut slow = connect();
+    slow.write_all(b"GET /metrics HTTP/1.1\r\nhost: t\r\n")
+        .expect("write");
+    assert!(
+        closed_within(&slow, Duration::from_secs(10)),
+        "slow head kept"
+    );
+    // A connection that says nothing is closed after `keepalive_idle_s`.
+    let silent = connect();
+    assert!(
+        closed_within(&silent, Duration::from_secs(10)),
+        "silent kept"
+    );
+    // Four held open at once (each answered once, kept alive): a fifth is
+    // closed at once, and the port serves again as soon as one goes.
+    let held: Vec<_> = (0..4)
+        .map(|_| {
+            let mut s = connect();
+            s.write_all(b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n")
+                .expect("write");
+            let mut got = Vec::new();
+            let mut buf = [0u8; 512];
+            while !got.ends_with(b"ok\n") {
+                let n = s.read(&mut buf).expect("answer");
+                assert!(n > 0, "closed before its answer");
+                got.extend_from_slice(&buf[..n]);
+            }
+            s
+        })
+        .collect();
+    assert!(
+        closed_within(&connect(), Duration::from_millis(1500)),
+        "a fifth was kept"
+    );
+    drop(held);
+    wait_for("the port to serve again", Duration::from_secs(5), || {
+        common::http::try_request(router.metrics_addr, "GET", "/healthz", &[], b"")
+            .ok()
+            .filter(|r| r.status == 200)
+    });
+    // The proxy port was served throughout.
+    assert_eq!(
+        router
+            .post("/v1/chat/completions", &common::single("q"))
+            .status,
+        200
+    );
+}

@@ -193,3 +193,93 @@ fn clients_speak_h2_and_http1_over_listen_tls_and_a_renewal_needs_no_restart() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// TLS to `listen_tls` with ALPN `h2` (the certificate is not checked here).
+fn h2_connection(port: u16) -> pingora_core::tls::ssl::SslStream<std::net::TcpStream> {
+    use pingora_core::tls::ssl::{SslConnector, SslMethod, SslVerifyMode};
+    let mut b = SslConnector::builder(SslMethod::tls()).expect("connector");
+    b.set_verify(SslVerifyMode::NONE);
+    b.set_alpn_protos(b"\x02h2").expect("alpn");
+    let tcp = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let s = b.build().connect("localhost", tcp).expect("handshake");
+    assert_eq!(s.ssl().selected_alpn_protocol(), Some(&b"h2"[..]));
+    s
+}
+
+/// Reads until the router closes the connection: what it sent, and how long
+/// that took; panics if it is still open after `limit`.
+fn read_until_closed(
+    s: &mut pingora_core::tls::ssl::SslStream<std::net::TcpStream>,
+    limit: Duration,
+) -> (Vec<u8>, Duration) {
+    use std::io::Read;
+    let start = std::time::Instant::now();
+    s.get_ref().set_read_timeout(Some(limit)).expect("timeout");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                panic!("the connection is still open after {limit:?}")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                panic!("the connection is still open after {limit:?}")
+            }
+            Err(_) => break,
+        }
+        assert!(start.elapsed() < limit, "still open after {limit:?}");
+    }
+    (got, start.elapsed())
+}
+
+/// The value of setting `id` in the first SETTINGS frame of `frames`.
+fn setting(frames: &[u8], id: u16) -> Option<u32> {
+    let len = u32::from_be_bytes([0, frames[0], frames[1], frames[2]]) as usize;
+    assert_eq!(frames[3], 4, "the server speaks first with SETTINGS");
+    frames[9..9 + len].chunks_exact(6).find_map(|e| {
+        (u16::from_be_bytes([e[0], e[1]]) == id)
+            .then(|| u32::from_be_bytes([e[2], e[3], e[4], e[5]]))
+    })
+}
+
+#[test]
+fn http2_clients_get_the_http1_deadlines_and_a_stream_cap() {
+    let dir = std::env::temp_dir().join(format!("prefix-router-h2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = certificate(&dir);
+    let a = Sim::start("a", &[]);
+    let tls_addr = free_addr();
+    let router = Router::start(
+        &[&a],
+        &format!(
+            "listen_tls: {{addr: \"{tls_addr}\", cert_file: \"{cert}\", key_file: \"{key}\"}}\n\
+             client_timeouts: {{header_ms: 1000, keepalive_idle_s: 1}}\n\
+             limits: {{max_streams_per_connection: 7}}\n"
+        ),
+    );
+    let port = tls_addr.port();
+    let limit = Duration::from_secs(15);
+    // A client that completes TLS and never sends its preface is closed
+    // after `header_ms`, as an HTTP/1 head would be; the server's SETTINGS
+    // announced the stream cap.
+    let mut silent = h2_connection(port);
+    let (frames, took) = read_until_closed(&mut silent, limit);
+    assert_eq!(
+        setting(&frames, 3),
+        Some(7),
+        "SETTINGS_MAX_CONCURRENT_STREAMS"
+    );
+    assert!(took >= Duration::from_millis(900), "{took:?}");
+    // One that sends its preface and then nothing is idle: closed after
+    // `keepalive_idle_s`.
+    let mut idle = h2_connection(port);
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+    std::io::Write::write_all(&mut idle, preface).expect("preface");
+    read_until_closed(&mut idle, limit);
+    // Requests are served meanwhile.
+    assert_eq!(curl(port, &cert, "--http2"), Ok(("2".into(), "200".into())));
+    drop(router);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -135,6 +135,12 @@ pub struct Limits {
     pub max_checkpoint_bytes: usize,
     /// Requests in progress (head to end) per client address; 0: no cap.
     pub max_requests_per_client: usize,
+    /// Concurrent streams per HTTP/2 client connection (`listen_tls`),
+    /// announced in its SETTINGS; read at start.
+    pub max_streams_per_connection: u32,
+    /// Connections the metrics listener holds at once; more are closed as
+    /// they arrive (read at start).
+    pub max_metrics_connections: usize,
 }
 
 /// `client_timeouts:` — towards clients (downstream).
@@ -335,6 +341,8 @@ impl Default for Limits {
             max_prompt_bytes: 8 << 20,
             max_checkpoint_bytes: 128 << 20,
             max_requests_per_client: 0,
+            max_streams_per_connection: 100,
+            max_metrics_connections: 1024,
         }
     }
 }

@@ -76,6 +76,14 @@ impl Config {
             ),
             ("client_timeouts.header_ms", self.client_timeouts.header_ms),
             ("client_timeouts.write_ms", self.client_timeouts.write_ms),
+            (
+                "limits.max_metrics_connections",
+                self.limits.max_metrics_connections as u64,
+            ),
+            (
+                "limits.max_streams_per_connection",
+                u64::from(self.limits.max_streams_per_connection),
+            ),
         ] {
             if v == 0 {
                 return Err(invalid(field, "must be positive"));

@@ -49,6 +49,10 @@ pub struct Read {
     pub(super) prompt: Prompt,
     /// The body's `model`: only replicas serving it are offered.
     pub(super) model: Option<String>,
+    /// A generation answered whole (no `stream: true`): its head comes at
+    /// the end of the generation, so waiting for it long is no fault of the
+    /// replica's.
+    pub(super) whole_answer: bool,
     /// Who sent it, as a hash: its API key when keys are checked, else its
     /// client address (a lost pin repairs others' only when two agree).
     pub(super) source: u64,

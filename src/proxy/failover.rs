@@ -40,7 +40,8 @@ impl Router {
                 _ => Some(Failure::ConnectTimeout),
             };
             if let Some(failure) = failure {
-                self.failed(r, failure, &e);
+                let by = (failure != Failure::Dead).then_some(ctx.read.source);
+                self.failed(r, failure, by.unwrap_or(0), &e);
             }
             ctx.attempts.tried.push(r.id);
             if !response_started(session) {
@@ -70,10 +71,15 @@ impl Router {
             let stale =
                 client_reused && (writing || matches!(e.etype(), ErrorType::ConnectionClosed));
             // A timeout while the client still trickles its body (paths streamed
-            // unread) is the client's doing: it must not eject the replica.
-            let client_slow = e.etype() == &ErrorType::ReadTimedout && !session.is_body_done();
-            if e.esource() == &ErrorSource::Upstream && !stale && !client_slow {
-                self.failed(r, Failure::Response, &e);
+            // unread) is the client's doing, and so is one waiting for the head
+            // of a generation answered whole (a long generation): neither may
+            // eject the replica. A streamed generation's head comes with its
+            // first token.
+            let timeout = e.etype() == &ErrorType::ReadTimedout;
+            let client_slow = timeout && !session.is_body_done();
+            let long_generation = timeout && ctx.read.whole_answer && !response_started(session);
+            if e.esource() == &ErrorSource::Upstream && !stale && !client_slow && !long_generation {
+                self.failed(r, Failure::Response, ctx.read.source, &e);
             }
             if writing && !client_reused {
                 ctx.attempts.tried.push(r.id);
@@ -86,11 +92,19 @@ impl Router {
         e
     }
 
-    /// Records a failed attempt; logs and counts an ejection it causes.
-    pub(super) fn failed(&self, replica: &Replica, failure: Failure, why: &dyn std::fmt::Display) {
+    /// Records a failed attempt of a request from `source`; logs and counts
+    /// an ejection it causes.
+    pub(super) fn failed(
+        &self,
+        replica: &Replica,
+        failure: Failure,
+        source: u64,
+        why: &dyn std::fmt::Display,
+    ) {
         let ejected = self.replicas.on_failure(
             replica,
             failure,
+            source,
             &self.settings.load().outlier,
             Instant::now(),
         );

@@ -160,6 +160,8 @@ impl Router {
         }
         if let Some(r) = &request {
             ctx.read.model.clone_from(&r.model);
+            ctx.read.whole_answer =
+                matches!(route, Route::Prompt(_) | Route::Responses) && !r.stream;
             // Looked up once per request, not again on a retry's re-read.
             if let (Some(id), None) = (&r.previous_response_id, &ctx.response) {
                 ctx.response = Some((id.clone(), self.response_holder(id).await));

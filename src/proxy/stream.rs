@@ -34,7 +34,7 @@ impl Router {
         // eject replicas.
         if matches!(head.status.as_u16(), 502..=504) {
             let why = format!("answered {}", head.status);
-            self.failed(r, Failure::Response, &why);
+            self.failed(r, Failure::Response, ctx.read.source, &why);
         } else if !head.status.is_server_error() {
             r.on_success();
         }

@@ -11,7 +11,11 @@
 //!   and readmitted by the first passing health check after that; a success
 //!   resets both counts;
 //! - at most `max_ejection_percent` of the set is ejected at once (always at
-//!   least one replica may be);
+//!   least one replica may be), and at most one by one client's failures
+//!   (the failure that ejects is attributed to its request's source: its
+//!   API key, else its address), since a client's requests may be what fails;
+//! - a response timeout of a generation answered whole (no `stream: true`)
+//!   does not count: its head comes only when the generation ends;
 //! - when no replica is live, the ejected ones that pass their health checks
 //!   are routed to anyway; when none passes its checks either, every replica
 //!   the checks had brought up is (panic mode, as Envoy's panic threshold):
@@ -191,12 +195,14 @@ impl Replicas {
         self.current.load().nobody_serves(model)
     }
 
-    /// Records a failed request to `replica` at `now`; returns the ejection it
+    /// Records a failed request to `replica` at `now`, sent by `source` (a
+    /// client, hashed; 0: not a client's doing); returns the ejection it
     /// caused, if any (see the module header for the rules).
     pub fn on_failure(
         &self,
         replica: &Replica,
         failure: Failure,
+        source: u64,
         rules: &OutlierRules,
         now: Instant,
     ) -> Option<Ejection> {
@@ -217,7 +223,10 @@ impl Replicas {
         let list = self.snapshot();
         let ejected = list.iter().filter(|r| r.is_ejected()).count();
         let allowed = (list.len() * rules.max_ejection_percent as usize / 100).max(1);
-        if ejected >= allowed {
+        // One client's failures keep at most one replica ejected: its
+        // requests may be what fails.
+        let holds_one = |r: &Arc<Replica>| r.is_ejected() && r.ejected_by.load(Relaxed) == source;
+        if ejected >= allowed || (source != 0 && list.iter().any(holds_one)) {
             return None;
         }
         let mut e = replica.ejection.lock().unwrap_or_else(|p| p.into_inner());
@@ -230,6 +239,7 @@ impl Replicas {
                 .min(rules.max_ejection)
         });
         replica.consecutive.store(0, Relaxed);
+        replica.ejected_by.store(source, Relaxed);
         replica.ejected.store(true, Relaxed);
         Some(kind)
     }
@@ -435,11 +445,11 @@ mod tests {
         let (set, list) = checked_set(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")], now);
         let a = &list[0];
         assert_eq!(
-            set.on_failure(a, Failure::Dead, &RULES, now),
+            set.on_failure(a, Failure::Dead, 0, &RULES, now),
             Some(Ejection::Dead)
         );
         assert_eq!(
-            set.on_failure(a, Failure::Dead, &RULES, now),
+            set.on_failure(a, Failure::Dead, 0, &RULES, now),
             None,
             "same outage"
         );
@@ -455,7 +465,7 @@ mod tests {
         let a = &list[0];
         let fail = |n: u32, at: Instant| {
             (0..n)
-                .filter_map(|_| set.on_failure(a, Failure::ConnectTimeout, &RULES, at))
+                .filter_map(|_| set.on_failure(a, Failure::ConnectTimeout, 0, &RULES, at))
                 .collect::<Vec<_>>()
         };
         assert!(fail(2, t0).is_empty());
@@ -489,10 +499,10 @@ mod tests {
         let now = Instant::now();
         let (set, list) = checked_set(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")], now);
         assert!(set
-            .on_failure(&list[0], Failure::Dead, &RULES, now)
+            .on_failure(&list[0], Failure::Dead, 0, &RULES, now)
             .is_some());
         assert!(
-            set.on_failure(&list[1], Failure::Dead, &RULES, now)
+            set.on_failure(&list[1], Failure::Dead, 0, &RULES, now)
                 .is_none(),
             "50 % of two replicas is one"
         );

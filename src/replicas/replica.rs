@@ -77,6 +77,8 @@ pub struct Replica {
     witness: Mutex<Option<Witness>>,
     /// Ejected by the request path; see the module header.
     pub(super) ejected: AtomicBool,
+    /// The source (client) whose failed request ejected it; 0: none.
+    pub(super) ejected_by: AtomicU64,
     /// Failures in a row (timeouts, 5xx) since the last success.
     pub(super) consecutive: AtomicU32,
     /// Outlier ejections in a row, and the end of the current one.
@@ -121,6 +123,7 @@ impl Replica {
             last_repair: AtomicU32::new(u32::MAX),
             witness: Mutex::new(None),
             ejected: AtomicBool::new(false),
+            ejected_by: AtomicU64::new(0),
             consecutive: AtomicU32::new(0),
             ejection: Mutex::new((0, None)),
             counters,

@@ -75,6 +75,9 @@ pub struct Prompt {
     /// the replica that produced it), and `store: false`.
     pub previous_response_id: Option<String>,
     pub no_store: bool,
+    /// `stream: true`: the answer comes as it is generated (else whole, at
+    /// the end of the generation).
+    pub stream: bool,
     /// The body asks the engine not to reuse its prefix cache
     /// (`cache_prompt: false`, `prompt_logprobs`, a `cache_salt` that is not
     /// a string).
@@ -164,6 +167,7 @@ impl Prompt {
             model: self.model,
             previous_response_id: self.previous_response_id,
             store: !self.no_store,
+            stream: self.stream,
         }
     }
 }
@@ -233,6 +237,8 @@ struct Fields {
     /// makes the engine skip its prefix cache.
     no_cache: bool,
     logprobs: bool,
+    /// `stream: true`.
+    stream: bool,
 }
 
 impl Fields {
@@ -260,6 +266,7 @@ impl Fields {
             odd_salt: self.odd_salt,
             no_cache: self.no_cache,
             logprobs: self.logprobs,
+            stream: self.stream,
             ..Fields::default()
         }
     }
@@ -274,6 +281,7 @@ impl Fields {
             key: self.key,
             model: self.model,
             cache_bypass: self.odd_salt || self.no_cache || self.logprobs,
+            stream: self.stream,
             ..Prompt::default()
         };
         let Some(first) = parts.next() else {

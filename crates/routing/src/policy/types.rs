@@ -171,6 +171,9 @@ pub struct Request {
     /// engine keeps this one (`store`).
     pub previous_response_id: Option<String>,
     pub store: bool,
+    /// For the caller: the answer streams as it is generated (`stream:
+    /// true`); else it comes whole, at the end of the generation.
+    pub stream: bool,
 }
 
 /// A placement another router instance recorded: the replica that holds the

@@ -153,6 +153,7 @@ impl<'de> Visitor<'de> for Top<'_> {
                     let raw = map.next_value::<Box<serde_json::value::RawValue>>()?;
                     f.no_cache = raw.get() == "false";
                 }
+                Field::Stream => f.stream = map.next_value::<Raw>()?.get() == "true",
                 Field::Rendered(i) => {
                     f.rendered[i] = Some(identity::hash(map.next_value::<Raw>()?.get().as_bytes()));
                 }
@@ -175,6 +176,7 @@ enum Field {
     CacheSalt,
     CachePrompt,
     PromptLogprobs,
+    Stream,
     Role,
     Content,
     Text,
@@ -201,6 +203,7 @@ impl<'de> serde::Deserialize<'de> for Field {
                     "cache_salt" => Field::CacheSalt,
                     "cache_prompt" => Field::CachePrompt,
                     "prompt_logprobs" => Field::PromptLogprobs,
+                    "stream" => Field::Stream,
                     "role" => Field::Role,
                     "content" => Field::Content,
                     "text" => Field::Text,

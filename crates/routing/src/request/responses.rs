@@ -82,6 +82,7 @@ impl<'de> Visitor<'de> for Top {
                 "prompt_cache_key" => f.key = nonempty(map.next_value()?),
                 "previous_response_id" => previous = nonempty(map.next_value()?),
                 "store" => no_store = map.next_value::<Option<bool>>()? == Some(false),
+                "stream" => f.stream = map.next_value::<Raw>()?.get() == "true",
                 other => match identity::rendered(other.as_bytes()) {
                     Some(i) => {
                         let raw = map.next_value::<Raw>()?;

@@ -26,6 +26,8 @@ enum Field {
     CacheSalt,
     CachePrompt,
     PromptLogprobs,
+    /// `stream`: whether the answer comes as it is generated.
+    Stream,
     Role,
     Content,
     Text,
@@ -50,6 +52,7 @@ fn field(key: &[u8]) -> Field {
         b"cache_salt" => Field::CacheSalt,
         b"cache_prompt" => Field::CachePrompt,
         b"prompt_logprobs" => Field::PromptLogprobs,
+        b"stream" => Field::Stream,
         b"role" => Field::Role,
         b"content" => Field::Content,
         b"text" => Field::Text,
@@ -239,6 +242,7 @@ impl<'b> Walk<'b> {
                 Field::CacheKey => f.key = self.cache_key()?,
                 Field::Model => f.model = self.cache_key()?,
                 Field::Rendered(i) => f.rendered[i] = Some(identity::hash(self.s.skip_raw()?)),
+                Field::Stream => f.stream = self.s.skip_raw()? == b"true",
                 Field::CacheSalt if self.s.peek() == Some(b'"') => {
                     f.salt = self.cache_key()?;
                     f.odd_salt = false;

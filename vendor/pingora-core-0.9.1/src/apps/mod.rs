@@ -89,6 +89,13 @@ pub struct HttpServerOptions {
     ///
     /// Default: `None`
     pub h2_idle_timeout: Option<Duration>,
+
+    /// prefix-router patch: if set, a downstream HTTP/2 connection whose
+    /// client preface and first SETTINGS do not arrive within this duration
+    /// is closed (the handshake otherwise waits for them for ever).
+    ///
+    /// Default: `None`
+    pub h2_handshake_timeout: Option<Duration>,
 }
 
 /// Settings persisted across HTTP/1.x keepalive requests on the same downstream connection.
@@ -307,7 +314,19 @@ where
             });
 
             let h2_options = self.h2_options();
-            let h2_conn = match server::handshake(stream, h2_options).await {
+            let handshake = server::handshake(stream, h2_options);
+            let deadline = self.server_options().and_then(|o| o.h2_handshake_timeout);
+            let handshaken = match deadline {
+                Some(d) => match pingora_timeout::timeout(d, handshake).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        debug!("H2 handshake timed out after {d:?}");
+                        return None;
+                    }
+                },
+                None => handshake.await,
+            };
+            let h2_conn = match handshaken {
                 Err(e) => {
                     error!("H2 handshake error {e}");
                     return None;

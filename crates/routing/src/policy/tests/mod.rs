@@ -46,6 +46,7 @@ fn req(text: &str, model_turn: bool) -> Request {
         model: None,
         previous_response_id: None,
         store: true,
+        stream: false,
     }
 }
 
