@@ -90,11 +90,13 @@ impl Admission {
         self.in_progress.load(Relaxed)
     }
 
-    /// A ticket for one request's body bytes; it takes a slot when placed.
+    /// A ticket for one request's head and body bytes; it takes a slot when
+    /// placed.
     pub fn receive(self: &Arc<Self>) -> Ticket {
         Ticket {
             admission: Arc::clone(self),
             bytes: 0,
+            head: 0,
             slot: false,
         }
     }
@@ -154,11 +156,14 @@ fn take(counter: &AtomicUsize, n: usize, max: usize) -> bool {
         .is_ok()
 }
 
-/// One request's body bytes and, once placed, its slot; released on drop.
+/// One request's head and body bytes and, once placed, its slot; released
+/// on drop.
 #[derive(Debug)]
 pub struct Ticket {
     admission: Arc<Admission>,
     bytes: usize,
+    /// The head's bytes: held until the request ends.
+    head: usize,
     slot: bool,
 }
 
@@ -170,6 +175,17 @@ impl Ticket {
             self.slot = take(&self.admission.requests, 1, max);
         }
         self.slot
+    }
+
+    /// Holds the `n` bytes of the request's head until the request ends (a
+    /// head outlives its body); `false` when the shared budget is spent.
+    pub fn hold_head(&mut self, n: usize) -> bool {
+        let max = self.admission.max_bytes.load(Relaxed);
+        let ok = take(&self.admission.bytes, n, max);
+        if ok {
+            self.head += n;
+        }
+        ok
     }
 
     /// Reserves `n` more body bytes; `false` when the shared budget is spent.
@@ -201,6 +217,7 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         self.release_bytes();
+        self.admission.bytes.fetch_sub(self.head, Relaxed);
         if self.slot {
             self.admission.requests.fetch_sub(1, Relaxed);
         }
@@ -281,5 +298,11 @@ mod tests {
         t2.release_bytes();
         assert_eq!((a.bytes(), a.requests()), (0, 1));
         assert!(a.has_room(100) && !a.has_room(101));
+        // A head is held until the ticket goes, whatever bytes are released.
+        assert!(t2.hold_head(30) && !t2.hold_head(71));
+        t2.release_bytes();
+        assert_eq!(a.bytes(), 30);
+        drop(t2);
+        assert_eq!(a.bytes(), 0);
     }
 }

@@ -1,7 +1,8 @@
 //! Which request paths the router reads the body of, after the normalisation
 //! an engine's HTTP server may apply, so no spelling of a routed path skips
-//! the body limit or placement: the prompt paths (placed by prompt and
-//! model), and the engines' other JSON paths (placed by model only).
+//! the body limit or placement: the prompt paths (OpenAI's and Anthropic's,
+//! and the engines' native generation paths: placed by prompt and model),
+//! and the engines' other JSON paths (placed by model only).
 
 /// A routed request: the path it is forwarded as, and how its body is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,10 +35,19 @@ impl Route {
 }
 
 /// Every routed path.
-const ROUTES: [Route; 15] = [
+const ROUTES: [Route; 20] = [
     Route::Prompt("/v1/chat/completions"),
     Route::Prompt("/v1/completions"),
     Route::Prompt("/v1/messages"),
+    // The engines' native generation paths, placed by prompt alike:
+    // llama.cpp's `/completion` (and its `/completions`, `/chat/completions`
+    // aliases), SGLang's `/generate` (`text` or `input_ids`), and vLLM's
+    // SageMaker `/invocations` (a chat or completions body).
+    Route::Prompt("/completion"),
+    Route::Prompt("/completions"),
+    Route::Prompt("/chat/completions"),
+    Route::Prompt("/generate"),
+    Route::Prompt("/invocations"),
     Route::Responses,
     Route::Model("/v1/embeddings"),
     Route::Model("/v1/rerank"),
@@ -127,6 +137,14 @@ mod tests {
             assert_eq!(route(p), Some(Route::Prompt("/v1/chat/completions")), "{p}");
         }
         assert_eq!(route("/v1/messages/"), Some(Route::Prompt("/v1/messages")));
+        for native in [
+            "/completion",
+            "/generate",
+            "/invocations",
+            "/chat/completions",
+        ] {
+            assert!(route(native).is_some_and(Route::carries_prompt), "{native}");
+        }
         assert_eq!(
             route("/v1//embeddings"),
             Some(Route::Model("/v1/embeddings"))
@@ -147,6 +165,43 @@ mod tests {
             "/",
         ] {
             assert_eq!(route(p), None, "{p}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Any path is looked up without a panic, and a routed path written
+        /// another way (doubled slashes, `.` segments, percent escapes, a
+        /// trailing slash) is routed as it.
+        #[test]
+        fn spellings_of_a_routed_path_route_as_it(
+            any in "\\PC{0,80}",
+            which in 0usize..ROUTES.len(),
+            edits in proptest::collection::vec((0u8..4, 0usize..64), 0..6),
+        ) {
+            let _ = route(&any);
+            let want = ROUTES[which];
+            let mut p = want.path().to_owned();
+            for (kind, at) in edits {
+                let slashes: Vec<usize> = p.match_indices('/').map(|(i, _)| i).collect();
+                let slash = slashes[at % slashes.len()];
+                match kind {
+                    0 => p.insert(slash, '/'),
+                    1 => p.insert_str(slash + 1, "./"),
+                    2 => {
+                        let letters: Vec<usize> = p
+                            .char_indices()
+                            .filter(|(_, c)| c.is_ascii_lowercase())
+                            .map(|(i, _)| i)
+                            .collect();
+                        if let Some(i) = letters.get(at % letters.len().max(1)) {
+                            let c = p.as_bytes()[*i];
+                            p.replace_range(*i..*i + 1, &format!("%{c:02X}"));
+                        }
+                    }
+                    _ => p.push('/'),
+                }
+            }
+            proptest::prop_assert_eq!(route(&p), Some(want), "{}", p);
         }
     }
 }

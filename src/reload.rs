@@ -165,8 +165,12 @@ impl Reloader {
         let next = self.live.resolver.expand(cfg, |name| {
             running.iter().find(|r| r.name == name).map(|r| r.addr)
         });
-        // A replica that moves keeps its name: only names that go count.
-        let kept = |r: &Replica| next.iter().any(|n| n.name == r.name);
+        // A replica that moves keeps its name, one renamed its address:
+        // only replicas that go count.
+        let kept = |r: &Replica| {
+            next.iter()
+                .any(|n| n.name == r.name || n.addr.parse().ok() == Some(r.addr))
+        };
         let removed = running.iter().filter(|r| !kept(r)).count();
         let percent = cfg.reload_max_removed_percent;
         if removed * 100 > running.len() * percent as usize {
@@ -232,7 +236,10 @@ impl Reloader {
             live.policy.forget_replica(r.id);
             self.live.metrics.forget_replica(&r.name);
         }
-        if !change.removed.is_empty() {
+        for (old, _) in &change.renamed {
+            self.live.metrics.forget_replica(old);
+        }
+        if !change.removed.is_empty() || !change.renamed.is_empty() {
             live.metrics
                 .sweep_replicas(|name| now.iter().any(|r| r.name == name));
         }
@@ -272,7 +279,7 @@ impl Reloader {
             .await;
         let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         let change = self.apply_replicas(&running);
-        (!change.added.is_empty() || !change.removed.is_empty()).then_some(change)
+        (!change.is_empty()).then_some(change)
     }
 
     fn report(&self, result: Result<Option<Change>, ConfigError>) {
@@ -281,10 +288,11 @@ impl Reloader {
             Ok(Some(change)) => {
                 self.live.metrics.reloads.with_label_values(&["ok"]).inc();
                 log::info!(
-                    "config reloaded from {}: settings applied; replicas added [{}] (join after a passing health check), removed [{}] (draining)",
+                    "config reloaded from {}: settings applied; replicas added [{}] (join after a passing health check), removed [{}] (draining), renamed [{}] (health and pins kept)",
                     self.path.display(),
                     names(&change.added),
-                    names(&change.removed)
+                    names(&change.removed),
+                    renames(&change.renamed)
                 );
             }
             Err(e) => {
@@ -344,6 +352,14 @@ impl Reloader {
 fn names(v: &[Arc<crate::replicas::Replica>]) -> String {
     v.iter()
         .map(|r| r.name.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Renamed replicas for a log line: `old -> new`.
+fn renames(v: &[(String, Arc<crate::replicas::Replica>)]) -> String {
+    v.iter()
+        .map(|(old, r)| format!("{old} -> {}", r.name))
         .collect::<Vec<_>>()
         .join(",")
 }

@@ -141,11 +141,17 @@ const SCAN_BYTES: usize = 64 << 10;
 /// What the bytes so far say of the first `"id"`.
 enum Scan {
     Found(String),
-    /// Not complete yet: more bytes may tell.
-    NotYet,
+    /// Not complete yet: more bytes may tell, read again from `from`
+    /// (where a pending `"id"` begins, or where one may begin).
+    NotYet {
+        from: usize,
+    },
     /// The first `"id"` is not a usable string.
     Never,
 }
+
+/// Whitespace allowed on either side of the `:` after `"id"`.
+const MAX_SPACE: usize = 64;
 
 impl IdScan {
     /// Feeds the next piece; the id once found (returned once).
@@ -155,15 +161,15 @@ impl IdScan {
         }
         let room = SCAN_BYTES.saturating_sub(self.seen.len());
         self.seen.extend_from_slice(&piece[..piece.len().min(room)]);
-        let found = match first_id(&self.seen[self.from..]) {
+        let found = match first_id(self.seen.get(self.from..).unwrap_or_default()) {
             Scan::Found(id) => Some(id),
             Scan::Never => None,
-            Scan::NotYet if self.seen.len() < SCAN_BYTES => {
-                // An `"id": "...` not yet complete began within this many bytes.
-                self.from = self.seen.len().saturating_sub(MAX_ID + 16);
+            Scan::NotYet { from } if self.seen.len() < SCAN_BYTES => {
+                // What is before `from` holds no `"id"` to wait for.
+                self.from += from;
                 return None;
             }
-            Scan::NotYet => None,
+            Scan::NotYet { .. } => None,
         };
         self.done = true;
         self.seen = Vec::new();
@@ -171,29 +177,44 @@ impl IdScan {
     }
 }
 
-/// The value of the first `"id": "..."` (ids hold no escapes).
+/// `rest` past its leading whitespace, unless there is more than [`MAX_SPACE`].
+fn spaced(rest: &[u8]) -> Option<&[u8]> {
+    let trimmed = rest.trim_ascii_start();
+    (rest.len() - trimmed.len() <= MAX_SPACE).then_some(trimmed)
+}
+
+/// The value of the first `"id": "..."` (ids hold no escapes; at most
+/// [`MAX_SPACE`] bytes of whitespace around its `:`).
 fn first_id(text: &[u8]) -> Scan {
     let Some(at) = memchr::memmem::find(text, b"\"id\"") else {
-        return Scan::NotYet;
+        // A `"id"` cut at the end of the text starts in its last 3 bytes.
+        return Scan::NotYet {
+            from: text.len().saturating_sub(3),
+        };
     };
-    let rest = text[at + 4..].trim_ascii_start();
+    let pending = Scan::NotYet { from: at };
+    let Some(rest) = spaced(&text[at + 4..]) else {
+        return Scan::Never;
+    };
     let Some(rest) = rest.strip_prefix(b":") else {
         return if rest.is_empty() {
-            Scan::NotYet
+            pending
         } else {
             Scan::Never
         };
     };
-    let rest = rest.trim_ascii_start();
+    let Some(rest) = spaced(rest) else {
+        return Scan::Never;
+    };
     let Some(rest) = rest.strip_prefix(b"\"") else {
         return if rest.is_empty() {
-            Scan::NotYet
+            pending
         } else {
             Scan::Never
         };
     };
     match memchr::memchr2(b'"', b'\\', rest) {
-        None if rest.len() <= MAX_ID => Scan::NotYet,
+        None if rest.len() <= MAX_ID => pending,
         Some(end) if rest[end] == b'"' && end > 0 && end <= MAX_ID => {
             String::from_utf8(rest[..end].to_vec()).map_or(Scan::Never, Scan::Found)
         }
@@ -271,5 +292,34 @@ mod tests {
             "the first id is not a string"
         );
         assert_eq!(scan.feed(br#"{"id":"later"}"#), None);
+    }
+
+    proptest::proptest! {
+        /// However a body is cut into pieces, the id found is the one found
+        /// in the whole body, and arbitrary bytes never panic.
+        #[test]
+        fn pieces_find_the_id_the_whole_body_holds(
+            before in "[ -~]{0,40}",
+            space in 0usize..100,
+            id in "[A-Za-z0-9_]{0,300}",
+            noise in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            cuts in proptest::collection::vec(0usize..2048, 0..8),
+        ) {
+            let ws = " ".repeat(space);
+            let mut body = format!("{before}\"id\"{ws}:{ws}\"{id}\",").into_bytes();
+            body.extend_from_slice(&noise);
+            let whole = IdScan::default().feed(&body);
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (body.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut scan = IdScan::default();
+            let (mut at, mut found) = (0, None);
+            for c in cuts.into_iter().chain([body.len()]) {
+                found = found.or(scan.feed(&body[at..c]));
+                at = c;
+            }
+            proptest::prop_assert_eq!(&found, &whole);
+            let mut noisy = IdScan::default();
+            noisy.feed(&noise);
+        }
     }
 }

@@ -317,4 +317,57 @@ mod tests {
         assert_eq!(Outcome::of(1000, 99), Some(Outcome::Lost));
         assert_eq!(Outcome::of(1000, 0), Some(Outcome::Lost));
     }
+
+    /// Bodies made of the pieces usage reports are written in, with noise
+    /// around them: keys, quotes, escapes, colons, whitespace and digits.
+    fn body() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        let piece = prop_oneof![
+            Just(&b"\"cached_tokens\""[..]),
+            Just(&b"\"prompt_tokens\""[..]),
+            Just(&b"\"input_tokens\""[..]),
+            Just(&b"\"cache_n\""[..]),
+            Just(&b"\"cache_read_input_tokens\""[..]),
+            Just(&b"\"cache_creation_input_tokens\""[..]),
+            Just(&b"\"usage\":{"[..]),
+            Just(&b"\\\""[..]),
+            Just(&b"\""[..]),
+            Just(&b":"[..]),
+            Just(&b" \n"[..]),
+            Just(&b","[..]),
+            Just(&b"}"[..]),
+            Just(&b"data: "[..]),
+        ]
+        .prop_map(<[u8]>::to_vec);
+        let digits = "[0-9]{1,25}".prop_map(String::into_bytes);
+        let noise = prop::collection::vec(any::<u8>(), 0..8);
+        prop::collection::vec(prop_oneof![piece, digits, noise], 0..64).prop_map(|v| v.concat())
+    }
+
+    proptest::proptest! {
+        /// Whatever the bytes and however they are cut into pieces, the
+        /// scan neither panics nor depends on the cuts.
+        #[test]
+        fn pieces_read_as_the_whole_body(body in body(), cuts in proptest::collection::vec(0usize..4096, 0..8)) {
+            let whole = {
+                let mut s = UsageScan::default();
+                s.feed(&body);
+                s.finish();
+                (s.cached, s.prompt, s.figures())
+            };
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (body.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut s = UsageScan::default();
+            let mut at = 0;
+            for c in cuts.into_iter().chain([body.len()]) {
+                s.feed(&body[at..c]);
+                at = c;
+            }
+            s.finish();
+            proptest::prop_assert_eq!((s.cached, s.prompt, s.figures()), whole);
+            if let Some((cached, prompt)) = whole.2 {
+                proptest::prop_assert!(cached <= prompt);
+            }
+        }
+    }
 }

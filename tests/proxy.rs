@@ -369,3 +369,28 @@ fn a_long_conversation_is_read_from_where_its_last_turn_ended() {
     assert_eq!(r.replica(), home.as_deref().unwrap());
     assert_eq!(from("checkpoint"), 4.0);
 }
+
+#[test]
+fn the_engines_native_generation_paths_are_placed_by_prompt() {
+    // llama.cpp's `/completion`, SGLang's `/generate` (`text`), vLLM's
+    // `/invocations`: a prompt that extends one sent before goes back to its
+    // replica, as on `/v1/completions` (the simulators answer these paths
+    // 404; the placement is what is looked at).
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], "");
+    let context = "A long shared document about the topic at hand. ".repeat(40);
+    for (path, field) in [
+        ("/completion", "prompt"),
+        ("/generate", "text"),
+        ("/invocations", "prompt"),
+    ] {
+        let first = router.post(path, &json!({field: format!("{path} {context}")}));
+        let more = json!({field: format!("{path} {context} and a follow-up")});
+        let next = router.post(path, &more);
+        assert_eq!(
+            (next.replica(), next.decision()),
+            (first.replica(), "pin"),
+            "{path}"
+        );
+    }
+}

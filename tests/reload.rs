@@ -118,6 +118,42 @@ fn a_replica_that_leaves_takes_its_series_along_and_one_that_moves_keeps_them() 
 }
 
 #[test]
+fn a_renamed_replica_keeps_its_health_and_its_pins() {
+    // Checks a minute apart: a rename that made a new, unchecked replica
+    // would leave it out for that long and forget its conversations.
+    let slow = "health_check: {interval_ms: 60000}\n";
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start_with_env(&[&a, &b], slow, &[("RUST_LOG", "info")]);
+    let topic = (0..10)
+        .map(|i| format!("topic{i}"))
+        .find(|t| {
+            router
+                .post("/v1/chat/completions", &conversation(t, 0))
+                .replica()
+                == "b"
+        })
+        .expect("the counter reaches b");
+    router.rewrite(&format!(
+        "{slow}replicas:\n  - {{name: a, addr: \"{}\"}}\n  - {{name: b2, addr: \"{}\"}}\n",
+        a.addr, b.addr
+    ));
+    wait_reloads(&router, "ok", 1.0);
+    let next = router.post("/v1/chat/completions", &conversation(&topic, 1));
+    assert_eq!((next.replica(), next.decision()), ("b2", "pin"));
+    let picks = router.singles(4, "after the rename");
+    assert_eq!(picks.iter().filter(|p| *p == "b2").count(), 2, "{picks:?}");
+    wait_for("b's series gone", Duration::from_secs(15), || {
+        let text = get(router.metrics_addr, "/metrics").text();
+        (!text.contains("replica=\"b\"")).then_some(())
+    });
+    assert!(
+        router.log().contains("renamed [b -> b2]"),
+        "{}",
+        router.log()
+    );
+}
+
+#[test]
 fn a_health_check_that_ends_after_its_replica_moved_does_not_show_the_new_address_up() {
     // Each check of `a` passes /health, then waits for its model list until
     // the test releases it; `b`'s checks trickle to their 3 s deadline, so a

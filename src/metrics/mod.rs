@@ -274,7 +274,7 @@ impl Metrics {
             )?,
             buffered_body_bytes: register_int_gauge_with_registry!(
                 "prefix_router_buffered_body_bytes",
-                "Request body bytes buffered now (limits.max_buffered_bytes)",
+                "Request bytes held now: bodies, parsed prompts and the heads of requests in progress (limits.max_buffered_bytes)",
                 registry
             )?,
             predicted_cached: register_int_counter_vec_with_registry!(

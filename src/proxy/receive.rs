@@ -39,6 +39,14 @@ impl Router {
                     .await
             }
         }
+        // The head is held until the request ends: its bytes count too.
+        let head = head_bytes(session.req_header());
+        let ticket = ctx.read.ticket.insert(self.admission.receive());
+        if !ticket.hold_head(head) {
+            return self
+                .refuse(session, ctx, &RouterError::OVER_BUDGET, true)
+                .await;
+        }
         if let Some(id) = response_id(session.req_header().uri.path()).map(str::to_owned) {
             let holder = self.response_holder(&id).await;
             ctx.response = Some((id, holder));
@@ -96,7 +104,7 @@ impl Router {
             session.write_continue_response().await?;
         }
         let deadline = self.settings.load().body_read_timeout;
-        let ticket = ctx.read.ticket.insert(self.admission.receive());
+        let ticket = (ctx.read.ticket).get_or_insert_with(|| self.admission.receive());
         let read = body::read(session, limit, declared, ticket);
         let body = match tokio::time::timeout(deadline, read).await {
             Ok(read) => read?,
@@ -293,4 +301,14 @@ fn source_of_address(client: Option<std::net::IpAddr>) -> u64 {
         Some(std::net::IpAddr::V6(ip)) => xxhash_rust::xxh3::xxh3_64(&ip.octets()),
         None => 0,
     }
+}
+
+/// The bytes a request head holds: its path and its headers as sent.
+fn head_bytes(head: &pingora_http::RequestHeader) -> usize {
+    let headers: usize = head
+        .headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    head.raw_path().len() + headers
 }

@@ -131,6 +131,51 @@ impl Replica {
     }
 
     /// Takes a reload's settings for a replica kept across it.
+    /// This replica under the name `c` gives it (a rename in the config, same
+    /// address): the same id, so the index's pins stay, and the same health,
+    /// ejection and engine figures; counters start under the new name.
+    /// Requests in flight finish on the old entry's counts.
+    pub(super) fn renamed(&self, c: &config::Replica, counters: ReplicaCounters) -> Self {
+        let r = Self {
+            joined: self.joined,
+            ..Self::new(self.id, c, self.addr, counters)
+        };
+        let flags = [
+            (&r.checked, &self.checked),
+            (&r.up_once, &self.up_once),
+            (&r.judged, &self.judged),
+            (&r.went_away, &self.went_away),
+            (&r.ejected, &self.ejected),
+        ];
+        for (to, from) in flags {
+            to.store(from.load(Relaxed), Relaxed);
+        }
+        let counts = [
+            (&r.checks_failed, &self.checks_failed),
+            (&r.checks_passed, &self.checks_passed),
+            (&r.consecutive, &self.consecutive),
+            (&r.engine_unseen, &self.engine_unseen),
+            (&r.engine_kv_permille, &self.engine_kv_permille),
+            (&r.last_repair, &self.last_repair),
+        ];
+        for (to, from) in counts {
+            to.store(from.load(Relaxed), Relaxed);
+        }
+        for (to, from) in [
+            (&r.answered_ms, &self.answered_ms),
+            (&r.ejected_by, &self.ejected_by),
+            (&r.pinned_bytes, &self.pinned_bytes),
+        ] {
+            to.store(from.load(Relaxed), Relaxed);
+        }
+        if c.models.is_none() {
+            r.models.store(self.models.load_full());
+        }
+        let ejection = *self.ejection.lock().unwrap_or_else(|p| p.into_inner());
+        *r.ejection.lock().unwrap_or_else(|p| p.into_inner()) = ejection;
+        r
+    }
+
     pub(super) fn reconfigure(&self, c: &config::Replica) {
         self.kv_tokens.store(c.kv_tokens.unwrap_or(0), Relaxed);
         self.last_prompt

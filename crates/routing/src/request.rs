@@ -7,7 +7,7 @@
 //! UTF-8): one-to-one with the text itself, so identity does not depend on how
 //! a client escaped it, and most strings are copied as written, not unescaped. Anthropic's
 //! top-level `system` is a first `system` message wherever its key stands; a
-//! completions `prompt` is its text (strings of a list joined by `0x1E`, token
+//! completions `prompt` (SGLang's native `text` or `input_ids`) is its text (strings of a list joined by `0x1E`, token
 //! ids as decimal numbers). `model` is kept (it decides which replicas may
 //! serve the request). Unknown fields are ignored, except those the engine
 //! keys its cache by besides the text (vLLM's `cache_salt`, the model, the
@@ -532,5 +532,24 @@ mod tests {
             parse(r#"{"messages":[{"role":"user","content":{"odd":1}}],"x":[1]}"#).messages,
             1
         );
+    }
+
+    proptest::proptest! {
+        /// A form body of any bytes never panics; a model found is short.
+        #[test]
+        fn any_form_body_reads_a_short_model_or_none(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1024),
+            model in "[ -~]{0,300}",
+        ) {
+            let _ = Prompt::parse_form_model(&bytes);
+            let form = format!(
+                "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n{model}\r\n--b--\r\n"
+            );
+            let found = Prompt::parse_form_model(form.as_bytes()).model;
+            proptest::prop_assert!(found.as_ref().is_none_or(|m| m.len() <= MAX_MODEL_NAME));
+            if !model.trim().is_empty() && model.len() <= MAX_MODEL_NAME && !model.contains("\r\n--") {
+                proptest::prop_assert_eq!(found.as_deref(), Some(model.trim()));
+            }
+        }
     }
 }

@@ -118,7 +118,7 @@ impl<'de> Visitor<'de> for Top<'_> {
                         Ok(())
                     })?);
                 }
-                Field::Prompt => {
+                Field::Prompt | Field::Text => {
                     f.prompt = Some(p.section(true, |p| {
                         map.next_value_seed(Texts(&mut *p))?;
                         p.section.messages += 1;
@@ -197,7 +197,7 @@ impl<'de> serde::Deserialize<'de> for Field {
                 Ok(match v {
                     "messages" => Field::Messages,
                     "system" => Field::System,
-                    "prompt" => Field::Prompt,
+                    "prompt" | "input_ids" => Field::Prompt,
                     "prompt_cache_key" => Field::CacheKey,
                     "model" => Field::Model,
                     "cache_salt" => Field::CacheSalt,
@@ -418,6 +418,6 @@ impl<'de> Visitor<'de> for Texts<'_> {
 }
 
 #[path = "../../tests/strategies/json.rs"]
-mod strategies;
+pub(super) mod strategies;
 
 mod tests;

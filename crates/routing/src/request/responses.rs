@@ -309,4 +309,24 @@ mod tests {
         let cut = parse(br#"{"input":"a long question"}"#, 4).unwrap();
         assert_eq!(cut.text, b"a lo");
     }
+
+    use super::super::reference::strategies;
+
+    proptest::proptest! {
+        /// Arbitrary bytes and structure-aware JSON never panic, and what is
+        /// kept stays within the cap, its message ends in order.
+        #[test]
+        fn any_body_parses_within_its_cap(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1024),
+            v in strategies::json(),
+            cap in 0usize..512,
+        ) {
+            let _ = parse(&bytes, cap);
+            if let Ok(p) = parse(strategies::shaped(&v, 1).as_bytes(), cap) {
+                proptest::prop_assert!(p.text.len() <= cap);
+                proptest::prop_assert!(p.message_ends.windows(2).all(|w| w[0] <= w[1]));
+                proptest::prop_assert!(p.message_ends.iter().all(|e| *e <= p.text.len()));
+            }
+        }
+    }
 }

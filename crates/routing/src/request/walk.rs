@@ -46,7 +46,8 @@ fn field(key: &[u8]) -> Field {
     match key {
         b"messages" => Field::Messages,
         b"system" => Field::System,
-        b"prompt" => Field::Prompt,
+        // SGLang's native `/generate` names its prompt's token ids so.
+        b"prompt" | b"input_ids" => Field::Prompt,
         b"prompt_cache_key" => Field::CacheKey,
         b"model" => Field::Model,
         b"cache_salt" => Field::CacheSalt,
@@ -233,7 +234,8 @@ impl<'b> Walk<'b> {
                     self.section.end_message(b"system", self.max);
                     f.system = Some(std::mem::take(&mut self.section));
                 }
-                Field::Prompt => {
+                // SGLang's native `/generate` names its prompt `text`.
+                Field::Prompt | Field::Text => {
                     self.begin(true);
                     self.texts()?;
                     self.section.messages += 1;

@@ -23,6 +23,9 @@ pub fn key() -> impl Strategy<Value = String> {
         Just("tools".to_owned()),
         Just("tool_calls".to_owned()),
         Just("image_url".to_owned()),
+        Just("input".to_owned()),
+        Just("instructions".to_owned()),
+        Just("output".to_owned()),
         "[a-z]{1,6}",
     ]
 }

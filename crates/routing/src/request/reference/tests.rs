@@ -80,6 +80,8 @@ fn strip_skipped(v: &Value) -> Value {
             ("messages", |v| list(v, message)),
             ("system", content),
             ("prompt", Value::clone),
+            ("text", Value::clone),
+            ("input_ids", Value::clone),
             ("prompt_cache_key", scalar),
             ("model", scalar),
         ],

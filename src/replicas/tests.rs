@@ -1,0 +1,277 @@
+//! The replica set's rules: health, ejection, panic mode, reload.
+
+use super::*;
+use crate::config::PromptCache;
+use crate::policy::EngineLoad;
+
+pub(super) fn cfg(list: &[(&str, &str)]) -> Vec<config::Replica> {
+    list.iter()
+        .map(|(n, a)| config::Replica {
+            name: n.to_string(),
+            addr: a.to_string(),
+            kv_tokens: None,
+            prompt_cache: PromptCache::Shared,
+            models: None,
+        })
+        .collect()
+}
+
+#[test]
+fn saturation_counts_what_the_engines_report_beyond_the_routers_requests() {
+    let now = Instant::now();
+    let (set, list) = checked_set(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")], now);
+    let _own = [list[0].begin(0), list[1].begin(0)];
+    assert!(!set.saturated(3));
+    let unseen = |unseen| {
+        Some(EngineLoad {
+            unseen,
+            kv_used_permille: None,
+        })
+    };
+    list[0].set_engine(unseen(2));
+    assert!(!set.saturated(3), "b has one request");
+    list[1].set_engine(unseen(5));
+    assert!(set.saturated(3));
+}
+
+#[test]
+fn only_a_pass_after_the_engine_went_away_says_it_came_back() {
+    let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1")]), Metrics::standalone());
+    let a = Arc::clone(&set.snapshot()[0]);
+    // The first pass at start, and passes after it: nothing to forget.
+    assert!(!a.came_back(true, false));
+    assert!(!a.came_back(true, false));
+    // A busy engine times out and passes again: its cache is intact.
+    assert!(!a.came_back(false, true));
+    assert!(!a.came_back(true, false));
+    // Refused (or an error status), then a pass: it restarted, once.
+    assert!(!a.came_back(false, false));
+    assert!(!a.came_back(false, true));
+    assert!(a.came_back(true, false));
+    assert!(!a.came_back(true, false));
+}
+
+#[test]
+fn a_lost_pin_repairs_only_when_another_client_corroborates_it() {
+    let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1")]), Metrics::standalone());
+    let a = Arc::clone(&set.snapshot()[0]);
+    // One client, however often: no repair.
+    assert_eq!(a.lost_pin(1, 5, 10, 10), None);
+    assert_eq!(a.lost_pin(1, 6, 11, 10), None);
+    // Another client: repair, bounded by the older prefix.
+    assert_eq!(a.lost_pin(2, 8, 12, 10), Some(6));
+    // Spaced per replica: a second pair within 10 s does not repair.
+    assert_eq!(a.lost_pin(3, 9, 13, 10), None);
+    assert_eq!(a.lost_pin(4, 9, 14, 10), None);
+    assert_eq!(a.lost_pin(5, 9, 24, 10), Some(9));
+    // A pin held in between, or a witness too old, corroborates nothing.
+    assert_eq!(a.lost_pin(6, 30, 40, 10), None);
+    a.pin_held();
+    assert_eq!(a.lost_pin(7, 30, 41, 10), None);
+    assert_eq!(a.lost_pin(8, 30, 41 + replica::WITNESS_S + 1, 10), None);
+}
+
+#[test]
+fn new_replicas_are_not_live_until_a_check_passes() {
+    let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1")]), Metrics::standalone());
+    let a = Arc::clone(&set.snapshot()[0]);
+    assert!(!a.live());
+    assert!(a.on_check(true, false, Instant::now(), &CHECKS));
+    assert!(a.live());
+}
+
+/// Every check result counts at once.
+const CHECKS: HealthRules = HealthRules {
+    fall: 1,
+    rise: 1,
+    serving: Duration::ZERO,
+};
+
+const RULES: OutlierRules = OutlierRules {
+    consecutive_failures: 3,
+    base_ejection: Duration::from_secs(10),
+    max_ejection: Duration::from_secs(25),
+    max_ejection_percent: 50,
+};
+
+fn checked_set(names: &[(&str, &str)], now: Instant) -> (Replicas, Arc<View>) {
+    let set = Replicas::new(&cfg(names), Metrics::standalone());
+    let list = set.snapshot();
+    for r in list.iter() {
+        r.on_check(true, false, now, &CHECKS);
+    }
+    (set, list)
+}
+
+#[test]
+fn the_view_offers_each_model_to_the_replicas_serving_it_and_follows_learned_lists() {
+    let mut c = cfg(&[
+        ("a", "127.0.0.1:1"),
+        ("b", "127.0.0.1:2"),
+        ("c", "127.0.0.1:3"),
+    ]);
+    c[0].models = Some(vec!["m1".into()]);
+    c[1].models = Some(vec!["m2".into(), "m1".into()]);
+    let set = Replicas::new(&c, Metrics::standalone());
+    let view = set.snapshot();
+    assert_eq!(
+        view.offers("m1"),
+        [true, true, true],
+        "c's models are unknown: any"
+    );
+    assert_eq!(view.offers("m2"), [false, true, true]);
+    assert_eq!(view.offers("other"), [false, false, true]);
+    assert!(set.lists("m2") && !set.lists("other") && !set.nobody_serves("other"));
+    // c lists its models: the set is published again with them.
+    assert!(view[2].learn_models(vec!["m3".into()]));
+    set.models_changed();
+    assert_eq!(set.snapshot().offers("m3"), [false, false, true]);
+    assert!(set.nobody_serves("other"));
+    let tried = [];
+    let (states, _) = Replicas::states(&set.snapshot(), &tried, Some("m1"));
+    assert_eq!(
+        states.iter().map(|s| s.id).collect::<Vec<_>>(),
+        [view[0].id, view[1].id, view[2].id]
+    );
+}
+
+#[test]
+fn a_dead_replica_is_ejected_until_the_next_passing_check() {
+    let now = Instant::now();
+    let (set, list) = checked_set(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")], now);
+    let a = &list[0];
+    assert_eq!(
+        set.on_failure(a, Failure::Dead, 0, &RULES, now),
+        Some(Ejection::Dead)
+    );
+    assert_eq!(
+        set.on_failure(a, Failure::Dead, 0, &RULES, now),
+        None,
+        "same outage"
+    );
+    assert!(!a.live());
+    a.on_check(true, false, now, &CHECKS);
+    assert!(a.live());
+}
+
+#[test]
+fn timeouts_eject_only_after_consecutive_failures_for_a_growing_time() {
+    let t0 = Instant::now();
+    let (set, list) = checked_set(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")], t0);
+    let a = &list[0];
+    let fail = |n: u32, at: Instant| {
+        (0..n)
+            .filter_map(|_| set.on_failure(a, Failure::ConnectTimeout, 0, &RULES, at))
+            .collect::<Vec<_>>()
+    };
+    assert!(fail(2, t0).is_empty());
+    assert!(a.live(), "two timeouts are overload, not death");
+    a.on_success();
+    assert!(fail(2, t0).is_empty(), "a success resets the streak");
+    assert_eq!(fail(1, t0), [Ejection::Outlier]);
+    assert!(!a.live());
+    a.on_check(true, false, t0 + Duration::from_secs(9), &CHECKS);
+    assert!(
+        !a.live(),
+        "a check inside the ejection time does not readmit"
+    );
+    a.on_check(true, false, t0 + Duration::from_secs(10), &CHECKS);
+    assert!(a.live());
+    // The second ejection in a row lasts twice as long, the third is capped.
+    let t1 = t0 + Duration::from_secs(100);
+    assert_eq!(fail(3, t1), [Ejection::Outlier]);
+    a.on_check(true, false, t1 + Duration::from_secs(19), &CHECKS);
+    assert!(!a.live());
+    a.on_check(true, false, t1 + Duration::from_secs(20), &CHECKS);
+    assert!(a.live());
+    let t2 = t1 + Duration::from_secs(100);
+    assert_eq!(fail(3, t2), [Ejection::Outlier]);
+    a.on_check(true, false, t2 + Duration::from_secs(25), &CHECKS);
+    assert!(a.live(), "capped at max_ejection");
+}
+
+#[test]
+fn ejection_stops_at_the_bound_and_panic_mode_routes_to_the_ejected() {
+    let now = Instant::now();
+    let (set, list) = checked_set(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")], now);
+    assert!(set
+        .on_failure(&list[0], Failure::Dead, 0, &RULES, now)
+        .is_some());
+    assert!(
+        set.on_failure(&list[1], Failure::Dead, 0, &RULES, now)
+            .is_none(),
+        "50 % of two replicas is one"
+    );
+    assert!(list[1].live());
+    let (states, panic) = Replicas::states(&list, &[list[1].id], None);
+    assert!(panic, "only the ejected replica is left");
+    assert!(states[0].live && !states[1].live);
+    let (states, panic) = Replicas::states(&list, &[], None);
+    assert!(!panic);
+    assert!(!states[0].live && states[1].live);
+    // Failing its checks too, while b is live: not routed to.
+    list[0].on_check(false, false, now, &CHECKS);
+    let (states, _) = Replicas::states(&list, &[list[1].id], None);
+    assert!(states.iter().all(|s| !s.live));
+    // With no replica of the set live: routed to, as the checks had it up once.
+    list[1].on_check(false, false, now, &CHECKS);
+    let (states, panic) = Replicas::states(&list, &[list[1].id], None);
+    assert!(panic && states[0].live);
+    // A replica the checks never brought up is not.
+    set.apply(&cfg(&[
+        ("a", "127.0.0.1:1"),
+        ("b", "127.0.0.1:2"),
+        ("c", "127.0.0.1:3"),
+    ]));
+    let list = set.snapshot();
+    let (states, _) = Replicas::states(&list, &[list[0].id, list[1].id], None);
+    assert!(states.iter().all(|s| !s.live));
+}
+
+#[test]
+fn reload_keeps_state_of_unchanged_replicas_and_reports_changes() {
+    let set = Replicas::new(
+        &cfg(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")]),
+        Metrics::standalone(),
+    );
+    let a = Arc::clone(&set.snapshot()[0]);
+    a.on_check(true, false, Instant::now(), &CHECKS);
+    let _guard = a.begin(0);
+    let change = set.apply(&cfg(&[("a", "127.0.0.1:1"), ("c", "127.0.0.1:3")]));
+    assert_eq!(
+        change
+            .added
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>(),
+        ["c"]
+    );
+    assert_eq!(
+        change
+            .removed
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>(),
+        ["b"]
+    );
+    let now = set.snapshot();
+    assert!(now[0].live());
+    assert_eq!(now[0].id, a.id);
+    assert_eq!(now[0].in_flight(), 1);
+    assert_ne!(now[1].id, change.removed[0].id);
+}
+
+#[test]
+fn in_flight_counts_until_the_guard_drops() {
+    let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1")]), Metrics::standalone());
+    let a = Arc::clone(&set.snapshot()[0]);
+    let g1 = a.begin(0);
+    let g2 = a.begin(0);
+    assert_eq!(a.in_flight(), 2);
+    drop(g1);
+    drop(g2);
+    assert_eq!(a.in_flight(), 0);
+    let tried = [a.id];
+    a.on_check(true, false, Instant::now(), &CHECKS);
+    assert!(!Replicas::states(&set.snapshot(), &tried, None).0[0].live);
+}
