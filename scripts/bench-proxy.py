@@ -42,9 +42,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TICK = os.sysconf("SC_CLK_TCK")
-ARMS = ["direct", "nginx", "haproxy", "pingora", "smg", "router", "baseline"]
+ARMS = ["direct", "nginx", "haproxy", "pingora", "smg", "router", "router-warn", "baseline"]
 ARM_NAMES = {"direct": "direct (no proxy)", "nginx": "nginx", "haproxy": "HAProxy",
-             "pingora": "plain Pingora", "smg": "SMG cache_aware", "router": "prefix-router shape",
+             "pingora": "plain Pingora", "smg": "SMG cache_aware", "router": "prefix-router shape (as shipped: access log on)",
+             "router-warn": "prefix-router shape, RUST_LOG=warn (no access log)",
              "baseline": "prefix-router shape, --baseline binary"}
 # name: (method, path, body bytes, streaming, marker the answer must contain)
 CASES = {
@@ -499,13 +500,16 @@ def start_arms(a, procs, work, ups, bodies, missing):
                                    ["--policy", "cache_aware", "--prometheus-host", "127.0.0.1",
                                     "--prometheus-port", str(free_port()),
                                     "--log-level", "warn"], cpu)
-        elif arm in ("router", "baseline"):
+        elif arm in ("router", "router-warn", "baseline"):
             binary = a.baseline if arm == "baseline" else os.path.join(ROOT, "target/release/prefix-router")
             if not os.path.exists(binary):
                 why = f"{binary} missing (cargo build --release --bins)"
             else:
                 cfg = write(os.path.join(work, f"{arm}.yaml"), router_conf(port, free_port(), ups, a.threads))
-                proc = procs.start(arm, [binary, "--config", cfg], cpu, {"RUST_LOG": "warn"})
+                # As users run it: the default level (`info`) logs a line per
+                # request; `router-warn` is the reference without them.
+                env = {"RUST_LOG": "warn"} if arm == "router-warn" else {"RUST_LOG": "info"}
+                proc = procs.start(arm, [binary, "--config", cfg], cpu, env)
         if not why:
             why = wait_ready(arm, port, proc, bodies, 60)
         if why:
@@ -675,13 +679,14 @@ def ratio_table(rows, cases, concs):
         if not r or not o or not r.get(k) or not o.get(k):
             return "—"
         return f"{r[k] / o[k]:.2f}"
-    out = ["| case | conns | router ÷ plain Pingora | router ÷ SMG | router ÷ nginx | router ÷ HAProxy | "
-           "router CPU-µs/req ÷ plain Pingora | ÷ SMG |", "|---|---|---|---|---|---|---|---|"]
+    out = ["| case | conns | router ÷ router at `warn` | router ÷ plain Pingora | router ÷ SMG | router ÷ nginx | "
+           "router ÷ HAProxy | router CPU-µs/req ÷ plain Pingora | ÷ SMG |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for case in cases:
         for conc in concs:
             key = f"{case}/{conc}"
-            out.append(f"| {case} | {conc} | {ratio(key, 'rps', 'pingora')} | {ratio(key, 'rps', 'smg')} | "
-                       f"{ratio(key, 'rps', 'nginx')} | {ratio(key, 'rps', 'haproxy')} | "
+            out.append(f"| {case} | {conc} | {ratio(key, 'rps', 'router-warn')} | {ratio(key, 'rps', 'pingora')} | "
+                       f"{ratio(key, 'rps', 'smg')} | {ratio(key, 'rps', 'nginx')} | {ratio(key, 'rps', 'haproxy')} | "
                        f"{ratio(key, 'cpu_us_per_req', 'pingora')} | {ratio(key, 'cpu_us_per_req', 'smg')} |")
     return "\n".join(out)
 
@@ -746,7 +751,9 @@ HAProxy: `nbthread 1`, `http-reuse always`, `option http-buffer-request` with
 `tune.bufsize` 512 KiB so it too holds a 400 KiB body whole; plain Pingora: a
 minimal `ProxyHttp` over Pingora's `LoadBalancer<RoundRobin>` that streams the
 body through unread, built from this repository (`examples/plain-pingora.rs`);
-SMG: `smg launch --policy cache_aware`; prefix-router: `policy: shape`,
+SMG: `smg launch --policy cache_aware`; prefix-router: `policy: shape`, at the
+default log level (`info`: an access line per request, as users run it; the
+`router-warn` arm at `RUST_LOG=warn` logs none),
 `threads: {a['threads_option']}` (its global allocator is mimalloc; plain Pingora keeps the
 system's). Bodies are agent conversations of exactly 4 KiB / 400 KiB, model
 `bench`, the same body for every request of a case: from its second request on,

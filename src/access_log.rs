@@ -1,16 +1,35 @@
-//! The log's format, and the access log: one line per request at `info` on
-//! target [`TARGET`]. `log_format: json` (reloadable) makes every line one
-//! JSON object (`ts`, `level`, `target`, then the message or, for the access
-//! log, its fields), for log pipelines. An access line names the method and
-//! path, never the query string (it may carry a key), headers (credentials)
-//! or the body (prompt text).
+//! The log's writer and format, and the access log: one line per request at
+//! `info` on target [`TARGET`].
+//!
+//! Lines are formatted on the thread that logs them, into the logger's
+//! reused buffer, with no allocation per field, then handed to a bounded
+//! queue ([`QUEUE_LINES`]) that a thread of its own (`log-writer`) drains
+//! into stderr in batches (`tracing-appender`'s non-blocking writer): a worker
+//! never waits on stderr (a slow terminal, a full pipe, a stalled log
+//! shipper). A full queue drops lines and counts them
+//! (`prefix_router_log_lines_dropped_total`); dropping [`Logging`] at
+//! shutdown, or at the end of an upgrade's handover, writes out what is
+//! queued.
+//!
+//! `log_format: json` (reloadable) makes every line one JSON object (`ts`,
+//! `level`, `target`, then the message or, for the access log, its fields),
+//! for log pipelines. An access line names the method and path, never the
+//! query string (it may carry a key), headers (credentials) or the body
+//! (prompt text).
 
+use std::fmt::{self, Display, Write as _};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 
+use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
+
 /// Log target of the access log.
 pub const TARGET: &str = "access";
+
+/// Lines queued for the writer before new ones are dropped (about 200 bytes
+/// each: some 13 MiB at most).
+pub const QUEUE_LINES: usize = 65_536;
 
 pub use crate::config::LogFormat;
 
@@ -21,10 +40,43 @@ pub fn set_format(format: LogFormat) {
     JSON.store(format == LogFormat::Json, Relaxed);
 }
 
+/// The process's log writer: dropping it writes out the lines still queued.
+pub struct Logging {
+    _flush: WorkerGuard,
+    dropped: ErrorCounter,
+}
+
+impl Logging {
+    /// Lines dropped so far because the queue was full.
+    pub fn dropped(&self) -> ErrorCounter {
+        self.dropped.clone()
+    }
+}
+
+/// A queue of `lines` in front of `out`, drained by a thread of its own.
+fn queue<W: Write + Send + 'static>(
+    lines: usize,
+    out: W,
+) -> (tracing_appender::non_blocking::NonBlocking, Logging) {
+    let (writer, guard) = NonBlockingBuilder::default()
+        .buffered_lines_limit(lines)
+        .lossy(true)
+        .thread_name("log-writer")
+        .finish(out);
+    let dropped = writer.error_counter();
+    let logging = Logging {
+        _flush: guard,
+        dropped,
+    };
+    (writer, logging)
+}
+
 /// Starts the process's logger: level from `RUST_LOG` (default `info`),
-/// lines in the format last set.
-pub fn init() {
+/// lines in the format last set, written off the request path.
+pub fn init() -> Logging {
+    let (writer, logging) = queue(QUEUE_LINES, std::io::BufWriter::new(std::io::stderr()));
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .target(env_logger::Target::Pipe(Box::new(writer)))
         .format(|buf, record| {
             let ts = buf.timestamp_millis();
             if !JSON.load(Relaxed) {
@@ -36,25 +88,71 @@ pub fn init() {
                     record.args()
                 );
             }
-            let head = serde_json::json!({
-                "ts": ts.to_string(),
-                "level": record.level().as_str(),
-                "target": record.target(),
-            })
-            .to_string();
-            let head = head.strip_suffix('}').unwrap_or(&head);
-            let message = record.args().to_string();
-            match message.strip_prefix('{') {
-                // The access log's own object: its fields follow the head's.
-                Some(fields) if record.target() == TARGET => writeln!(buf, "{head},{fields}"),
-                _ => writeln!(
-                    buf,
-                    "{head},\"message\":{}}}",
-                    serde_json::Value::from(message)
-                ),
+            write!(
+                buf,
+                "{{\"ts\":\"{ts}\",\"level\":\"{}\",\"target\":{}",
+                record.level(),
+                Json(record.target())
+            )?;
+            if record.target() == TARGET {
+                // The access log's message is its fields, closed.
+                return writeln!(buf, ",{}", record.args());
             }
+            writeln!(buf, ",\"message\":{}}}", Json(record.args()))
         })
         .init();
+    logging
+}
+
+/// A value written as a JSON string, escaped as it is written.
+struct Json<T>(T);
+
+impl<T: Display> Display for Json<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_char('"')?;
+        write!(Escape(f), "{}", self.0)?;
+        f.write_char('"')
+    }
+}
+
+/// Escapes what is written through it for a JSON string.
+struct Escape<'a, 'b>(&'a mut fmt::Formatter<'b>);
+
+impl fmt::Write for Escape<'_, '_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let mut plain = 0;
+        for (i, c) in s.char_indices() {
+            let escaped = match c {
+                '"' => "\\\"",
+                '\\' => "\\\\",
+                '\n' => "\\n",
+                '\r' => "\\r",
+                '\t' => "\\t",
+                c if (c as u32) < 0x20 => "",
+                _ => continue,
+            };
+            self.0.write_str(&s[plain..i])?;
+            if escaped.is_empty() {
+                write!(self.0, "\\u{:04x}", c as u32)?;
+            } else {
+                self.0.write_str(escaped)?;
+            }
+            plain = i + c.len_utf8();
+        }
+        self.0.write_str(&s[plain..])
+    }
+}
+
+/// Milliseconds, or `-` when there is no figure.
+struct Millis(Option<Duration>);
+
+impl Display for Millis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(d) => write!(f, "{}", d.as_millis()),
+            None => f.write_char('-'),
+        }
+    }
 }
 
 /// One finished request.
@@ -75,6 +173,30 @@ pub struct Entry<'a> {
     pub error: Option<&'a dyn std::fmt::Display>,
 }
 
+/// A JSON field whose value may be absent (`null`).
+struct OrNull<T>(Option<T>);
+
+impl<T: Display> Display for OrNull<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Some(v) => Json(v).fmt(f),
+            None => f.write_str("null"),
+        }
+    }
+}
+
+/// The text format's ` error="..."`, when there is one.
+struct ErrorField<'a>(Option<&'a dyn Display>);
+
+impl Display for ErrorField<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(e) => write!(f, " error={}", Json(e)),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Logs `e` at `info` on [`TARGET`], formatting nothing when that is off.
 pub fn write(e: &Entry) {
     if !log::log_enabled!(target: TARGET, log::Level::Info) {
@@ -82,20 +204,23 @@ pub fn write(e: &Entry) {
     }
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     if JSON.load(Relaxed) {
-        let line = serde_json::json!({
-            "method": e.method,
-            "path": e.path,
-            "status": e.status,
-            "replica": e.replica,
-            "decision": e.decision,
-            "shape": e.shape,
-            "matched_bytes": e.matched_bytes,
-            "tried": e.tried,
-            "first_byte_ms": e.first_byte.map(ms),
-            "ms": ms(e.duration),
-            "error": e.error.map(|e| e.to_string()),
-        });
-        log::info!(target: TARGET, "{line}");
+        // The fields and the closing brace; the format writes the head.
+        let first_byte = e.first_byte.map(ms);
+        log::info!(
+            target: TARGET,
+            "\"method\":{},\"path\":{},\"status\":{},\"replica\":{},\"decision\":{},\"shape\":{},\"matched_bytes\":{},\"tried\":{},\"first_byte_ms\":{},\"ms\":{},\"error\":{}}}",
+            Json(e.method),
+            Json(e.path),
+            e.status,
+            OrNull(e.replica),
+            OrNull(e.decision),
+            OrNull(e.shape),
+            e.matched_bytes,
+            e.tried,
+            first_byte.map_or(serde_json::Value::Null, serde_json::Value::from),
+            serde_json::Value::from(ms(e.duration)),
+            OrNull(e.error),
+        );
     } else {
         log::info!(
             target: TARGET,
@@ -108,11 +233,65 @@ pub fn write(e: &Entry) {
             e.shape.unwrap_or("-"),
             e.matched_bytes,
             e.tried,
-            e.first_byte.map_or("-".to_owned(), |d| d.as_millis().to_string()),
+            Millis(e.first_byte),
             e.duration.as_millis(),
-            e.error
-                .map(|e| format!(" error={:?}", e.to_string()))
-                .unwrap_or_default()
+            ErrorField(e.error),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_strings_are_escaped_as_they_are_written() {
+        for s in [
+            "plain",
+            "a \"quote\" and \\ back",
+            "line\nbreak\ttab\r",
+            "ctl \u{1} \u{1f}",
+            "é 😀",
+        ] {
+            let written = Json(s).to_string();
+            let read: String = serde_json::from_str(&written).expect(&written);
+            assert_eq!(read, s);
+        }
+        assert_eq!(OrNull(None::<&str>).to_string(), "null");
+        assert_eq!(Millis(None).to_string(), "-");
+        let err: &dyn Display = &"upstream \"x\" failed";
+        assert_eq!(
+            ErrorField(Some(err)).to_string(),
+            " error=\"upstream \\\"x\\\" failed\""
+        );
+    }
+
+    /// A writer that never returns: a pipe nobody reads.
+    struct Stuck(std::sync::mpsc::Receiver<()>);
+
+    impl Write for Stuck {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            let _ = self.0.recv();
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_lines_and_never_blocks_the_logger() {
+        let (release, stuck) = std::sync::mpsc::channel();
+        let (mut writer, logging) = queue(8, Stuck(stuck));
+        let started = std::time::Instant::now();
+        for i in 0..100 {
+            writer
+                .write_all(format!("line {i}\n").as_bytes())
+                .expect("queued or dropped");
+        }
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // One line may be with the writer, eight queued: the rest dropped.
+        assert!(logging.dropped().dropped_lines() >= 100 - 9);
+        drop(release);
     }
 }

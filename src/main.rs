@@ -62,7 +62,8 @@ struct Cli {
 }
 
 fn main() -> anyhow::Result<()> {
-    prefix_router::access_log::init();
+    // Dropped at the end of `main`: the lines still queued are written out.
+    let logging = prefix_router::access_log::init();
     let cli = Cli::parse();
     if let Some(url) = &cli.probe {
         match prefix_router::status::probe(url, std::time::Duration::from_secs(2)) {
@@ -115,6 +116,9 @@ fn main() -> anyhow::Result<()> {
     let listed = resolver.expand(&cfg, |_| None);
     let metrics =
         Arc::new(Metrics::new(prometheus::default_registry().clone()).context("metrics registry")?);
+    metrics
+        .watch_log_drops(logging.dropped())
+        .context("metrics registry")?;
     let replicas = Arc::new(Replicas::new(&listed, Arc::clone(&metrics)));
     let engine_load = match &cfg.engine_load {
         Some(e) => Some(
@@ -354,5 +358,9 @@ fn main() -> anyhow::Result<()> {
     server.add_service(status);
     // Under `-u`: receive the listening sockets (waits ~6 s for them).
     server.bootstrap();
-    server.run_forever()
+    // Returns once the services have shut down (SIGTERM's drain, or the
+    // handover of an upgrade); the queued log lines are then written out.
+    server.run(pingora_core::server::RunArgs::default());
+    drop(logging);
+    Ok(())
 }

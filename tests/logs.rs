@@ -65,3 +65,39 @@ fn json_lines_carry_the_access_fields_and_never_secrets() {
             .then_some(())
     });
 }
+
+#[test]
+fn a_log_nobody_reads_holds_no_request_up_and_shutdown_writes_it_all_out() {
+    // stderr is a pipe nobody reads (a stalled log shipper): it fills after
+    // 64 KiB. Lines written on the request path would block every worker.
+    use std::io::Read;
+    let a = Sim::start("a", &[]);
+    let (mut unread, stderr) = std::io::pipe().expect("pipe");
+    let mut router = Router::spawn_logging_to(
+        &Router::yaml(&[&a], ""),
+        &[("RUST_LOG", "info")],
+        Some(stderr.into()),
+    );
+    router.wait_replica_up("a", true);
+    let sent = 2_000;
+    for i in 0..sent {
+        let r = router.post("/v1/chat/completions", &single(&format!("q {i}")));
+        assert_eq!(r.status, 200, "request {i}");
+    }
+    let dropped = router.metric("prefix_router_log_lines_dropped_total");
+    router.terminate();
+    // Read while it exits: every line it queued is written out at the end.
+    let reading = std::thread::spawn(move || {
+        let mut log = String::new();
+        unread.read_to_string(&mut log).map(|_| log)
+    });
+    assert!(router.exit_status(Duration::from_secs(30)).success());
+    let log = reading.join().expect("reader").expect("log");
+    let access = log.lines().filter(|l| l.contains(" access] POST ")).count();
+    assert_eq!(
+        (access, dropped),
+        (sent, 0.0),
+        "{}",
+        &log[log.len().saturating_sub(500)..]
+    );
+}

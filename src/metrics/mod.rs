@@ -14,6 +14,7 @@ use prometheus::{
     IntGauge, IntGaugeVec, Registry,
 };
 
+mod log_drops;
 mod replica;
 
 pub use replica::{Ejection, Repair, ReplicaCounters};
@@ -358,6 +359,15 @@ impl Metrics {
     /// The registry every metric is in (the `/metrics` page).
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// Exports the log writer's count of dropped lines.
+    pub fn watch_log_drops(
+        &self,
+        dropped: tracing_appender::non_blocking::ErrorCounter,
+    ) -> Result<(), prometheus::Error> {
+        self.registry
+            .register(Box::new(log_drops::LogDrops::new(dropped)?))
     }
     /// Counts a long body read, and what the checkpoints now hold.
     pub fn long_parse(&self, resumed: bool, checkpoint_bytes: usize) {

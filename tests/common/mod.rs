@@ -241,6 +241,12 @@ impl Router {
 
     /// Starts the router on `yaml` without waiting for replicas.
     pub fn spawn(yaml: &str, env: &[(&str, &str)]) -> Router {
+        Self::spawn_logging_to(yaml, env, None)
+    }
+
+    /// As [`Router::spawn`], its log going to `stderr` (else a file that
+    /// [`Router::log`] reads).
+    pub fn spawn_logging_to(yaml: &str, env: &[(&str, &str)], stderr: Option<Stdio>) -> Router {
         let addr = free_addr();
         let metrics_addr = free_addr();
         let dir = std::env::temp_dir().join(format!(
@@ -260,7 +266,11 @@ impl Router {
             .env_remove("PREFIX_ROUTER_POLICY")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("router.log")).expect("log file"));
+            .stderr(stderr.unwrap_or_else(|| {
+                std::fs::File::create(dir.join("router.log"))
+                    .expect("log file")
+                    .into()
+            }));
         for (k, v) in env {
             cmd.env(k, v);
         }
