@@ -7,7 +7,8 @@
 //! into stderr in batches (`tracing-appender`'s non-blocking writer): a worker
 //! never waits on stderr (a slow terminal, a full pipe, a stalled log
 //! shipper). A full queue drops lines and counts them
-//! (`prefix_router_log_lines_dropped_total`); dropping [`Logging`] at
+//! (`prefix_router_log_lines_dropped_total`); a line is cut at [`MAX_LINE`]
+//! bytes, so the queue holds at most some 64 MiB; dropping [`Logging`] at
 //! shutdown, or at the end of an upgrade's handover, writes out what is
 //! queued.
 //!
@@ -27,9 +28,15 @@ use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGua
 /// Log target of the access log.
 pub const TARGET: &str = "access";
 
-/// Lines queued for the writer before new ones are dropped (about 200 bytes
-/// each: some 13 MiB at most).
-pub const QUEUE_LINES: usize = 65_536;
+/// Lines queued for the writer before new ones are dropped: at most
+/// [`MAX_LINE`] bytes each, about 200 for an access line.
+pub const QUEUE_LINES: usize = 16_384;
+
+/// A line's message is cut past this many bytes (an access line's path and
+/// error past [`MAX_FIELD`]), so the queue's memory is bounded whatever
+/// clients send.
+pub const MAX_LINE: usize = 4096;
+pub const MAX_FIELD: usize = 1024;
 
 pub use crate::config::LogFormat;
 
@@ -85,7 +92,7 @@ pub fn init() -> Logging {
                     "[{ts} {:<5} {}] {}",
                     record.level(),
                     record.target(),
-                    record.args()
+                    Capped(record.args(), MAX_LINE)
                 );
             }
             write!(
@@ -95,10 +102,15 @@ pub fn init() -> Logging {
                 Json(record.target())
             )?;
             if record.target() == TARGET {
-                // The access log's message is its fields, closed.
+                // The access log's message is its fields, closed (each
+                // capped: see `write`).
                 return writeln!(buf, ",{}", record.args());
             }
-            writeln!(buf, ",\"message\":{}}}", Json(record.args()))
+            writeln!(
+                buf,
+                ",\"message\":{}}}",
+                Json(Capped(record.args(), MAX_LINE))
+            )
         })
         .init();
     logging
@@ -140,6 +152,47 @@ impl fmt::Write for Escape<'_, '_> {
             plain = i + c.len_utf8();
         }
         self.0.write_str(&s[plain..])
+    }
+}
+
+/// At most `.1` bytes of a value (cut at a character), then `…` if cut.
+struct Capped<T>(T, usize);
+
+impl<T: Display> Display for Capped<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut cap = Cap {
+            out: f,
+            left: self.1,
+            cut: false,
+        };
+        write!(cap, "{}", self.0)?;
+        if cap.cut {
+            cap.out.write_char('…')?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes through up to `left` bytes, then notes that the rest was cut.
+struct Cap<'a, 'b> {
+    out: &'a mut fmt::Formatter<'b>,
+    left: usize,
+    cut: bool,
+}
+
+impl fmt::Write for Cap<'_, '_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        if s.len() <= self.left {
+            self.left -= s.len();
+            return self.out.write_str(s);
+        }
+        let mut end = self.left;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.left = 0;
+        self.cut = true;
+        self.out.write_str(&s[..end])
     }
 }
 
@@ -191,7 +244,7 @@ struct ErrorField<'a>(Option<&'a dyn Display>);
 impl Display for ErrorField<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
-            Some(e) => write!(f, " error={}", Json(e)),
+            Some(e) => write!(f, " error={}", Json(Capped(e, MAX_FIELD))),
             None => Ok(()),
         }
     }
@@ -210,7 +263,7 @@ pub fn write(e: &Entry) {
             target: TARGET,
             "\"method\":{},\"path\":{},\"status\":{},\"replica\":{},\"decision\":{},\"shape\":{},\"matched_bytes\":{},\"tried\":{},\"first_byte_ms\":{},\"ms\":{},\"error\":{}}}",
             Json(e.method),
-            Json(e.path),
+            Json(Capped(e.path, MAX_FIELD)),
             e.status,
             OrNull(e.replica),
             OrNull(e.decision),
@@ -219,14 +272,14 @@ pub fn write(e: &Entry) {
             e.tried,
             first_byte.map_or(serde_json::Value::Null, serde_json::Value::from),
             serde_json::Value::from(ms(e.duration)),
-            OrNull(e.error),
+            OrNull(e.error.map(|e| Capped(e, MAX_FIELD))),
         );
     } else {
         log::info!(
             target: TARGET,
             "{} {} status={} replica={} decision={} shape={} matched_bytes={} tried={} first_byte_ms={} ms={}{}",
             e.method,
-            e.path,
+            Capped(e.path, MAX_FIELD),
             e.status,
             e.replica.unwrap_or("-"),
             e.decision.unwrap_or("-"),
@@ -264,6 +317,11 @@ mod tests {
             ErrorField(Some(err)).to_string(),
             " error=\"upstream \\\"x\\\" failed\""
         );
+        // Cut at a character, marked.
+        assert_eq!(Capped("abcé", 4).to_string(), "abc…");
+        assert_eq!(Capped("abc", 3).to_string(), "abc");
+        let long = Capped("x".repeat(3000) + &"y".repeat(3000), MAX_LINE);
+        assert_eq!(long.to_string().chars().count(), MAX_LINE + 1);
     }
 
     /// A writer that never returns: a pipe nobody reads.

@@ -56,11 +56,7 @@ impl Admission {
     /// `max_requests_per_client` in progress already.
     pub fn arrive(self: &Arc<Self>, client: Option<IpAddr>) -> Result<Arrival, usize> {
         let max = self.max_per_client.load(Relaxed);
-        // An IPv6 client is its /64: one host holds a whole one.
-        let client = client.filter(|_| max > 0).map(|ip| match ip {
-            IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
-            v4 => v4,
-        });
+        let client = client.filter(|_| max > 0).map(client_of);
         if let Some(ip) = client {
             let mut shard = self.shard(ip);
             let n = shard.entry(ip).or_insert(0);
@@ -144,6 +140,15 @@ impl Drop for Arrival {
                 }
             }
         }
+    }
+}
+
+/// The client an address stands for: itself, or for IPv6 its /64 (one host
+/// holds a whole one).
+pub fn client_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        v4 => v4,
     }
 }
 

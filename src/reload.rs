@@ -230,7 +230,9 @@ impl Reloader {
             log::debug!("no replica address resolves: the current replicas stay in force");
             return Change::default();
         }
-        let change = live.replicas.apply(&list);
+        // Only a name the file gives may be a rename (see `apply_renaming`).
+        let named = |name: &str| cfg.replicas.iter().any(|r| r.name == name);
+        let change = live.replicas.apply_renaming(&list, named);
         let now = live.replicas.snapshot();
         for r in &change.removed {
             live.policy.forget_replica(r.id);

@@ -145,7 +145,10 @@ impl HttpServerApp for MetricsServer {
                 return None;
             }
         }
-        http.set_keepalive((!*shutdown.borrow()).then_some(d.keepalive_s));
+        // A request with a body (none is asked for here) is answered and its
+        // connection closed: its body is never waited for.
+        let reuse = !*shutdown.borrow() && http.is_body_empty();
+        http.set_keepalive(reuse.then_some(d.keepalive_s));
         let mut modules = self.modules.build_ctx();
         modules
             .request_header_filter(http.req_header_mut())

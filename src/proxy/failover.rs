@@ -40,8 +40,8 @@ impl Router {
                 _ => Some(Failure::ConnectTimeout),
             };
             if let Some(failure) = failure {
-                let by = (failure != Failure::Dead).then_some(ctx.read.source);
-                self.failed(r, failure, by.unwrap_or(0), &e);
+                // Nothing reached the engine: not the request's doing.
+                self.failed(r, failure, 0, &e);
             }
             ctx.attempts.tried.push(r.id);
             if !response_started(session) {

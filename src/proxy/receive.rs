@@ -294,11 +294,13 @@ fn too_long(r: &Request) -> Option<RouterError> {
         .map(|(field, _, max)| RouterError::TooLong { field, max })
 }
 
-/// A request's source when no API key names it: its client address.
+/// A request's source when no API key names it: its client (an address,
+/// an IPv6 /64; behind a proxy that does not keep addresses, every client
+/// is the proxy's).
 fn source_of_address(client: Option<std::net::IpAddr>) -> u64 {
-    match client {
-        Some(std::net::IpAddr::V4(ip)) => u64::from(ip.to_bits()),
-        Some(std::net::IpAddr::V6(ip)) => xxhash_rust::xxh3::xxh3_64(&ip.octets()),
+    match client.map(crate::admission::client_of) {
+        Some(std::net::IpAddr::V4(ip)) => u64::from(ip.to_bits()) | 1 << 32,
+        Some(std::net::IpAddr::V6(ip)) => xxhash_rust::xxh3::xxh3_64(&ip.octets()) | 1,
         None => 0,
     }
 }

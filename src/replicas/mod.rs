@@ -11,9 +11,10 @@
 //!   and readmitted by the first passing health check after that; a success
 //!   resets both counts;
 //! - at most `max_ejection_percent` of the set is ejected at once (always at
-//!   least one replica may be), and at most one by one client's failures
-//!   (the failure that ejects is attributed to its request's source: its
-//!   API key, else its address), since a client's requests may be what fails;
+//!   least one replica may be), and at most one by one client's failed
+//!   responses (the failure that ejects is attributed to its request's
+//!   source: its API key, else its address), since a client's requests may
+//!   be what fails (connect failures are nobody's: nothing was sent);
 //! - a response timeout of a generation answered whole (no `stream: true`)
 //!   does not count: its head comes only when the generation ends;
 //! - when no replica is live, the ejected ones that pass their health checks
@@ -274,10 +275,21 @@ impl Replicas {
     }
 
     /// Replaces the set. Replicas whose name and address are unchanged keep their
-    /// id, health and counters; one renamed (its address unchanged, its old
-    /// name gone from the list) keeps its id and health (see
-    /// `Replica::renamed`); others are added (unchecked) or removed.
+    /// id, health and counters; others are added (unchecked) or removed.
     pub fn apply(&self, cfg: &[config::Replica]) -> Change {
+        self.apply_renaming(cfg, |_| false)
+    }
+
+    /// As [`Replicas::apply`], and a replica whose new name is `renamable`
+    /// (named in the config, not found in DNS: a pool's names carry the
+    /// address, and another pool at a recycled address is another engine),
+    /// its address unchanged and its old name gone from the list, keeps its
+    /// id and health (see `Replica::renamed`).
+    pub fn apply_renaming(
+        &self,
+        cfg: &[config::Replica],
+        renamable: impl Fn(&str) -> bool,
+    ) -> Change {
         let _one = self.publishing.lock().unwrap_or_else(|p| p.into_inner());
         let old = self.snapshot();
         let mut change = Change::default();
@@ -293,7 +305,8 @@ impl Replicas {
                     .filter(gone)
                     .find(|r| r.addr == addr && !next.iter().any(|n: &Arc<Replica>| n.id == r.id))
             };
-            let replica = match (kept, kept.is_none().then(renamed).flatten()) {
+            let rename = (kept.is_none() && renamable(&c.name)).then(renamed);
+            let replica = match (kept, rename.flatten()) {
                 (Some(r), _) => {
                     r.reconfigure(c);
                     Arc::clone(r)

@@ -275,3 +275,18 @@ fn in_flight_counts_until_the_guard_drops() {
     a.on_check(true, false, Instant::now(), &CHECKS);
     assert!(!Replicas::states(&set.snapshot(), &tried, None).0[0].live);
 }
+
+#[test]
+fn only_a_name_the_file_gives_is_a_rename() {
+    let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1")]), Metrics::standalone());
+    let was = set.snapshot()[0].id;
+    // A pool's name at a recycled address: another engine.
+    let change = set.apply_renaming(&cfg(&[("pool-127.0.0.1-1", "127.0.0.1:1")]), |_| false);
+    assert_eq!((change.added.len(), change.removed.len()), (1, 1));
+    assert_ne!(set.snapshot()[0].id, was);
+    let now = set.snapshot()[0].id;
+    let change = set.apply_renaming(&cfg(&[("b", "127.0.0.1:1")]), |n| n == "b");
+    assert_eq!(change.renamed.len(), 1);
+    assert!(change.added.is_empty() && change.removed.is_empty());
+    assert_eq!(set.snapshot()[0].id, now, "the same id: its pins stay");
+}
