@@ -4,7 +4,8 @@
 //! Lines are formatted on the thread that logs them, into the logger's
 //! reused buffer, with no allocation per field, then handed to a bounded
 //! queue ([`QUEUE_LINES`]) that a thread of its own (`log-writer`) drains
-//! into stderr in batches (`tracing-appender`'s non-blocking writer): a worker
+//! (`tracing-appender`'s non-blocking writer) into a buffer another
+//! (`log-flush`) writes to stderr every 20 ms, in batches: a worker
 //! never waits on stderr (a slow terminal, a full pipe, a stalled log
 //! shipper). A full queue drops lines and counts them
 //! (`prefix_router_log_lines_dropped_total`); a line is cut at [`MAX_LINE`]
@@ -21,6 +22,7 @@
 use std::fmt::{self, Display, Write as _};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
@@ -49,14 +51,78 @@ pub fn set_format(format: LogFormat) {
 
 /// The process's log writer: dropping it writes out the lines still queued.
 pub struct Logging {
-    _flush: WorkerGuard,
+    queue: Option<WorkerGuard>,
     dropped: ErrorCounter,
+    out: Option<Batched>,
 }
 
 impl Logging {
     /// Lines dropped so far because the queue was full.
     pub fn dropped(&self) -> ErrorCounter {
         self.dropped.clone()
+    }
+}
+
+impl Drop for Logging {
+    fn drop(&mut self) {
+        // The queue drains into the buffer, then the buffer goes out.
+        drop(self.queue.take());
+        if let Some(mut out) = self.out.take() {
+            let _ = out.write_out();
+        }
+    }
+}
+
+/// How often the buffer of written lines goes out (lines wait at most this).
+const FLUSH_EVERY: Duration = Duration::from_millis(20);
+
+/// stderr behind a buffer that a thread of its own (`log-flush`) writes out
+/// every [`FLUSH_EVERY`] (and that goes out at once when full): the queue's
+/// writer asks for a flush whenever the queue empties, about once per line
+/// at a few thousand lines a second; deferred here, the lines go out in
+/// batches, not a system call each.
+#[derive(Clone)]
+struct Batched(Arc<Mutex<std::io::BufWriter<std::io::Stderr>>>);
+
+impl Batched {
+    fn start() -> Self {
+        let out = Self(Arc::new(Mutex::new(std::io::BufWriter::with_capacity(
+            64 << 10,
+            std::io::stderr(),
+        ))));
+        let weak = Arc::downgrade(&out.0);
+        let spawned = std::thread::Builder::new()
+            .name("log-flush".into())
+            .spawn(move || loop {
+                std::thread::sleep(FLUSH_EVERY);
+                match weak.upgrade() {
+                    Some(out) => {
+                        let _ = Batched(out).write_out();
+                    }
+                    None => return,
+                }
+            });
+        if spawned.is_err() {
+            // No thread: the buffer is written out only when full or at
+            // exit; say so once, where it will be seen.
+            eprintln!("prefix-router: no log-flush thread; log lines go out in 64 KiB batches");
+        }
+        out
+    }
+
+    fn write_out(&mut self) -> std::io::Result<()> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).flush()
+    }
+}
+
+impl Write for Batched {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).write(buf)
+    }
+
+    /// Deferred to the `log-flush` thread.
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -72,8 +138,9 @@ fn queue<W: Write + Send + 'static>(
         .finish(out);
     let dropped = writer.error_counter();
     let logging = Logging {
-        _flush: guard,
+        queue: Some(guard),
         dropped,
+        out: None,
     };
     (writer, logging)
 }
@@ -81,7 +148,9 @@ fn queue<W: Write + Send + 'static>(
 /// Starts the process's logger: level from `RUST_LOG` (default `info`),
 /// lines in the format last set, written off the request path.
 pub fn init() -> Logging {
-    let (writer, logging) = queue(QUEUE_LINES, std::io::BufWriter::new(std::io::stderr()));
+    let out = Batched::start();
+    let (writer, mut logging) = queue(QUEUE_LINES, out.clone());
+    logging.out = Some(out);
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .target(env_logger::Target::Pipe(Box::new(writer)))
         .format(|buf, record| {
