@@ -5,7 +5,8 @@
 //! reused buffer, with no allocation per field, then handed to a bounded
 //! queue ([`QUEUE_LINES`]) that a thread of its own (`log-writer`) drains
 //! (`tracing-appender`'s non-blocking writer) into a buffer another
-//! (`log-flush`) writes to stderr every 20 ms, in batches: a worker
+//! writes to stderr at once when quiet, at most every 20 ms under load (in
+//! batches, the rest by a `log-flush` thread): a worker
 //! never waits on stderr (a slow terminal, a full pipe, a stalled log
 //! shipper). A full queue drops lines and counts them
 //! (`prefix_router_log_lines_dropped_total`); a line is cut at [`MAX_LINE`]
@@ -76,20 +77,26 @@ impl Drop for Logging {
 /// How often the buffer of written lines goes out (lines wait at most this).
 const FLUSH_EVERY: Duration = Duration::from_millis(20);
 
-/// stderr behind a buffer that a thread of its own (`log-flush`) writes out
-/// every [`FLUSH_EVERY`] (and that goes out at once when full): the queue's
-/// writer asks for a flush whenever the queue empties, about once per line
-/// at a few thousand lines a second; deferred here, the lines go out in
-/// batches, not a system call each.
+/// stderr behind a buffer: the queue's writer asks for a flush whenever the
+/// queue empties, about once per line at a few thousand lines a second; one
+/// is done at once when the last was at least [`FLUSH_EVERY`] ago (a quiet
+/// router's lines go out as they come), else left to a thread of its own
+/// (`log-flush`) that writes the buffer out every [`FLUSH_EVERY`]: under
+/// load, lines go out in batches, not a system call each.
 #[derive(Clone)]
-struct Batched(Arc<Mutex<std::io::BufWriter<std::io::Stderr>>>);
+struct Batched(Arc<Mutex<Buffered>>);
+
+struct Buffered {
+    out: std::io::BufWriter<std::io::Stderr>,
+    flushed: std::time::Instant,
+}
 
 impl Batched {
     fn start() -> Self {
-        let out = Self(Arc::new(Mutex::new(std::io::BufWriter::with_capacity(
-            64 << 10,
-            std::io::stderr(),
-        ))));
+        let out = Self(Arc::new(Mutex::new(Buffered {
+            out: std::io::BufWriter::with_capacity(64 << 10, std::io::stderr()),
+            flushed: std::time::Instant::now(),
+        })));
         let weak = Arc::downgrade(&out.0);
         let spawned = std::thread::Builder::new()
             .name("log-flush".into())
@@ -110,19 +117,35 @@ impl Batched {
         out
     }
 
+    /// Writes the buffer out; with `due`, only if the last flush was at
+    /// least [`FLUSH_EVERY`] ago.
+    fn flush_if(&mut self, due: bool) -> std::io::Result<()> {
+        let mut b = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if due && b.flushed.elapsed() < FLUSH_EVERY {
+            return Ok(());
+        }
+        b.flushed = std::time::Instant::now();
+        b.out.flush()
+    }
+
     fn write_out(&mut self) -> std::io::Result<()> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).flush()
+        self.flush_if(false)
     }
 }
 
 impl Write for Batched {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).write(buf)
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .out
+            .write(buf)
     }
 
-    /// Deferred to the `log-flush` thread.
+    /// At once when the last flush was long enough ago, else left to the
+    /// `log-flush` thread.
     fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
+        self.flush_if(true)
     }
 }
 

@@ -102,11 +102,7 @@ fn api_keys_gate_the_listener_before_any_body_is_read_and_reload() {
         router.metric("prefix_router_api_keys_reloads_total{result=\"ok\"}"),
         1.0
     );
-    let log = router.log();
-    assert!(
-        log.contains("POST /v1/chat/completions status=200"),
-        "{log}"
-    );
+    let log = router.wait_log("POST /v1/chat/completions status=200");
     assert!(
         !log.contains("k1") && !log.contains("k2"),
         "a key reached the log"

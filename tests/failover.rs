@@ -200,7 +200,7 @@ fn with_every_replica_failing_its_checks_panic_mode_routes_to_them() {
     }
     assert_eq!(router.metric("prefix_router_panic_mode"), 1.0);
     assert!(router.metric("prefix_router_panic_routed_total") >= 4.0);
-    assert!(router.log().contains("panic mode"), "{}", router.log());
+    router.wait_log("panic mode");
     // The router serves, so it stays ready.
     let ready = common::get(router.metrics_addr, "/ready");
     assert_eq!(ready.status, 200, "{}", ready.text());

@@ -19,6 +19,20 @@ fn wait_reloads(router: &Router, result: &str, n: f64) {
     });
 }
 
+/// Opens conversations `topic0`, `topic1`, ... until one lands on
+/// `replica` (the counter alternates); its topic.
+fn opened_on(router: &Router, replica: &str) -> String {
+    (0..10)
+        .map(|i| format!("topic{i}"))
+        .find(|t| {
+            router
+                .post("/v1/chat/completions", &conversation(t, 0))
+                .replica()
+                == replica
+        })
+        .expect("the counter reaches every replica")
+}
+
 #[test]
 fn an_added_replica_joins_only_after_its_first_passing_check() {
     let a = Sim::start("a", &[]);
@@ -43,15 +57,7 @@ fn a_removed_replica_drains_and_its_pins_move() {
     );
     let router = Router::start(&[&a, &b], FAST_HEALTH);
     // Find a conversation pinned to b.
-    let topic = (0..10)
-        .map(|i| format!("topic{i}"))
-        .find(|t| {
-            router
-                .post("/v1/chat/completions", &conversation(t, 0))
-                .replica()
-                == "b"
-        })
-        .expect("the counter reaches b");
+    let topic = opened_on(&router, "b");
     // A stream in flight on b while b is removed.
     let mut body = conversation(&topic, 1);
     body["stream"] = json!(true);
@@ -124,15 +130,7 @@ fn a_renamed_replica_keeps_its_health_and_its_pins() {
     let slow = "health_check: {interval_ms: 60000}\n";
     let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
     let router = Router::start_with_env(&[&a, &b], slow, &[("RUST_LOG", "info")]);
-    let topic = (0..10)
-        .map(|i| format!("topic{i}"))
-        .find(|t| {
-            router
-                .post("/v1/chat/completions", &conversation(t, 0))
-                .replica()
-                == "b"
-        })
-        .expect("the counter reaches b");
+    let topic = opened_on(&router, "b");
     router.rewrite(&format!(
         "{slow}replicas:\n  - {{name: a, addr: \"{}\"}}\n  - {{name: b2, addr: \"{}\"}}\n",
         a.addr, b.addr
@@ -146,11 +144,7 @@ fn a_renamed_replica_keeps_its_health_and_its_pins() {
         let text = get(router.metrics_addr, "/metrics").text();
         (!text.contains("replica=\"b\"")).then_some(())
     });
-    assert!(
-        router.log().contains("renamed [b -> b2]"),
-        "{}",
-        router.log()
-    );
+    router.wait_log("renamed [b -> b2]");
 }
 
 #[test]
@@ -197,11 +191,7 @@ fn a_file_that_would_remove_most_replicas_is_refused_unless_it_says_so() {
     // A writer that paused at a line boundary: one replica of three left.
     router.rewrite(&Router::yaml(&[&a], FAST_HEALTH));
     wait_reloads(&router, "error", 1.0);
-    assert!(
-        router.log().contains("reload_max_removed_percent"),
-        "{}",
-        router.log()
-    );
+    router.wait_log("reload_max_removed_percent");
     let mut picks = router.singles(6, "kept");
     picks.sort();
     picks.dedup();
@@ -295,11 +285,7 @@ fn keys_that_need_a_restart_are_named_and_the_rest_applies() {
     ));
     wait_reloads(&router, "ok", 1.0);
     assert_eq!(router.metric("prefix_router_config_restart_pending"), 1.0);
-    let log = router.log();
-    assert!(
-        log.contains("threads, prefix_index.block_bytes changed: needs restart"),
-        "{log}"
-    );
+    router.wait_log("threads, prefix_index.block_bytes changed: needs restart");
     assert_eq!(
         second_turn(&router, "t"),
         "spread",

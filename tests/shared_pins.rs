@@ -118,11 +118,8 @@ fn instances_authenticate_as_an_acl_user_and_a_wrong_password_costs_no_request()
     wait_for("writes counted as refused", Duration::from_secs(5), || {
         (shared(&refused, "write", "error") >= 3.0).then_some(())
     });
-    let log = refused.log();
-    assert!(
-        log.contains("redis answered an error") && !log.contains("unavailable"),
-        "{log}"
-    );
+    let log = refused.wait_log("redis answered an error");
+    assert!(!log.contains("unavailable"), "{log}");
 }
 
 /// A CA and a `localhost` certificate it signed, in `dir`: (ca, cert, key).

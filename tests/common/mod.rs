@@ -206,6 +206,19 @@ impl Router {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("router.log")).unwrap_or_default()
     }
+
+    /// The log once it holds `needle`: lines reach the file a few
+    /// milliseconds after they are logged (a writer thread of their own).
+    pub fn wait_log(&self, needle: &str) -> String {
+        wait_for(
+            &format!("{needle:?} in the log"),
+            Duration::from_secs(10),
+            || {
+                let log = self.log();
+                log.contains(needle).then_some(log)
+            },
+        )
+    }
 }
 
 impl Router {
