@@ -18,7 +18,7 @@
 //! `0x1D` and the value's hash in hex, so a conversation with another image
 //! or another tool call in turn 3 shares turns 1 and 2 only.
 
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// Top-level fields the chat template renders (or is chosen by).
 pub const RENDERED: [&[u8]; 5] = [
@@ -81,21 +81,19 @@ pub fn of(salt: Option<&str>, model: Option<&str>, rendered: &Rendered) -> Optio
     if salt.is_none() && model.is_none() && rendered.iter().all(Option::is_none) {
         return None;
     }
-    let mut buf = Vec::with_capacity(64);
-    for (tag, s) in [(b's', salt), (b'm', model)] {
+    // Chained, each part seeded by the hash so far and its tag: no buffer.
+    let mut h = 0x6964_656e_7469_7479; // "identity"
+    for (tag, s) in [(1u64, salt), (2, model)] {
         if let Some(s) = s {
-            buf.push(tag);
-            buf.extend_from_slice(&(s.len() as u64).to_le_bytes());
-            buf.extend_from_slice(s.as_bytes());
+            h = xxh3_64_with_seed(s.as_bytes(), h ^ tag);
         }
     }
-    for (i, h) in rendered.iter().enumerate() {
-        if let Some(h) = h {
-            buf.push(i as u8);
-            buf.extend_from_slice(&h.to_le_bytes());
+    for (i, part) in rendered.iter().enumerate() {
+        if let Some(part) = part {
+            h = xxh3_64_with_seed(&part.to_le_bytes(), h ^ (16 + i as u64));
         }
     }
-    Some(xxh3_64(&buf))
+    Some(h)
 }
 
 #[cfg(test)]
