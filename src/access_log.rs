@@ -179,13 +179,12 @@ pub fn init() -> Logging {
         .format(|buf, record| {
             let ts = buf.timestamp_millis();
             if !JSON.load(Relaxed) {
-                return writeln!(
-                    buf,
-                    "[{ts} {:<5} {}] {}",
-                    record.level(),
-                    record.target(),
-                    Capped(record.args(), MAX_LINE)
-                );
+                write!(buf, "[{ts} {:<5} {}] ", record.level(), record.target())?;
+                if record.target() == TARGET {
+                    // Its fields are capped and escaped (see `write`).
+                    return writeln!(buf, "{}", record.args());
+                }
+                return writeln!(buf, "{}", Plain(Capped(record.args(), MAX_LINE)));
             }
             write!(
                 buf,
@@ -214,36 +213,59 @@ struct Json<T>(T);
 impl<T: Display> Display for Json<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_char('"')?;
-        write!(Escape(f), "{}", self.0)?;
+        write!(Escape { out: f, json: true }, "{}", self.0)?;
         f.write_char('"')
     }
 }
 
-/// Escapes what is written through it for a JSON string.
-struct Escape<'a, 'b>(&'a mut fmt::Formatter<'b>);
+/// A value for the text format: control characters escaped (`\n`,
+/// `\u001b`: what an engine or a client sent can neither forge a line nor
+/// drive a terminal).
+struct Plain<T>(T);
+
+impl<T: Display> Display for Plain<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            Escape {
+                out: f,
+                json: false
+            },
+            "{}",
+            self.0
+        )
+    }
+}
+
+/// Escapes what is written through it: every control character (C0, DEL,
+/// C1), and for a JSON string its quote and backslash too.
+struct Escape<'a, 'b> {
+    out: &'a mut fmt::Formatter<'b>,
+    json: bool,
+}
 
 impl fmt::Write for Escape<'_, '_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
         let mut plain = 0;
         for (i, c) in s.char_indices() {
             let escaped = match c {
+                '"' | '\\' if !self.json => continue,
                 '"' => "\\\"",
                 '\\' => "\\\\",
                 '\n' => "\\n",
                 '\r' => "\\r",
                 '\t' => "\\t",
-                c if (c as u32) < 0x20 => "",
+                c if c.is_control() => "",
                 _ => continue,
             };
-            self.0.write_str(&s[plain..i])?;
+            self.out.write_str(&s[plain..i])?;
             if escaped.is_empty() {
-                write!(self.0, "\\u{:04x}", c as u32)?;
+                write!(self.out, "\\u{:04x}", c as u32)?;
             } else {
-                self.0.write_str(escaped)?;
+                self.out.write_str(escaped)?;
             }
             plain = i + c.len_utf8();
         }
-        self.0.write_str(&s[plain..])
+        self.out.write_str(&s[plain..])
     }
 }
 
@@ -294,7 +316,7 @@ struct Millis(Option<Duration>);
 impl Display for Millis {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
-            Some(d) => write!(f, "{}", d.as_millis()),
+            Some(d) => write!(f, "{}", d.as_millis() as u64),
             None => f.write_char('-'),
         }
     }
@@ -371,7 +393,7 @@ pub fn write(e: &Entry) {
             target: TARGET,
             "{} {} status={} replica={} decision={} shape={} matched_bytes={} tried={} first_byte_ms={} ms={}{}",
             e.method,
-            Capped(e.path, MAX_FIELD),
+            Plain(Capped(e.path, MAX_FIELD)),
             e.status,
             e.replica.unwrap_or("-"),
             e.decision.unwrap_or("-"),
@@ -379,7 +401,7 @@ pub fn write(e: &Entry) {
             e.matched_bytes,
             e.tried,
             Millis(e.first_byte),
-            e.duration.as_millis(),
+            e.duration.as_millis() as u64,
             ErrorField(e.error),
         );
     }
@@ -402,6 +424,12 @@ mod tests {
             let read: String = serde_json::from_str(&written).expect(&written);
             assert_eq!(read, s);
         }
+        // JSON escapes DEL and C1 too; the text format only controls.
+        assert_eq!(Json("\u{7f}\u{9b}").to_string(), "\"\\u007f\\u009b\"");
+        assert_eq!(
+            Plain("a \"b\" \\ \u{1b}[2J\nc").to_string(),
+            "a \"b\" \\ \\u001b[2J\\nc"
+        );
         assert_eq!(OrNull(None::<&str>).to_string(), "null");
         assert_eq!(Millis(None).to_string(), "-");
         let err: &dyn Display = &"upstream \"x\" failed";

@@ -101,3 +101,26 @@ fn a_log_nobody_reads_holds_no_request_up_and_shutdown_writes_it_all_out() {
         &log[log.len().saturating_sub(500)..]
     );
 }
+
+/// What an engine says reaches the log (its model list, on a change): an
+/// id carrying terminal control sequences (ESC, a C1 `CSI`, DEL, a newline
+/// that would forge a line) is escaped in the text format, so a line read
+/// in a terminal or a log viewer shows them and never runs them.
+#[test]
+fn control_characters_from_an_engine_are_escaped_in_the_text_log() {
+    let a = Sim::start("a", &["--models", "m\u{1b}[2J\u{9b}31m\u{7f}\nFORGED"]);
+    let router = Router::start_with_env(&[&a], "", &[("RUST_LOG", "info")]);
+    let log = router.wait_log("serves models");
+    let line = (log.lines())
+        .find(|l| l.contains("serves models"))
+        .expect("the models line");
+    assert!(
+        !line.chars().any(char::is_control),
+        "a control character reached the log: {line:?}"
+    );
+    assert!(
+        line.contains(r"m\u001b[2J\u009b31m\u007f\nFORGED"),
+        "{line}"
+    );
+    assert!(!log.lines().any(|l| l.starts_with("FORGED")), "{log}");
+}
