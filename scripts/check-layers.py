@@ -29,8 +29,9 @@ LAYERS = [
     # The replica set, shared pins.
     ["replicas", "shared_pins"],
     # What runs over the set: Pingora's balancer and health checks, engine
-    # load, capacity, the status listener, drain; the proxy's settings.
-    ["balancer", "engine_load", "capacity", "status", "drain", "settings"],
+    # load and KV events, capacity, the status listener, drain; the proxy's
+    # settings.
+    ["balancer", "engine_load", "kv_events", "capacity", "status", "drain", "settings"],
     # The request body.
     ["body"],
     # The ProxyHttp seam and hot reload.

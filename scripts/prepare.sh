@@ -7,7 +7,9 @@
 #   redis-server, which tests/fleet.rs runs and kills (Debian).
 # - the OpenAI Python SDK in .sdk/venv (PyPI), which tests/sdk.rs drives, and
 #   kubernetes-validate (PyPI, the Kubernetes schemas) in .kube/venv, which
-#   tests/kubernetes.rs runs over deploy/kubernetes/.
+#   tests/kubernetes.rs runs over deploy/kubernetes/, and pyzmq, msgspec and
+#   pydantic (PyPI) in .kv/venv with SGLang's wheel in .kv/wheels, which
+#   tests/kv_events.rs publishes engine events with.
 # The patched Pingora crates are committed in vendor/ (scripts/prepare-pingora.sh).
 # Idempotent and fast when already done.
 #   scripts/prepare.sh
@@ -40,6 +42,17 @@ done
 if [ ! -x .sdk/venv/bin/python ] || ! .sdk/venv/bin/python -c 'import openai' 2>/dev/null; then
   python3 -m venv .sdk/venv
   .sdk/venv/bin/pip install --quiet 'openai==3.57.0'
+fi
+
+# A KV event publisher as vLLM's (tests/common/kv_publisher.py): ZMQ and msgpack.
+# SGLang's own publisher (tests/common/sglang_publisher.py) is read from its
+# wheel, not installed (the package imports torch): 39 MB, downloaded once.
+if [ ! -x .kv/venv/bin/python ] || ! .kv/venv/bin/python -c 'import zmq, msgspec, pydantic' 2>/dev/null; then
+  python3 -m venv .kv/venv
+  .kv/venv/bin/pip install --quiet 'pyzmq==27.3.0' 'msgspec==0.23.0' 'pydantic==2.14.4'
+fi
+if ! ls .kv/wheels/sglang-0.5.23-*.whl >/dev/null 2>&1; then
+  .kv/venv/bin/pip download --quiet --no-deps 'sglang==0.5.23' -d .kv/wheels
 fi
 
 # The schemas tests/kubernetes.rs checks the manifests against (offline).

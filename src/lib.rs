@@ -17,7 +17,7 @@
 //! - [`proxy`]: the one `ProxyHttp`; [`reload`]: hot reload.
 #![forbid(unsafe_code)]
 
-pub use routing::{policy, request};
+pub use routing::{kv, policy, request};
 
 pub mod access_log;
 pub mod admission;
@@ -30,6 +30,7 @@ pub mod drain;
 pub mod engine_client;
 pub mod engine_load;
 pub mod errors;
+pub mod kv_events;
 #[cfg(feature = "tls")]
 pub mod listen_tls;
 pub mod metrics;

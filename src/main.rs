@@ -327,6 +327,14 @@ fn main() -> anyhow::Result<()> {
     if let Some(watch) = engine_load {
         server.add_service(background_service("engine load", watch));
     }
+    server.add_service(background_service(
+        "kv events",
+        prefix_router::kv_events::KvEventsWatch {
+            replicas: Arc::clone(&replicas),
+            policy: Arc::clone(&policy),
+            metrics: Arc::clone(&metrics),
+        },
+    ));
     let gate = server.add_service(background_service(
         "ready gate",
         prefix_router::status::ReadyGate {

@@ -349,7 +349,15 @@ fn metrics_table(families: &BTreeMap<String, Family>) -> String {
 #[test]
 fn docs_metrics_md_lists_every_series_the_router_exports() {
     let a = Sim::start("a", &["--kv-tokens", "100000"]);
-    let router = Router::start(&[&a], "engine_load: {interval_ms: 100}\n");
+    // Its engine's KV events followed (from a port nobody listens on: the
+    // series show at 0).
+    let addr = format!("addr: \"{}\"", a.addr);
+    let yaml = Router::yaml(&[&a], "engine_load: {interval_ms: 100}\n").replace(
+        &addr,
+        &format!("{addr}, kv_events: {{endpoint: \"tcp://127.0.0.1:9\"}}"),
+    );
+    let router = Router::spawn(&yaml, &[]);
+    router.wait_replica_up("a", true);
     assert_eq!(
         router.post("/v1/chat/completions", &single("hello")).status,
         200

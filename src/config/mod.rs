@@ -15,7 +15,7 @@ mod sections;
 mod validate;
 
 pub use redis_url::parse_url as parse_redis_url;
-pub use replica::Replica;
+pub use replica::{KvEvents, Replica};
 pub use sections::*;
 
 /// The configuration the router runs on when no `--config` is given: two

@@ -25,6 +25,82 @@ pub struct Replica {
     /// (until read, or when it lists none: any model).
     #[serde(default)]
     pub models: Option<Vec<String>>,
+    /// Its engine's KV events (see [`KvEvents`]); unset: none read.
+    #[serde(default)]
+    pub kv_events: Option<KvEvents>,
+}
+
+/// Where a replica's engine publishes its KV-cache events (vLLM's and
+/// SGLang's `--kv-events-config`: a ZMQ publisher and, optionally, its
+/// replay socket).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvEvents {
+    /// `tcp://host:port`; host `*` is the replica's own address (as the
+    /// engine's `tcp://*:5557`, for `replicas_dns` pools too).
+    pub endpoint: String,
+    /// The topic subscribed to; empty (the default): every topic.
+    #[serde(default)]
+    pub topic: String,
+    /// The replay socket (`tcp://host:port`, host `*` as above): lost
+    /// batches are asked for there; unset: a loss leaves the replica's
+    /// cache state unknown until the engine's cache is next emptied.
+    #[serde(default)]
+    pub replay_endpoint: Option<String>,
+    /// Blocks kept for this replica at most (memory: about 60 bytes each);
+    /// an engine that reports more is taken as unknown.
+    #[serde(default = "default_max_blocks")]
+    pub max_blocks: usize,
+}
+
+fn default_max_blocks() -> usize {
+    262_144
+}
+
+/// The most `max_blocks` may be.
+const MAX_BLOCKS: usize = 1 << 24;
+
+impl KvEvents {
+    /// `endpoint` or `replay_endpoint` as connected to for a replica at
+    /// `addr`: host `*` is its IP.
+    pub fn resolve(endpoint: &str, addr: SocketAddr) -> String {
+        match endpoint.strip_prefix("tcp://*:") {
+            Some(port) => match addr {
+                SocketAddr::V4(a) => format!("tcp://{}:{port}", a.ip()),
+                SocketAddr::V6(a) => format!("tcp://[{}]:{port}", a.ip()),
+            },
+            None => endpoint.to_owned(),
+        }
+    }
+
+    fn validate(&self, field: impl Fn(&str) -> String) -> Result<(), ConfigError> {
+        let endpoints = [
+            ("endpoint", Some(&self.endpoint)),
+            ("replay_endpoint", self.replay_endpoint.as_ref()),
+        ];
+        for (name, e) in endpoints {
+            let Some(e) = e else { continue };
+            let ok = e.strip_prefix("tcp://").is_some_and(|hp| {
+                let hp = hp
+                    .strip_prefix("*:")
+                    .map_or(hp.to_owned(), |port| format!("x:{port}"));
+                host_port(&hp).is_ok()
+            });
+            if !ok {
+                return Err(invalid(
+                    field(name),
+                    format!("`{e}` is not tcp://host:port (host `*`: the replica's address)"),
+                ));
+            }
+        }
+        if self.max_blocks == 0 || self.max_blocks > MAX_BLOCKS {
+            return Err(invalid(
+                field("max_blocks"),
+                format!("must be 1 to {MAX_BLOCKS}"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Replica {
@@ -61,6 +137,9 @@ impl Replica {
                 field("models"),
                 "lists no model (leave it out to read the replica's own list)",
             ));
+        }
+        if let Some(k) = &self.kv_events {
+            k.validate(|f| field(&format!("kv_events.{f}")))?;
         }
         for m in self.models.iter().flatten() {
             if m.is_empty() || m.len() > MAX_MODEL_NAME {

@@ -14,9 +14,11 @@ use prometheus::{
     IntGauge, IntGaugeVec, Registry,
 };
 
+mod kv_events;
 mod log_drops;
 mod replica;
 
+pub use kv_events::{KvEventMetrics, KvOutcome};
 pub use replica::{Ejection, Repair, ReplicaCounters};
 
 use crate::policy::{Reason, Shape};
@@ -101,6 +103,8 @@ pub struct Metrics {
     /// byte, and from a checkpoint; bytes the checkpoints hold.
     long_parses: [IntCounter; 2],
     pub checkpoint_bytes: IntGauge,
+    /// The engines' KV events, by replica.
+    pub kv: KvEventMetrics,
     registry: Registry,
 }
 
@@ -346,6 +350,7 @@ impl Metrics {
                 "Bytes held by checkpoints of long conversations' latest turns (bounded by limits.max_checkpoint_bytes)",
                 registry
             )?,
+            kv: KvEventMetrics::new(registry)?,
             registry: registry.clone(),
         })
     }
@@ -468,6 +473,7 @@ impl Metrics {
             Repair::Restart => {
                 "it is back after a failed health check (a restarted engine starts empty)"
             }
+            Repair::Events => "its KV events said its cache was emptied (a reset or a restart)",
         };
         log::info!("replica {replica}: forgot {forgotten} prefix index entries: {why}");
     }
@@ -568,6 +574,7 @@ impl Metrics {
             }
         }
         let _ = self.failovers.remove_label_values(&[replica]);
+        self.kv.forget(replica);
         let by_kind = [
             (&self.pin_outcomes, &["hit", "miss"][..]),
             (&self.ejections, &Ejection::ALL.map(Ejection::as_str)[..]),

@@ -35,15 +35,18 @@ pub enum Repair {
     Miss,
     /// The replica passed a health check after failing one.
     Restart,
+    /// Its engine's KV events said its cache was emptied or it restarted.
+    Events,
 }
 
 impl Repair {
-    pub const ALL: [Repair; 2] = [Repair::Miss, Repair::Restart];
+    pub const ALL: [Repair; 3] = [Repair::Miss, Repair::Restart, Repair::Events];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Repair::Miss => "miss",
             Repair::Restart => "restart",
+            Repair::Events => "events",
         }
     }
 }

@@ -127,6 +127,7 @@ mod tests {
             kv_tokens: None,
             prompt_cache: config::PromptCache::Shared,
             models: None,
+            kv_events: None,
         };
         let set = Replicas::new(&[c], Metrics::standalone());
         Arc::clone(&set.snapshot()[0])

@@ -41,6 +41,8 @@ pub struct Replica {
     pub(super) models: ArcSwapOption<Vec<String>>,
     /// `models` comes from the config (else from the replica's /v1/models).
     pub(super) declared_models: AtomicBool,
+    /// Where its engine's KV events come from. Reloadable.
+    pub(super) kv_events: ArcSwapOption<config::KvEvents>,
     pub(super) in_flight: AtomicU32,
     /// Of those, the ones that have not answered a body byte yet: queued or
     /// in their prefill at the engine.
@@ -106,6 +108,7 @@ impl Replica {
             last_prompt: AtomicBool::new(c.prompt_cache == PromptCache::Last),
             models: ArcSwapOption::new(c.models.clone().map(Arc::new)),
             declared_models: AtomicBool::new(c.models.is_some()),
+            kv_events: ArcSwapOption::new(c.kv_events.clone().map(Arc::new)),
             in_flight: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
             pinned_bytes: AtomicU64::new(0),
@@ -181,6 +184,14 @@ impl Replica {
         self.last_prompt
             .store(c.prompt_cache == PromptCache::Last, Relaxed);
         self.declare_models(&c.models);
+        if self.kv_events.load().as_deref() != c.kv_events.as_ref() {
+            self.kv_events.store(c.kv_events.clone().map(Arc::new));
+        }
+    }
+
+    /// Where its engine's KV events come from, if configured.
+    pub fn kv_events(&self) -> Option<Arc<config::KvEvents>> {
+        self.kv_events.load_full()
     }
 
     /// Live: up by its health checks and not ejected.

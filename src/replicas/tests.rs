@@ -12,6 +12,7 @@ pub(super) fn cfg(list: &[(&str, &str)]) -> Vec<config::Replica> {
             kv_tokens: None,
             prompt_cache: PromptCache::Shared,
             models: None,
+            kv_events: None,
         })
         .collect()
 }

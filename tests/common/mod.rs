@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod kv;
 mod trickle;
 
 use std::io::{BufRead, BufReader};

@@ -2,6 +2,7 @@
 //!
 //! - [`request`]: request body -> canonical prompt text and shape signals, and
 //!   the checkpoints a long conversation's next turn is read from.
+//! - [`kv`]: the engines' KV events and what each replica holds as they say.
 //! - [`policy`]: the routing rule (shape, prefix chain and index, counter,
 //!   room and load bounds), with liveness, load and time passed in.
 //!
@@ -9,5 +10,6 @@
 //! runtime or the clock, so its decisions are deterministic under test.
 #![forbid(unsafe_code)]
 
+pub mod kv;
 pub mod policy;
 pub mod request;

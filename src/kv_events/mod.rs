@@ -1,0 +1,113 @@
+//! The engines' KV-cache events (`kv_events` on a replica): a task per
+//! replica follows its engine's publisher ([`follow`]), asking its replay
+//! socket for lost batches ([`replay`]), and keeps what the engine holds in
+//! an [`EngineBlocks`] (bounded by `max_blocks`). A background service
+//! starts and stops the tasks as the replica set and their `kv_events`
+//! change (reloads, DNS pools): checked every second.
+//!
+//! What the events drive today: an engine whose cache was emptied (a
+//! restart, `AllBlocksCleared`) has its prefixes forgotten by the router's
+//! own index at once, and the metrics show each replica's blocks and
+//! whether its state is known. Placing requests by the blocks themselves
+//! needs their tokens (the model's tokenizer), which comes next.
+
+mod follow;
+mod replay;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
+
+use crate::config::KvEvents;
+use crate::kv::EngineBlocks;
+use crate::metrics::Metrics;
+use crate::policy::{Policy, ReplicaId};
+use crate::replicas::Replicas;
+
+pub use replay::{replay, ReplayError};
+
+/// How often the set of followed replicas is brought up to date.
+const RECONCILE: Duration = Duration::from_secs(1);
+
+/// The background service that follows every replica's events.
+pub struct KvEventsWatch {
+    pub replicas: Arc<Replicas>,
+    pub policy: Arc<Policy>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// A replica followed: by which config, its task and its blocks.
+struct Followed {
+    name: String,
+    config: Arc<KvEvents>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl KvEventsWatch {
+    /// Starts a task for each replica with `kv_events` not followed yet (or
+    /// followed by another config), stops those of replicas that left or
+    /// dropped it.
+    fn reconcile(&self, followed: &mut HashMap<ReplicaId, Followed>) {
+        let list = self.replicas.snapshot();
+        followed.retain(|id, f| {
+            let keep = list.iter().any(|r| {
+                r.id == *id && r.name == f.name && r.kv_events().is_some_and(|c| c == f.config)
+            });
+            if !keep {
+                f.task.abort();
+                self.metrics.kv.forget(&f.name);
+            }
+            keep
+        });
+        for r in list.iter() {
+            let Some(config) = r.kv_events() else {
+                continue;
+            };
+            if followed.contains_key(&r.id) {
+                continue;
+            }
+            let blocks = Arc::new(Mutex::new(EngineBlocks::new(config.max_blocks)));
+            self.metrics.kv.join(&r.name);
+            let task = tokio::spawn(
+                follow::Follow {
+                    replica: Arc::clone(r),
+                    config: Arc::clone(&config),
+                    blocks,
+                    policy: Arc::clone(&self.policy),
+                    metrics: Arc::clone(&self.metrics),
+                }
+                .run(),
+            );
+            followed.insert(
+                r.id,
+                Followed {
+                    name: r.name.clone(),
+                    config,
+                    task,
+                },
+            );
+        }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for KvEventsWatch {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut followed = HashMap::new();
+        let mut tick = tokio::time::interval(RECONCILE);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => break,
+                _ = tick.tick() => self.reconcile(&mut followed),
+            }
+        }
+        for f in followed.values() {
+            f.task.abort();
+        }
+    }
+}

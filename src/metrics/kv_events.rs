@@ -1,0 +1,159 @@
+//! The engines' KV events as the router reads them, per replica: batches
+//! by outcome, blocks stored, removed and left out, cache resets, and what
+//! the router holds of each engine's cache.
+
+use prometheus::{
+    register_int_counter_vec_with_registry, register_int_gauge_vec_with_registry, IntCounterVec,
+    IntGaugeVec, Registry,
+};
+
+/// What became of one batch of events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvOutcome {
+    /// Read in order as it was published.
+    Applied,
+    /// Lost on the way, then read from the engine's replay socket.
+    Replayed,
+    /// Lost and not replayed: the replica's cache state is unknown.
+    Lost,
+    /// Not a batch the router can read (also leaves the state unknown).
+    Undecodable,
+}
+
+impl KvOutcome {
+    pub const ALL: [KvOutcome; 4] = [
+        KvOutcome::Applied,
+        KvOutcome::Replayed,
+        KvOutcome::Lost,
+        KvOutcome::Undecodable,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvOutcome::Applied => "applied",
+            KvOutcome::Replayed => "replayed",
+            KvOutcome::Lost => "lost",
+            KvOutcome::Undecodable => "undecodable",
+        }
+    }
+}
+
+/// The `change` values of `kv_event_blocks_total`.
+pub const BLOCK_CHANGES: [&str; 3] = ["stored", "removed", "orphaned"];
+/// The `cause` values of `kv_engine_resets_total`.
+pub const RESET_CAUSES: [&str; 2] = ["cleared", "restart"];
+
+pub struct KvEventMetrics {
+    batches: IntCounterVec,
+    blocks_changed: IntCounterVec,
+    resets: IntCounterVec,
+    blocks: IntGaugeVec,
+    synced: IntGaugeVec,
+    bytes: IntGaugeVec,
+}
+
+impl KvEventMetrics {
+    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        Ok(Self {
+            batches: register_int_counter_vec_with_registry!(
+                "prefix_router_kv_event_batches_total",
+                "KV event batches from each replica's engine, by outcome (applied, replayed, lost, undecodable)",
+                &["replica", "outcome"],
+                registry
+            )?,
+            blocks_changed: register_int_counter_vec_with_registry!(
+                "prefix_router_kv_event_blocks_total",
+                "GPU blocks each engine's KV events stored and removed, and stored blocks left out (their parent never seen)",
+                &["replica", "change"],
+                registry
+            )?,
+            resets: register_int_counter_vec_with_registry!(
+                "prefix_router_kv_engine_resets_total",
+                "Engine caches emptied as their KV events tell: AllBlocksCleared (cleared) or a new sequence (restart)",
+                &["replica", "cause"],
+                registry
+            )?,
+            blocks: register_int_gauge_vec_with_registry!(
+                "prefix_router_kv_blocks",
+                "GPU blocks each replica's engine holds, as its KV events say",
+                &["replica"],
+                registry
+            )?,
+            synced: register_int_gauge_vec_with_registry!(
+                "prefix_router_kv_synced",
+                "1 while every KV event since the engine's cache was last empty has been read; 0: its state is unknown",
+                &["replica"],
+                registry
+            )?,
+            bytes: register_int_gauge_vec_with_registry!(
+                "prefix_router_kv_index_bytes",
+                "Bytes the router holds for each replica's blocks, about",
+                &["replica"],
+                registry
+            )?,
+        })
+    }
+
+    pub fn batch(&self, replica: &str, outcome: KvOutcome) {
+        self.batches
+            .with_label_values(&[replica, outcome.as_str()])
+            .inc();
+    }
+
+    pub fn blocks_changed(&self, replica: &str, stored: usize, removed: usize, orphaned: usize) {
+        for (change, n) in BLOCK_CHANGES.iter().zip([stored, removed, orphaned]) {
+            if n > 0 {
+                self.blocks_changed
+                    .with_label_values(&[replica, change])
+                    .inc_by(n as u64);
+            }
+        }
+    }
+
+    /// `restart`: a new sequence; else AllBlocksCleared.
+    pub fn reset(&self, replica: &str, restart: bool) {
+        self.resets
+            .with_label_values(&[replica, RESET_CAUSES[usize::from(restart)]])
+            .inc();
+    }
+
+    /// What the router holds of the replica's cache now.
+    pub fn state(&self, replica: &str, blocks: usize, synced: bool, bytes: usize) {
+        self.blocks.with_label_values(&[replica]).set(blocks as i64);
+        self.synced
+            .with_label_values(&[replica])
+            .set(i64::from(synced));
+        self.bytes.with_label_values(&[replica]).set(bytes as i64);
+    }
+
+    /// A replica's events followed from now: every series at 0, so they
+    /// show (and `rate()` works) before its first batch.
+    pub fn join(&self, replica: &str) {
+        for o in KvOutcome::ALL {
+            self.batches.with_label_values(&[replica, o.as_str()]);
+        }
+        for c in BLOCK_CHANGES {
+            self.blocks_changed.with_label_values(&[replica, c]);
+        }
+        for c in RESET_CAUSES {
+            self.resets.with_label_values(&[replica, c]);
+        }
+        self.state(replica, 0, false, 0);
+    }
+
+    /// Drops every series of `replica`.
+    pub fn forget(&self, replica: &str) {
+        for g in [&self.blocks, &self.synced, &self.bytes] {
+            let _ = g.remove_label_values(&[replica]);
+        }
+        for o in KvOutcome::ALL {
+            let _ = self.batches.remove_label_values(&[replica, o.as_str()]);
+        }
+        for c in BLOCK_CHANGES {
+            let _ = self.blocks_changed.remove_label_values(&[replica, c]);
+        }
+        for c in RESET_CAUSES {
+            let _ = self.resets.remove_label_values(&[replica, c]);
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! A KV event publisher as vLLM's (`kv_publisher.py`, on pyzmq and msgspec
+//! from `.kv/venv`, which `scripts/prepare.sh` makes): a real ZMQ PUB and
+//! replay ROUTER, fed batches by the test.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use serde_json::Value;
+
+pub struct Publisher {
+    child: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+    pub port: u16,
+    pub replay_port: u16,
+}
+
+impl Publisher {
+    /// Starts ours; `subscribed` is read only once a subscriber has
+    /// subscribed, so call [`Publisher::wait_ready`] after the router is
+    /// configured.
+    pub fn start() -> Publisher {
+        Self::run("kv_publisher.py", &[])
+    }
+
+    /// Starts SGLang's own publisher code, read from its wheel in
+    /// `.kv/wheels` (`sglang_publisher.py`), on topic `kv-events`. It cannot
+    /// tell when a subscriber is in: publish, then [`Publisher::probe`].
+    pub fn sglang() -> Publisher {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/.kv/wheels");
+        let wheel = std::fs::read_dir(dir)
+            .expect(".kv/wheels (scripts/prepare.sh fills it)")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.to_string_lossy().contains("sglang-"))
+            .expect("SGLang's wheel in .kv/wheels (scripts/prepare.sh)");
+        Self::run(
+            "sglang_publisher.py",
+            &[&wheel.to_string_lossy(), "kv-events"],
+        )
+    }
+
+    fn run(script: &str, args: &[&str]) -> Publisher {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let mut child = Command::new(format!("{root}/.kv/venv/bin/python"))
+            .arg(format!("{root}/tests/common/{script}"))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run .kv/venv/bin/python (scripts/prepare.sh makes it)");
+        let input = child.stdin.take().expect("stdin");
+        let output = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut p = Publisher {
+            child,
+            input,
+            output,
+            port: 0,
+            replay_port: 0,
+        };
+        let ports = p.line();
+        let mut words = ports.split_whitespace().skip(1);
+        p.port = words.next().and_then(|w| w.parse().ok()).expect(&ports);
+        p.replay_port = words.next().and_then(|w| w.parse().ok()).expect(&ports);
+        p
+    }
+
+    /// Publishes empty batches until `heard` (a PUB socket drops what it
+    /// sends before a subscription is in; the router asks the replay socket
+    /// for what it missed).
+    pub fn probe(&mut self, mut heard: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !heard() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the router never heard a batch"
+            );
+            self.publish(serde_json::json!([]), "map", false);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// Waits for the router's subscription.
+    pub fn wait_ready(&mut self) {
+        assert_eq!(self.line(), "subscribed");
+    }
+
+    fn line(&mut self) -> String {
+        let mut line = String::new();
+        self.output.read_line(&mut line).expect("publisher output");
+        assert!(!line.is_empty(), "the publisher exited");
+        line.trim().to_owned()
+    }
+
+    fn send(&mut self, command: Value) -> String {
+        writeln!(self.input, "{command}").expect("publisher input");
+        self.line()
+    }
+
+    /// Publishes the next batch (`drop`: buffered for replay, not sent).
+    pub fn publish(&mut self, events: Value, encoding: &str, drop: bool) {
+        let answer = self.send(serde_json::json!({
+            "events": events, "encoding": encoding, "drop": drop
+        }));
+        assert!(answer.starts_with("ok"), "{answer}");
+    }
+
+    /// A new engine process: batches from 0 again, none buffered.
+    pub fn restart(&mut self) {
+        assert_eq!(self.send(serde_json::json!({"restart": true})), "ok");
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `n` blocks of 2 tokens from hash `first` on, chained after `parent`.
+pub fn stored(first: u64, n: u64, parent: Option<u64>) -> Value {
+    let tokens: Vec<u64> = (0..2 * n).map(|t| first * 10 + t).collect();
+    serde_json::json!({"type": "BlockStored", "block_hashes": (first..first + n).collect::<Vec<_>>(),
+        "parent_block_hash": parent, "token_ids": tokens, "block_size": 2, "medium": "GPU"})
+}

@@ -1,0 +1,265 @@
+//! The engines' KV events, from a real ZMQ publisher (pyzmq, msgspec) as
+//! vLLM's: what each replica holds, a lost batch asked for at the replay
+//! socket, and an emptied or restarted engine seen at once. Real router,
+//! real simulators.
+
+mod common;
+
+use std::time::Duration;
+
+use common::kv::{stored, Publisher};
+use common::{wait_for, Router, Sim};
+use serde_json::json;
+
+/// Sims `a` (its engine's events from `publisher`; `replay`: with its
+/// replay socket) and `b`.
+fn start(publisher: &Publisher, replay: bool) -> (Sim, Sim, Router) {
+    let a = Sim::start("a", &[]);
+    let b = Sim::start("b", &[]);
+    let replay = if replay {
+        format!(
+            ", replay_endpoint: \"tcp://127.0.0.1:{}\"",
+            publisher.replay_port
+        )
+    } else {
+        String::new()
+    };
+    let yaml = format!(
+        "replicas:\n  - {{name: a, addr: \"{}\", kv_events: {{endpoint: \"tcp://127.0.0.1:{}\", \
+         topic: kv-events{replay}}}}}\n{}",
+        a.addr,
+        publisher.port,
+        b.yaml()
+    );
+    let router = Router::spawn(&yaml, &[]);
+    router.wait_replica_up("a", true);
+    router.wait_replica_up("b", true);
+    (a, b, router)
+}
+
+fn kv(router: &Router, name: &str, labels: &str) -> f64 {
+    router.metric(&format!("prefix_router_{name}{{{labels}}}"))
+}
+
+/// Waits until series `name{labels}` reads `want`.
+fn wait_kv(router: &Router, name: &str, labels: &str, want: f64) {
+    wait_for(
+        &format!("{name}{{{labels}}} = {want}"),
+        Duration::from_secs(10),
+        || (kv(router, name, labels) == want).then_some(()),
+    );
+}
+
+#[test]
+fn blocks_follow_the_events_in_both_encodings_and_a_lost_batch_is_replayed() {
+    let mut p = Publisher::start();
+    let (_a, _b, router) = start(&p, true);
+    p.wait_ready();
+    wait_kv(&router, "kv_synced", "replica=\"a\"", 0.0);
+    // Batch 0: the engine's first, so its whole cache is known.
+    p.publish(json!([stored(1, 3, None)]), "map", false);
+    wait_kv(&router, "kv_blocks", "replica=\"a\"", 3.0);
+    assert_eq!(kv(&router, "kv_synced", "replica=\"a\""), 1.0);
+    // Older vLLM's positional arrays read alike.
+    p.publish(json!([stored(4, 2, Some(3))]), "array", false);
+    wait_kv(&router, "kv_blocks", "replica=\"a\"", 5.0);
+    // Batch 2 never arrives; batch 3 shows the gap: 2 comes from replay.
+    p.publish(json!([stored(6, 1, Some(5))]), "map", true);
+    p.publish(
+        json!([{"type": "BlockRemoved", "block_hashes": [1, 2], "medium": "GPU"}]),
+        "map",
+        false,
+    );
+    wait_kv(&router, "kv_blocks", "replica=\"a\"", 4.0);
+    assert_eq!(
+        kv(
+            &router,
+            "kv_event_batches_total",
+            "outcome=\"replayed\",replica=\"a\""
+        ),
+        1.0
+    );
+    assert_eq!(
+        kv(
+            &router,
+            "kv_event_batches_total",
+            "outcome=\"applied\",replica=\"a\""
+        ),
+        3.0
+    );
+    assert_eq!(kv(&router, "kv_synced", "replica=\"a\""), 1.0);
+    assert_eq!(
+        kv(
+            &router,
+            "kv_event_blocks_total",
+            "change=\"stored\",replica=\"a\""
+        ),
+        6.0
+    );
+    assert_eq!(
+        kv(
+            &router,
+            "kv_event_blocks_total",
+            "change=\"removed\",replica=\"a\""
+        ),
+        2.0
+    );
+}
+
+#[test]
+fn a_lost_batch_without_a_replay_socket_leaves_the_state_unknown_until_the_cache_is_emptied() {
+    let mut p = Publisher::start();
+    let (_a, _b, router) = start(&p, false);
+    p.wait_ready();
+    p.publish(json!([stored(1, 2, None)]), "map", false);
+    wait_kv(&router, "kv_synced", "replica=\"a\"", 1.0);
+    p.publish(json!([stored(3, 1, Some(2))]), "map", true);
+    p.publish(json!([stored(4, 1, Some(3))]), "map", false);
+    wait_kv(&router, "kv_synced", "replica=\"a\"", 0.0);
+    assert_eq!(
+        kv(
+            &router,
+            "kv_event_batches_total",
+            "outcome=\"lost\",replica=\"a\""
+        ),
+        1.0
+    );
+    assert_eq!(kv(&router, "kv_blocks", "replica=\"a\""), 0.0);
+    p.publish(json!([{"type": "AllBlocksCleared"}]), "array", false);
+    wait_kv(&router, "kv_synced", "replica=\"a\"", 1.0);
+    assert_eq!(
+        kv(
+            &router,
+            "kv_engine_resets_total",
+            "cause=\"cleared\",replica=\"a\""
+        ),
+        1.0
+    );
+}
+
+/// A conversation with a long system prompt, after `turns` turns.
+fn agent(turns: usize) -> serde_json::Value {
+    let context = "The repository layout and the failing test output. ".repeat(120);
+    let mut m = vec![json!({"role": "system", "content": context})];
+    for t in 0..turns {
+        m.push(json!({"role": "user", "content": format!("step {t}")}));
+        m.push(json!({"role": "assistant", "content": format!("result {t}")}));
+    }
+    m.push(json!({"role": "user", "content": format!("step {turns}")}));
+    json!({"model": "sim", "max_tokens": 2, "messages": m})
+}
+
+/// Before, an engine restarted between health checks kept its pins: the
+/// next turn went to an empty cache as a `pin` (tests/cache_report.rs). Its
+/// events say so at once: the index forgets what it placed there.
+#[test]
+fn an_engine_restart_its_events_announce_unpins_its_conversations_at_once() {
+    let mut p = Publisher::start();
+    let (_a, _b, router) = start(&p, true);
+    p.wait_ready();
+    p.publish(json!([stored(1, 1, None)]), "map", false);
+    wait_kv(&router, "kv_synced", "replica=\"a\"", 1.0);
+    // A conversation pinned to `a` (its first turn may land on either).
+    let on_a = (0..8)
+        .map(|i| {
+            let mut body = agent(1);
+            body["messages"][0]["content"] = json!(format!(
+                "conversation {i}. {}",
+                body["messages"][0]["content"].as_str().unwrap_or("")
+            ));
+            body
+        })
+        .find(|body| router.post("/v1/chat/completions", body).replica() == "a")
+        .expect("the counter reaches a");
+    let mut next = on_a.clone();
+    let messages = next["messages"].as_array_mut().expect("messages");
+    messages.push(json!({"role": "assistant", "content": "result 1"}));
+    messages.push(json!({"role": "user", "content": "step 2"}));
+    let r = router.post("/v1/chat/completions", &next);
+    assert_eq!(
+        (r.status, r.replica(), r.decision()),
+        (200, "a", "pin"),
+        "{}",
+        r.text()
+    );
+    // The engine restarts: its events start again from batch 0.
+    p.restart();
+    p.publish(json!([stored(1, 1, None)]), "map", false);
+    wait_kv(
+        &router,
+        "kv_engine_resets_total",
+        "cause=\"restart\",replica=\"a\"",
+        1.0,
+    );
+    assert_eq!(kv(&router, "kv_synced", "replica=\"a\""), 1.0);
+    let messages = next["messages"].as_array_mut().expect("messages");
+    messages.push(json!({"role": "assistant", "content": "result 2"}));
+    messages.push(json!({"role": "user", "content": "step 3"}));
+    let r = router.post("/v1/chat/completions", &next);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_ne!(
+        r.decision(),
+        "pin",
+        "pinned to an engine that restarted empty"
+    );
+    assert!(
+        kv(
+            &router,
+            "index_repairs_total",
+            "cause=\"events\",replica=\"a\""
+        ) >= 1.0
+    );
+}
+
+/// SGLang's own publisher code (read from its wheel; nobody here wrote it)
+/// on the wire: batches the router missed before it subscribed come from the
+/// replay socket, the blocks follow, and a restart is seen.
+#[test]
+fn sglang_s_own_publisher_is_read_replayed_and_its_restart_seen() {
+    let mut p = Publisher::sglang();
+    // Published before the router runs: only the replay socket has them.
+    p.publish(json!([stored(1, 2, None)]), "map", false);
+    p.publish(
+        json!([stored(3, 1, Some(2)), {"type": "BlockRemoved", "block_hashes": [3]}]),
+        "map",
+        false,
+    );
+    let (_a, _b, router) = start(&p, true);
+    let heard = || {
+        kv(
+            &router,
+            "kv_event_batches_total",
+            "outcome=\"applied\",replica=\"a\"",
+        ) >= 1.0
+    };
+    p.probe(heard);
+    wait_kv(&router, "kv_synced", "replica=\"a\"", 1.0);
+    assert_eq!(kv(&router, "kv_blocks", "replica=\"a\""), 2.0);
+    assert_eq!(
+        kv(
+            &router,
+            "kv_event_batches_total",
+            "outcome=\"replayed\",replica=\"a\""
+        ),
+        2.0
+    );
+    assert_eq!(
+        kv(
+            &router,
+            "kv_event_batches_total",
+            "outcome=\"undecodable\",replica=\"a\""
+        ),
+        0.0
+    );
+    p.restart();
+    p.publish(json!([stored(7, 1, None)]), "map", false);
+    let restarted = || {
+        kv(
+            &router,
+            "kv_engine_resets_total",
+            "cause=\"restart\",replica=\"a\"",
+        ) == 1.0
+    };
+    p.probe(restarted);
+    wait_kv(&router, "kv_blocks", "replica=\"a\"", 1.0);
+}
