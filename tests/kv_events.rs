@@ -263,3 +263,65 @@ fn sglang_s_own_publisher_is_read_replayed_and_its_restart_seen() {
     p.probe(restarted);
     wait_kv(&router, "kv_blocks", "replica=\"a\"", 1.0);
 }
+
+/// An engine that restarted while the router was not reading, and got past
+/// the last batch number read: the batch asked for again comes back other
+/// than it was read, so it is a restart, not a gap.
+#[test]
+fn a_restart_past_the_last_batch_read_is_told_from_a_gap() {
+    let mut p = Publisher::start();
+    let (_a, _b, router) = start(&p, true);
+    p.wait_ready();
+    for first in [1, 3, 5] {
+        let parent = (first > 1).then_some(first - 1);
+        p.publish(json!([stored(first, 2, parent)]), "map", false);
+    }
+    wait_kv(&router, "kv_blocks", "replica=\"a\"", 6.0);
+    // The new process publishes 0..=4; only 4 reaches the router (after 2).
+    p.restart();
+    for (i, first) in [10, 11, 12, 13, 14].into_iter().enumerate() {
+        p.publish(json!([stored(first, 1, None)]), "map", i < 4);
+    }
+    wait_kv(
+        &router,
+        "kv_engine_resets_total",
+        "cause=\"restart\",replica=\"a\"",
+        1.0,
+    );
+    wait_kv(&router, "kv_blocks", "replica=\"a\"", 5.0);
+    assert_eq!(kv(&router, "kv_synced", "replica=\"a\""), 1.0);
+}
+
+/// One malformed event (EAGLE's token pairs) costs only itself; a message
+/// of another topic that the subscription's prefix lets through is
+/// skipped; neither makes the state unknown.
+#[test]
+fn a_malformed_event_or_another_topic_costs_nothing_else() {
+    let mut p = Publisher::start();
+    let (_a, _b, router) = start(&p, true);
+    p.wait_ready();
+    let pairs = json!({"type": "BlockStored", "block_hashes": [9], "parent_block_hash": null,
+        "token_ids": [[1, 2], [3, 4]], "block_size": 2});
+    p.publish(json!([stored(1, 2, None), pairs]), "map", false);
+    wait_kv(&router, "kv_blocks", "replica=\"a\"", 2.0);
+    assert_eq!(
+        kv(
+            &router,
+            "kv_event_blocks_total",
+            "change=\"unreadable\",replica=\"a\""
+        ),
+        1.0
+    );
+    p.publish_to("kv-events-other", json!([{"type": "AllBlocksCleared"}]));
+    p.publish(json!([stored(3, 1, Some(2))]), "array", false);
+    wait_kv(&router, "kv_blocks", "replica=\"a\"", 3.0);
+    assert_eq!(
+        kv(
+            &router,
+            "kv_event_batches_total",
+            "outcome=\"skipped\",replica=\"a\""
+        ),
+        1.0
+    );
+    assert_eq!(kv(&router, "kv_synced", "replica=\"a\""), 1.0);
+}

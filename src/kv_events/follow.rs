@@ -4,19 +4,24 @@
 //!
 //! - the next `seq`: the batch is applied;
 //! - a later one: batches were lost; they are asked for at the replay
-//!   socket when there is one, else the replica's state is unknown;
+//!   socket from the last one read, which must come back as it was read
+//!   (else the engine restarted meanwhile); without a replay socket the
+//!   replica's state is unknown;
 //! - an earlier one: a new engine process (a restart: its cache starts
 //!   empty), and batches it published before this one are asked for;
 //! - the first batch heard: from 0 the engine's whole history is here,
-//!   else the earlier ones are asked for (a router joining a running engine).
+//!   else the earlier ones are asked for (a router joining a running
+//!   engine; not when it is past what an engine keeps for replay).
 //!
-//! An emptied cache (`AllBlocksCleared`, a restart) also makes the router's
-//! own index forget the replica's prefixes at once (`Repair::Events`),
-//! instead of after a failed health check or a miss. A socket that fails,
-//! or whose replica fails its health checks (ZMTP has no heartbeat, so a
-//! host gone silently would hold a dead connection), is opened again after
-//! a pause (1 s doubling to 10 s); the sequence carries over, so batches
-//! lost meanwhile are asked for too.
+//! An emptied cache (`AllBlocksCleared` read live or after a known state, a
+//! restart) also makes the router's own index forget the replica's prefixes
+//! at once (`Repair::Events`), instead of after a failed health check or a
+//! miss; an old clear read in a replay of the engine's first batches (SGLang
+//! clears at start) does not. A socket that fails, or whose replica fails
+//! its health checks (ZMTP has no heartbeat, so a host gone silently would
+//! hold a dead connection), is opened again after a pause (1 s doubling to
+//! 10 s); the sequence carries over, so batches lost meanwhile are asked
+//! for too. A message of another topic or shape is skipped and counted.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,7 +31,7 @@ use zeromq::{Socket, SocketOptions, SocketRecv, SubSocket};
 
 use super::replay::{replay, CONNECT_TIMEOUT};
 use crate::config::KvEvents;
-use crate::kv::{Batch, CacheState, EngineBlocks, Event};
+use crate::kv::{Batch, CacheState, EngineBlocks};
 use crate::metrics::{KvOutcome, Metrics, Repair};
 use crate::policy::Policy;
 use crate::replicas::Replica;
@@ -35,6 +40,9 @@ const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(10);
 /// How often an open socket's replica is checked for failing health checks.
 const DOWN_CHECK: Duration = Duration::from_secs(1);
+/// Batches an engine keeps for replay (vLLM's `buffer_steps` default): a
+/// first batch heard past it cannot be caught up from 0.
+const REPLAY_KEPT: u64 = 10_000;
 
 pub(super) struct Follow {
     pub replica: Arc<Replica>,
@@ -42,6 +50,13 @@ pub(super) struct Follow {
     pub blocks: Arc<Mutex<EngineBlocks>>,
     pub policy: Arc<Policy>,
     pub metrics: Arc<Metrics>,
+}
+
+/// The last batch read: its `seq` and its payload's hash.
+#[derive(Clone, Copy)]
+struct Last {
+    seq: u64,
+    hash: u64,
 }
 
 impl Follow {
@@ -70,7 +85,7 @@ impl Follow {
     async fn session(
         &self,
         endpoint: &str,
-        last: &mut Option<u64>,
+        last: &mut Option<Last>,
         failing: &mut bool,
     ) -> Result<std::convert::Infallible, String> {
         let mut options = SocketOptions::default();
@@ -89,111 +104,150 @@ impl Follow {
             let message = tokio::select! {
                 m = sub.recv() => m.map_err(|e| e.to_string())?,
                 _ = check.tick() => {
-                    // ZMTP has no heartbeat here: an engine host gone
-                    // silently would hold a dead connection for ever. Its
-                    // failing health checks end it; a new one is opened.
                     if self.replica.has_been_checked() && !self.replica.checked() {
                         return Err("its health checks fail".into());
                     }
                     continue;
                 }
             };
-            let n = message.len();
-            let seq = (n >= 2)
-                .then(|| message.get(n - 2))
-                .flatten()
-                .and_then(|s| <[u8; 8]>::try_from(s.as_ref()).ok())
-                .map(u64::from_be_bytes);
-            let (Some(seq), Some(payload)) = (seq, message.get(n.wrapping_sub(1))) else {
-                self.undecodable();
-                continue;
-            };
-            self.receive(last, seq, payload.clone()).await;
+            // `[topic, seq, payload]`, the topic exactly the one asked for
+            // (ZMQ matches subscriptions by prefix).
+            let frames = (message.len() == 3)
+                .then(|| (message.get(0), message.get(1), message.get(2)))
+                .and_then(|(t, s, p)| Some((t?, <[u8; 8]>::try_from(s?.as_ref()).ok()?, p?)));
+            match frames {
+                Some((topic, seq, payload))
+                    if self.config.topic.is_empty()
+                        || topic.as_ref() == self.config.topic.as_bytes() =>
+                {
+                    self.receive(last, u64::from_be_bytes(seq), payload.clone())
+                        .await;
+                }
+                _ => self
+                    .metrics
+                    .kv
+                    .batch(&self.replica.name, KvOutcome::Skipped),
+            }
         }
     }
 
     /// Batch `seq` arrived after `last`.
-    async fn receive(&self, last: &mut Option<u64>, seq: u64, payload: Bytes) {
-        let missing_from = match *last {
-            Some(l) if seq == l.wrapping_add(1) => None,
-            Some(l) if seq > l => Some(l + 1),
+    async fn receive(&self, last: &mut Option<Last>, seq: u64, payload: Bytes) {
+        let hash = xxhash_rust::xxh3::xxh3_64(&payload);
+        let prev = last.replace(Last { seq, hash });
+        let forget = match prev {
+            Some(l) if seq == l.seq.wrapping_add(1) => true,
+            Some(l) if seq > l.seq => self.fill_gap(l, seq).await,
             Some(_) => {
                 // A new engine process: its cache starts empty.
                 self.emptied(true);
-                Some(0)
+                self.catch_up(seq).await;
+                true
             }
-            None => Some(0),
+            None if seq > REPLAY_KEPT => {
+                self.unknown(KvOutcome::Lost);
+                true
+            }
+            None => {
+                self.catch_up(seq).await;
+                true
+            }
         };
-        *last = Some(seq);
-        if let Some(from) = missing_from {
-            self.catch_up(from, seq).await;
-        }
-        self.apply(&payload, KvOutcome::Applied);
+        self.apply(&payload, KvOutcome::Applied, forget);
     }
 
-    /// Batches `from..upto` were not read: from the replay socket, in
-    /// order and complete, or the replica's state is unknown.
-    async fn catch_up(&self, from: u64, upto: u64) {
-        if from == upto {
-            // From the engine's first batch: its cache was empty before it.
+    /// Batches after `l` up to `seq` were lost: asked for from `l` itself,
+    /// which must come back as it was read, else the engine restarted
+    /// meanwhile. Returns whether a clear read now empties the router's
+    /// own index.
+    async fn fill_gap(&self, l: Last, seq: u64) -> bool {
+        let Some(batches) = self.replayed(l.seq, seq).await else {
+            self.unknown(KvOutcome::Lost);
+            return true;
+        };
+        if batches.first().map(|b| xxhash_rust::xxh3::xxh3_64(b)) != Some(l.hash) {
+            self.emptied(true);
+            self.catch_up(seq).await;
+            return true;
+        }
+        let known = self.lock().sync() == CacheState::Known;
+        for payload in &batches[1..] {
+            self.apply(payload, KvOutcome::Replayed, known);
+        }
+        true
+    }
+
+    /// The engine's batches `0..upto` were not read: from the replay
+    /// socket, in order and complete (the engine's cache was empty before
+    /// batch 0), or the replica's state is unknown.
+    async fn catch_up(&self, upto: u64) {
+        if upto == 0 {
             self.lock().start_empty();
             return;
         }
-        let got = match &self.config.replay_endpoint {
-            Some(e) => {
-                let endpoint = KvEvents::resolve(e, self.replica.addr);
-                match replay(&endpoint, from, upto).await {
-                    Ok(batches) => Some(batches),
-                    Err(e) => {
-                        log::warn!(
-                            "replica {}: KV event batches {from}..{upto} lost, and not replayed \
-                             from {endpoint}: {e}",
-                            self.replica.name
-                        );
-                        None
-                    }
-                }
-            }
-            None => None,
-        };
-        let Some(batches) = got else {
-            self.lock().lose();
-            self.metrics.kv.batch(&self.replica.name, KvOutcome::Lost);
-            self.publish();
+        let Some(batches) = self.replayed(0, upto).await else {
+            self.unknown(KvOutcome::Lost);
             return;
         };
-        if from == 0 {
-            self.lock().start_empty();
-        }
+        self.lock().start_empty();
         for payload in batches {
-            self.apply(&payload, KvOutcome::Replayed);
+            // A clear among the engine's first batches is history.
+            self.apply(&payload, KvOutcome::Replayed, false);
         }
     }
 
-    /// Applies one batch's events.
-    fn apply(&self, payload: &[u8], outcome: KvOutcome) {
+    /// Batches `from..upto` from the replay socket, if there is one and it
+    /// still holds them all.
+    async fn replayed(&self, from: u64, upto: u64) -> Option<Vec<Bytes>> {
+        let endpoint = KvEvents::resolve(self.config.replay_endpoint.as_ref()?, self.replica.addr);
+        match replay(&endpoint, from, upto).await {
+            Ok(batches) => Some(batches),
+            Err(e) => {
+                log::warn!(
+                    "replica {}: KV event batches {from}..{upto} not replayed from {endpoint}: {e}",
+                    self.replica.name
+                );
+                None
+            }
+        }
+    }
+
+    /// Applies one batch's events; `forget`: a clear among them empties the
+    /// router's own index for the replica.
+    fn apply(&self, payload: &[u8], outcome: KvOutcome, forget: bool) {
         let Ok(batch) = rmp_serde::from_slice::<Batch>(payload) else {
-            self.undecodable();
+            self.unknown(KvOutcome::Undecodable);
             return;
         };
-        let (mut stored, mut removed, mut orphaned, mut cleared) = (0, 0, 0, false);
+        let mut total = crate::kv::Applied::default();
         {
             let mut blocks = self.lock();
             for event in &batch.events {
                 let done = blocks.apply(event);
-                stored += done.stored;
-                removed += done.removed;
-                orphaned += done.orphans;
-                cleared |= matches!(event, Event::Cleared);
+                total.stored += done.stored;
+                total.removed += done.removed;
+                total.orphans += done.orphans;
+                total.unreadable += done.unreadable;
+                total.cleared |= done.cleared;
+                total.overflowed |= done.overflowed;
             }
         }
         let name = &self.replica.name;
         self.metrics.kv.batch(name, outcome);
-        self.metrics
-            .kv
-            .blocks_changed(name, stored, removed, orphaned);
-        if cleared {
-            self.emptied(false);
+        self.metrics.kv.blocks_changed(name, &total);
+        if total.overflowed {
+            self.metrics.kv.batch(name, KvOutcome::Overflowed);
+            log::warn!(
+                "replica {name}: its engine holds more than kv_events.max_blocks ({}) blocks: its \
+                 cache state is unknown until the engine's cache is next emptied",
+                self.config.max_blocks
+            );
+        }
+        if total.cleared {
+            self.metrics.kv.reset(name, false);
+            if forget {
+                self.forget();
+            }
         }
         self.publish();
     }
@@ -202,6 +256,10 @@ impl Follow {
     /// so): the router's own index forgets what it placed there.
     fn emptied(&self, restart: bool) {
         self.metrics.kv.reset(&self.replica.name, restart);
+        self.forget();
+    }
+
+    fn forget(&self) {
         let forgotten = self.policy.forget_replica(self.replica.id);
         if forgotten > 0 {
             self.metrics
@@ -209,9 +267,10 @@ impl Follow {
         }
     }
 
-    fn undecodable(&self) {
+    /// Events were lost (`why`): the replica's state is unknown.
+    fn unknown(&self, why: KvOutcome) {
         self.lock().lose();
-        (self.metrics.kv).batch(&self.replica.name, KvOutcome::Undecodable);
+        self.metrics.kv.batch(&self.replica.name, why);
         self.publish();
     }
 

@@ -49,20 +49,32 @@ struct Followed {
 
 impl KvEventsWatch {
     /// Starts a task for each replica with `kv_events` not followed yet (or
-    /// followed by another config), stops those of replicas that left or
-    /// dropped it.
+    /// followed by another config, or whose task ended), stops those of
+    /// replicas that left or dropped it (their series go once the task has).
     fn reconcile(&self, followed: &mut HashMap<ReplicaId, Followed>) {
         let list = self.replicas.snapshot();
-        followed.retain(|id, f| {
-            let keep = list.iter().any(|r| {
+        let wanted = |id: &ReplicaId, f: &Followed| {
+            list.iter().any(|r| {
                 r.id == *id && r.name == f.name && r.kv_events().is_some_and(|c| c == f.config)
+            })
+        };
+        let gone: Vec<_> = followed.extract_if(|id, f| !wanted(id, f)).collect();
+        for (_, f) in gone {
+            f.task.abort();
+            let (metrics, replicas) = (Arc::clone(&self.metrics), Arc::clone(&self.replicas));
+            tokio::spawn(async move {
+                let _ = f.task.await;
+                // Unless another config of the same replica is followed now.
+                let list = replicas.snapshot();
+                if !list
+                    .iter()
+                    .any(|r| r.name == f.name && r.kv_events().is_some())
+                {
+                    metrics.kv.forget(&f.name);
+                }
             });
-            if !keep {
-                f.task.abort();
-                self.metrics.kv.forget(&f.name);
-            }
-            keep
-        });
+        }
+        followed.retain(|_, f| !f.task.is_finished());
         for r in list.iter() {
             let Some(config) = r.kv_events() else {
                 continue;

@@ -14,8 +14,15 @@ use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, ZmqMes
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The engine has sent everything once it is silent this long.
 const IDLE: Duration = Duration::from_secs(2);
-/// A replay larger than this is refused (memory is bounded by design).
-const MAX_BYTES: usize = 256 << 20;
+/// A whole replay gives up after this.
+const DEADLINE: Duration = Duration::from_secs(30);
+/// A replay larger than this is refused; one runs at a time, router-wide,
+/// so replays hold at most this much.
+const MAX_BYTES: usize = 64 << 20;
+/// Answers before the one asked for that are passed over, at most.
+const MAX_EARLIER: u64 = 1024;
+
+static ONE_AT_A_TIME: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
@@ -23,6 +30,8 @@ pub enum ReplayError {
     Zmq(#[from] zeromq::ZmqError),
     #[error("no answer within {0:?}")]
     Silent(Duration),
+    #[error("not done within {0:?}")]
+    Slow(Duration),
     #[error("the engine no longer holds batch {0}")]
     Gone(u64),
     #[error("batch {got} came where {want} was due")]
@@ -35,6 +44,13 @@ pub enum ReplayError {
 
 /// The payloads of batches `from..upto`, in order and all of them.
 pub async fn replay(endpoint: &str, from: u64, upto: u64) -> Result<Vec<Bytes>, ReplayError> {
+    let _one = ONE_AT_A_TIME.acquire().await;
+    tokio::time::timeout(DEADLINE, ask(endpoint, from, upto))
+        .await
+        .map_err(|_| ReplayError::Slow(DEADLINE))?
+}
+
+async fn ask(endpoint: &str, from: u64, upto: u64) -> Result<Vec<Bytes>, ReplayError> {
     let mut options = SocketOptions::default();
     options.connect_timeout(CONNECT_TIMEOUT);
     let mut dealer = DealerSocket::with_options(options);
@@ -44,6 +60,7 @@ pub async fn replay(endpoint: &str, from: u64, upto: u64) -> Result<Vec<Bytes>, 
     dealer.send(ask).await?;
     let mut out = Vec::new();
     let mut bytes = 0;
+    let mut earlier = 0;
     let mut want = from;
     while want < upto {
         let answer = tokio::time::timeout(IDLE, dealer.recv())
@@ -62,6 +79,10 @@ pub async fn replay(endpoint: &str, from: u64, upto: u64) -> Result<Vec<Bytes>, 
             return Err(ReplayError::Gone(want));
         }
         if seq < want {
+            earlier += 1;
+            if earlier > MAX_EARLIER {
+                return Err(ReplayError::OutOfOrder { want, got: seq });
+            }
             continue;
         }
         if seq > want {
@@ -71,7 +92,7 @@ pub async fn replay(endpoint: &str, from: u64, upto: u64) -> Result<Vec<Bytes>, 
                 ReplayError::OutOfOrder { want, got: seq }
             });
         }
-        bytes += payload.len();
+        bytes += payload.len().max(64);
         if bytes > MAX_BYTES {
             return Err(ReplayError::TooLarge);
         }

@@ -18,14 +18,20 @@ pub enum KvOutcome {
     Lost,
     /// Not a batch the router can read (also leaves the state unknown).
     Undecodable,
+    /// A message of another topic or shape, skipped.
+    Skipped,
+    /// Its blocks would pass `max_blocks`: the state is unknown.
+    Overflowed,
 }
 
 impl KvOutcome {
-    pub const ALL: [KvOutcome; 4] = [
+    pub const ALL: [KvOutcome; 6] = [
         KvOutcome::Applied,
         KvOutcome::Replayed,
         KvOutcome::Lost,
         KvOutcome::Undecodable,
+        KvOutcome::Skipped,
+        KvOutcome::Overflowed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -34,12 +40,14 @@ impl KvOutcome {
             KvOutcome::Replayed => "replayed",
             KvOutcome::Lost => "lost",
             KvOutcome::Undecodable => "undecodable",
+            KvOutcome::Skipped => "skipped",
+            KvOutcome::Overflowed => "overflowed",
         }
     }
 }
 
 /// The `change` values of `kv_event_blocks_total`.
-pub const BLOCK_CHANGES: [&str; 3] = ["stored", "removed", "orphaned"];
+pub const BLOCK_CHANGES: [&str; 4] = ["stored", "removed", "orphaned", "unreadable"];
 /// The `cause` values of `kv_engine_resets_total`.
 pub const RESET_CAUSES: [&str; 2] = ["cleared", "restart"];
 
@@ -57,13 +65,13 @@ impl KvEventMetrics {
         Ok(Self {
             batches: register_int_counter_vec_with_registry!(
                 "prefix_router_kv_event_batches_total",
-                "KV event batches from each replica's engine, by outcome (applied, replayed, lost, undecodable)",
+                "KV event batches from each replica's engine, by outcome (applied, replayed, lost, undecodable, skipped: another topic or shape, overflowed: past max_blocks)",
                 &["replica", "outcome"],
                 registry
             )?,
             blocks_changed: register_int_counter_vec_with_registry!(
                 "prefix_router_kv_event_blocks_total",
-                "GPU blocks each engine's KV events stored and removed, and stored blocks left out (their parent never seen)",
+                "GPU blocks each engine's KV events stored and removed, stored blocks left out (orphaned: their parent never seen), and malformed events skipped (unreadable)",
                 &["replica", "change"],
                 registry
             )?,
@@ -100,8 +108,9 @@ impl KvEventMetrics {
             .inc();
     }
 
-    pub fn blocks_changed(&self, replica: &str, stored: usize, removed: usize, orphaned: usize) {
-        for (change, n) in BLOCK_CHANGES.iter().zip([stored, removed, orphaned]) {
+    pub fn blocks_changed(&self, replica: &str, done: &crate::kv::Applied) {
+        let counts = [done.stored, done.removed, done.orphans, done.unreadable];
+        for (change, n) in BLOCK_CHANGES.iter().zip(counts) {
             if n > 0 {
                 self.blocks_changed
                     .with_label_values(&[replica, change])

@@ -104,6 +104,12 @@ impl Publisher {
         assert!(answer.starts_with("ok"), "{answer}");
     }
 
+    /// Sends a batch under another `topic` (no seq used, not kept).
+    pub fn publish_to(&mut self, topic: &str, events: Value) {
+        let answer = self.send(serde_json::json!({"events": events, "topic": topic}));
+        assert_eq!(answer, "ok");
+    }
+
     /// A new engine process: batches from 0 again, none buffered.
     pub fn restart(&mut self) {
         assert_eq!(self.send(serde_json::json!({"restart": true})), "ok");

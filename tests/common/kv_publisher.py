@@ -4,8 +4,9 @@ replay socket answering [id, "", start_seq] with every buffered batch from
 there ([id, "", topic, seq, payload]) and an end marker (seq -1).
 
 Driven by JSON lines on stdin, one answer line each on stdout:
-  {"events": [...], "encoding": "map"|"array", "drop": false}
-      publish the next batch (kept for replay; `drop`: kept, not sent)
+  {"events": [...], "encoding": "map"|"array", "drop": false, "topic": null}
+      publish the next batch (kept for replay; `drop`: kept, not sent;
+      `topic`: sent under another topic, not kept, no seq used)
   {"restart": true}       a new engine process: seq from 0, buffer empty
 Events are {"type": "BlockStored"|"BlockRemoved"|"AllBlocksCleared", ...}
 with vLLM's field names. Prints "ports <pub_port> <replay_port>" at once,
@@ -72,6 +73,10 @@ for line in sys.stdin:
         else:
             events.append({k: v for k, v in e.items() if v is not None})
     payload = msgspec.msgpack.encode([time.time(), events, None])
+    if cmd.get("topic"):
+        pub.send_multipart([cmd["topic"].encode(), seq.to_bytes(8, "big"), payload])
+        print("ok", flush=True)
+        continue
     with lock:
         buffer.append((seq, payload))
     if not cmd.get("drop"):

@@ -15,9 +15,11 @@
 //! be replayed, or a router that joined a running engine, makes it
 //! [`CacheState::Unknown`]: the blocks are dropped (what was removed meanwhile is
 //! unknown) and the replica is placed by the router's own index until the
-//! engine's cache is next emptied. At most `max_blocks` blocks are kept: an
-//! engine that reports more is taken as unknown too, so memory is bounded
-//! by design whatever a publisher sends.
+//! engine's cache is next emptied. At most `max_blocks` blocks are kept (the
+//! bound is checked before an event's blocks go in, and the maps' memory is
+//! given back when they are dropped): an engine that reports more is taken
+//! as unknown too. (The ZMQ frames themselves are not size-limited: the
+//! publisher is trusted as its engine is.)
 
 use std::collections::HashMap;
 
@@ -36,7 +38,7 @@ pub fn chain_keys(
     block_size: usize,
 ) -> Vec<u64> {
     let mut key = parent.unwrap_or(ROOT ^ namespace);
-    let mut bytes = Vec::with_capacity(block_size * 4);
+    let mut bytes = Vec::with_capacity(block_size.min(tokens.len()) * 4);
     let mut keys = Vec::with_capacity(tokens.len() / block_size.max(1));
     for block in tokens.chunks_exact(block_size.max(1)) {
         bytes.clear();
@@ -65,6 +67,9 @@ pub struct Applied {
     pub removed: usize,
     /// Blocks left out: their parent was never seen.
     pub orphans: usize,
+    /// Malformed events skipped (a malformed removal makes the state
+    /// unknown: what it removed is not known).
+    pub unreadable: usize,
     /// The cache was emptied (the event said so).
     pub cleared: bool,
     /// More than `max_blocks`: the state is unknown now.
@@ -74,7 +79,8 @@ pub struct Applied {
 /// One replica's blocks.
 #[derive(Debug)]
 pub struct EngineBlocks {
-    keys: HashMap<EngineHash, u64>,
+    /// Engine hash -> its key and how many copies the engine holds.
+    keys: HashMap<EngineHash, (u64, u32)>,
     /// Key -> how many of the engine's blocks have it.
     held: HashMap<u64, u32>,
     block_size: Option<u32>,
@@ -116,20 +122,23 @@ impl EngineBlocks {
     /// The engine's cache is empty and every event from now on will be
     /// read (its first batch since it started, or a cleared cache).
     pub fn start_empty(&mut self) {
-        self.keys.clear();
-        self.held.clear();
+        self.drop_all();
         self.sync = CacheState::Known;
     }
 
     /// Events were lost: what is kept can no longer be trusted.
     pub fn lose(&mut self) {
-        self.keys.clear();
-        self.held.clear();
+        self.drop_all();
         self.sync = CacheState::Unknown;
     }
 
-    /// Applies one event (GPU blocks only; an offload tier's are not the
-    /// engine's prefix cache on the card).
+    /// Empties the maps and gives their memory back.
+    fn drop_all(&mut self) {
+        self.keys = HashMap::new();
+        self.held = HashMap::new();
+    }
+
+    /// Applies one event.
     pub fn apply(&mut self, event: &Event) -> Applied {
         let mut done = Applied::default();
         match event {
@@ -139,57 +148,72 @@ impl EngineBlocks {
                 tokens,
                 block_size,
                 namespace,
-                on_gpu: true,
             } => {
                 self.block_size = Some(*block_size);
                 let parent_key = match parent {
                     None => None,
                     Some(p) => match self.keys.get(p) {
-                        Some(k) => Some(*k),
+                        Some((k, _)) => Some(*k),
                         None => {
                             done.orphans = hashes.len();
                             return done;
                         }
                     },
                 };
+                if self.keys.len() + hashes.len() > self.max_blocks {
+                    self.lose();
+                    done.overflowed = true;
+                    return done;
+                }
                 let keys = chain_keys(*namespace, parent_key, tokens, *block_size as usize);
                 for (hash, key) in hashes.iter().zip(keys) {
-                    if let Some(old) = self.keys.insert(*hash, key) {
-                        self.release(old);
+                    let entry = self.keys.entry(*hash).or_insert((key, 0));
+                    if entry.0 != key {
+                        // The same hash for other tokens: the newer ones.
+                        let (old, copies) = std::mem::replace(entry, (key, 0));
+                        for _ in 0..copies {
+                            Self::release(&mut self.held, old);
+                        }
                     }
+                    entry.1 += 1;
                     *self.held.entry(key).or_insert(0) += 1;
                     done.stored += 1;
                 }
-                if self.keys.len() > self.max_blocks {
-                    self.lose();
-                    done.overflowed = true;
-                }
             }
-            Event::Removed {
-                hashes,
-                on_gpu: true,
-            } => {
+            Event::Removed { hashes } => {
                 for hash in hashes {
-                    if let Some(key) = self.keys.remove(hash) {
-                        self.release(key);
-                        done.removed += 1;
+                    let Some((key, copies)) = self.keys.get_mut(hash) else {
+                        continue;
+                    };
+                    let key = *key;
+                    *copies -= 1;
+                    if *copies == 0 {
+                        self.keys.remove(hash);
                     }
+                    Self::release(&mut self.held, key);
+                    done.removed += 1;
                 }
             }
             Event::Cleared => {
                 self.start_empty();
                 done.cleared = true;
             }
-            _ => {}
+            Event::Unreadable { removal } => {
+                done.unreadable = 1;
+                if *removal {
+                    self.lose();
+                }
+            }
+            Event::Other => {}
         }
         done
     }
 
-    fn release(&mut self, key: u64) {
-        if let Some(n) = self.held.get_mut(&key) {
+    fn release(held: &mut HashMap<u64, u32>, key: u64) {
+        if let Some(n) = held.get_mut(&key) {
             *n -= 1;
             if *n == 0 {
-                self.held.remove(&key);
+                held.remove(&key);
             }
         }
     }
@@ -213,7 +237,7 @@ impl EngineBlocks {
     /// Bytes these maps take, about (their allocated slots).
     pub fn heap_bytes(&self) -> usize {
         // A hashbrown slot: the entry plus one control byte.
-        self.keys.capacity() * (8 + 8 + 1) + self.held.capacity() * (8 + 4 + 1)
+        self.keys.capacity() * (8 + 12 + 1) + self.held.capacity() * (8 + 4 + 1)
     }
 }
 
@@ -228,7 +252,6 @@ mod tests {
             tokens: tokens.to_vec(),
             block_size: 2,
             namespace: 0,
-            on_gpu: true,
         }
     }
 
@@ -249,8 +272,7 @@ mod tests {
         // Evicted from the end: the prefix before it still matches.
         assert_eq!(
             b.apply(&Event::Removed {
-                hashes: vec![EngineHash(12)],
-                on_gpu: true
+                hashes: vec![EngineHash(12)]
             })
             .removed,
             1
@@ -260,21 +282,20 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_parent_an_offload_tier_and_a_clear() {
+    fn an_unknown_parent_an_unreadable_event_and_a_clear() {
         let mut b = EngineBlocks::new(100);
         b.start_empty();
         let orphan = b.apply(&stored(&[20], Some(99), &[1, 2]));
         assert_eq!((orphan.stored, orphan.orphans), (0, 1));
-        let mut cpu = stored(&[21], None, &[1, 2]);
-        if let Event::Stored { on_gpu, .. } = &mut cpu {
-            *on_gpu = false;
-        }
-        assert_eq!(b.apply(&cpu).stored, 0);
         b.apply(&stored(&[22], None, &[1, 2]));
+        let skipped = b.apply(&Event::Unreadable { removal: false });
+        assert_eq!((skipped.unreadable, b.sync()), (1, CacheState::Known));
         assert_eq!(b.len(), 1);
         assert!(b.apply(&Event::Cleared).cleared);
         assert!(b.is_empty());
         assert_eq!(b.sync(), CacheState::Known);
+        b.apply(&Event::Unreadable { removal: true });
+        assert_eq!(b.sync(), CacheState::Unknown, "what it removed is unknown");
     }
 
     #[test]
@@ -285,8 +306,11 @@ mod tests {
         b.apply(&stored(&[1, 2], None, &[1, 2, 3, 4]));
         assert_eq!(b.sync(), CacheState::Known);
         let over = b.apply(&stored(&[3, 4], Some(2), &[5, 6, 7, 8]));
-        assert!(over.overflowed);
-        assert_eq!((b.sync(), b.len()), (CacheState::Unknown, 0));
+        assert!(over.overflowed, "checked before the blocks go in");
+        assert_eq!(
+            (b.sync(), b.len(), b.heap_bytes()),
+            (CacheState::Unknown, 0, 0)
+        );
         b.start_empty();
         b.apply(&stored(&[1], None, &[1, 2]));
         b.lose();
@@ -294,16 +318,24 @@ mod tests {
     }
 
     #[test]
-    fn the_same_hash_stored_again_is_counted_once() {
+    fn copies_of_a_block_are_held_until_the_last_is_removed() {
         let mut b = EngineBlocks::new(10);
         b.start_empty();
         b.apply(&stored(&[5], None, &[1, 2]));
         b.apply(&stored(&[5], None, &[1, 2]));
         assert_eq!(b.len(), 1);
-        b.apply(&Event::Removed {
+        let request = chain_keys(0, None, &[1, 2], 2);
+        let remove = Event::Removed {
             hashes: vec![EngineHash(5)],
-            on_gpu: true,
-        });
-        assert_eq!(b.matched(&chain_keys(0, None, &[1, 2], 2)), 0);
+        };
+        b.apply(&remove);
+        assert_eq!(b.matched(&request), 1, "a copy is still held");
+        b.apply(&remove);
+        assert_eq!(b.matched(&request), 0);
+        // The same hash for other tokens replaces the block.
+        b.apply(&stored(&[6], None, &[1, 2]));
+        b.apply(&stored(&[6], None, &[3, 4]));
+        assert_eq!(b.matched(&request), 0);
+        assert_eq!(b.matched(&chain_keys(0, None, &[3, 4], 2)), 1);
     }
 }

@@ -2,13 +2,19 @@
 //! (`[ts, events, dp_rank?]`) of `BlockStored`, `BlockRemoved` and
 //! `AllBlocksCleared`, which SGLang publishes too. Each event comes in one of
 //! two encodings, by engine version: a positional array whose first element
-//! names the event (older vLLM), or a map with `type` and named fields,
-//! optional ones left out (current SGLang and vLLM); both are read, fields a
-//! newer engine adds are skipped. A block hash is an integer (signed or not)
-//! or bytes: each becomes an opaque 64-bit id ([`EngineHash`]). Events of
-//! another KV group than the first (hybrid models), of another kind than
-//! full attention, or of a kind not known here are read as [`Event::Other`]
-//! and change nothing.
+//! names the event (vLLM's `array_like`, fields in vLLM's order), or a map
+//! with `type` and named fields, optional ones left out (current SGLang and
+//! vLLM); both are read, fields a newer engine adds are skipped. A block hash
+//! is an integer (signed or not), bytes or text: each becomes an opaque
+//! 64-bit id ([`EngineHash`]).
+//!
+//! One event the router cannot use never costs the rest of its batch: an
+//! event of another KV group or kind (hybrid models), of an offload tier or
+//! a remote one, of a kind not known here is [`Event::Other`]; one that is
+//! malformed (token ids that are not plain ids, as EAGLE's pairs; a block
+//! size of 0 or past [`MAX_BLOCK_SIZE`]; token and hash counts that
+//! disagree; blocks keyed by more than their tokens, `extra_keys`) is
+//! [`Event::Unreadable`].
 //!
 //! Format-agnostic serde visitors: the caller decodes msgpack with them.
 
@@ -42,6 +48,9 @@ impl<'de> Deserialize<'de> for EngineHash {
             fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<EngineHash, E> {
                 self.visit_bytes(&v)
             }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<EngineHash, E> {
+                self.visit_bytes(v.as_bytes())
+            }
         }
         d.deserialize_any(V)
     }
@@ -50,8 +59,9 @@ impl<'de> Deserialize<'de> for EngineHash {
 /// One event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    /// Blocks filled: `tokens` holds `block_size` token ids per hash, in
-    /// order, the first block's parent `parent` (`None`: the prompt's start).
+    /// GPU blocks filled: `tokens` holds `block_size` token ids per hash,
+    /// in order, the first block's parent `parent` (`None`: the prompt's
+    /// start).
     Stored {
         hashes: Vec<EngineHash>,
         parent: Option<EngineHash>,
@@ -60,19 +70,22 @@ pub enum Event {
         /// The adapter (`lora_name`, else `lora_id`) and `cache_salt`,
         /// hashed: blocks of another adapter or salt are other blocks.
         namespace: u64,
-        /// Held on the GPU (no `medium`, or `GPU`), not an offload tier.
-        on_gpu: bool,
     },
-    /// Blocks evicted.
-    Removed {
-        hashes: Vec<EngineHash>,
-        on_gpu: bool,
-    },
+    /// GPU blocks evicted.
+    Removed { hashes: Vec<EngineHash> },
     /// The whole cache was emptied (a reset, a restart).
     Cleared,
-    /// Not one this router reads (another group or kind, or a new event).
+    /// Not one this router reads (another group, kind or tier, or a new
+    /// event).
     Other,
+    /// Malformed: `removal` when it removed blocks (what it removed is
+    /// unknown then).
+    Unreadable { removal: bool },
 }
+
+/// The largest block size read (vLLM's are 16 to 128 tokens, SGLang's pages
+/// 1 to 64): more is taken as malformed.
+pub const MAX_BLOCK_SIZE: u32 = 4096;
 
 /// One published batch.
 #[derive(Debug, Clone, PartialEq)]
@@ -114,26 +127,143 @@ fn required<'de, A: SeqAccess<'de>, T: Deserialize<'de>>(
 struct Fields {
     hashes: Option<Vec<EngineHash>>,
     parent: Option<EngineHash>,
-    tokens: Option<Vec<u32>>,
-    block_size: Option<u32>,
+    tokens: Option<TokenIds>,
+    block_size: Option<u64>,
     lora_id: Option<i64>,
     lora_name: Option<String>,
     cache_salt: Option<String>,
+    extra_keys: Option<Extra>,
     medium: Option<String>,
+    locality: Option<String>,
+    ownership: Option<String>,
     group: Option<i64>,
     kind: Option<String>,
 }
 
-/// Positional fields after the tag, by event (older vLLM's `array_like`).
-const STORED: [&str; 6] = [
+/// Positional fields after the tag, by event, in vLLM's order.
+const STORED: [&str; 13] = [
     "block_hashes",
     "parent_block_hash",
     "token_ids",
     "block_size",
     "lora_id",
     "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+    "locality",
+    "ownership",
 ];
-const REMOVED: [&str; 2] = ["block_hashes", "medium"];
+const REMOVED: [&str; 5] = [
+    "block_hashes",
+    "medium",
+    "group_idx",
+    "locality",
+    "ownership",
+];
+
+/// Token ids, or `None` when one is not a plain id (EAGLE's pairs).
+struct TokenIds(Option<Vec<u32>>);
+
+impl<'de> Deserialize<'de> for TokenIds {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = TokenIds;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("token ids")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<TokenIds, A::Error> {
+                let mut ids = Some(Vec::with_capacity(s.size_hint().unwrap_or(0).min(1 << 16)));
+                while let Some(Anything(id)) = s.next_element()? {
+                    match (&mut ids, id.and_then(|v| u32::try_from(v).ok())) {
+                        (Some(ids), Some(id)) => ids.push(id),
+                        _ => ids = None,
+                    }
+                }
+                Ok(TokenIds(ids))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+/// `extra_keys`: whether any block's is set (its key then depends on more
+/// than its tokens: media, a salt, an adapter).
+struct Extra(bool);
+
+impl<'de> Deserialize<'de> for Extra {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Extra;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("extra keys")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Extra, A::Error> {
+                let mut set = false;
+                while let Some(v) = s.next_element::<Option<IgnoredAny>>()? {
+                    set |= v.is_some();
+                }
+                Ok(Extra(set))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Extra, E> {
+                Ok(Extra(false))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Any one value: a non-negative integer as itself, anything else `None`.
+struct Anything(Option<u64>);
+
+impl<'de> Deserialize<'de> for Anything {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Anything;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Anything, E> {
+                Ok(Anything(Some(v)))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Anything, E> {
+                Ok(Anything(u64::try_from(v).ok()))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Anything, E> {
+                Ok(Anything(None))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Anything, E> {
+                Ok(Anything(None))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Anything, E> {
+                Ok(Anything(None))
+            }
+            fn visit_bytes<E: de::Error>(self, _: &[u8]) -> Result<Anything, E> {
+                Ok(Anything(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Anything, E> {
+                Ok(Anything(None))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Anything, E> {
+                Ok(Anything(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Anything, A::Error> {
+                while s.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Anything(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Anything, A::Error> {
+                while m.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Anything(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
 
 /// Runs `$put` with `$to` bound to the field `$name` names (each arm
 /// type-checked on its own, so `$put` may read any field's type), `$skip`
@@ -173,6 +303,18 @@ macro_rules! field {
                 let $to = &mut $f.cache_salt;
                 $put
             }
+            "extra_keys" => {
+                let $to = &mut $f.extra_keys;
+                $put
+            }
+            "locality" => {
+                let $to = &mut $f.locality;
+                $put
+            }
+            "ownership" => {
+                let $to = &mut $f.ownership;
+                $put
+            }
             "medium" => {
                 let $to = &mut $f.medium;
                 $put
@@ -187,52 +329,57 @@ macro_rules! field {
 }
 
 impl Fields {
-    fn event<E: de::Error>(self, tag: &str) -> Result<Event, E> {
-        let on_gpu = self.medium.as_deref().is_none_or(|m| m == "GPU");
+    /// The event these fields make; never an error: see the header.
+    fn event(self, tag: &str) -> Event {
+        // On this engine's GPU: no tier named, or GPU; local; not an
+        // offloading tier's copy.
+        let on_gpu = self.medium.as_deref().is_none_or(|m| m == "GPU")
+            && self.locality.as_deref().is_none_or(|l| l == "LOCAL")
+            && self.ownership.is_none();
         // Hybrid models: only the first group's full-attention blocks.
         let main = self.group.unwrap_or(0) == 0
-            && (self.kind.as_deref()).is_none_or(|k| k.contains("full") || k.contains("mla"));
-        Ok(match tag {
-            _ if !main => Event::Other,
-            "BlockStored" => {
-                let hashes = self
-                    .hashes
-                    .ok_or_else(|| E::missing_field("block_hashes"))?;
-                let tokens = self.tokens.ok_or_else(|| E::missing_field("token_ids"))?;
-                let block_size = self
-                    .block_size
-                    .ok_or_else(|| E::missing_field("block_size"))?;
-                if block_size == 0 || tokens.len() != hashes.len() * block_size as usize {
-                    return Err(E::custom(format_args!(
-                        "{} token ids for {} blocks of {block_size}",
-                        tokens.len(),
-                        hashes.len()
-                    )));
-                }
-                let adapter = match (&self.lora_name, self.lora_id) {
-                    (Some(name), _) => xxhash_rust::xxh3::xxh3_64(name.as_bytes()),
-                    (None, Some(id)) => id as u64 ^ 0x4c6f_5241,
-                    (None, None) => 0,
-                };
-                let salt = (self.cache_salt.as_deref())
-                    .map_or(0, |s| xxhash_rust::xxh3::xxh3_64(s.as_bytes()));
-                Event::Stored {
-                    hashes,
-                    parent: self.parent,
-                    tokens,
-                    block_size,
-                    namespace: adapter ^ salt.rotate_left(17),
-                    on_gpu,
-                }
-            }
-            "BlockRemoved" => Event::Removed {
-                hashes: self
-                    .hashes
-                    .ok_or_else(|| E::missing_field("block_hashes"))?,
-                on_gpu,
-            },
+            && (self.kind.as_deref()).is_none_or(|k| {
+                let k = k.to_ascii_lowercase();
+                k.contains("full") || k.contains("mla")
+            });
+        match tag {
             "AllBlocksCleared" => Event::Cleared,
+            _ if !main || !on_gpu => Event::Other,
+            "BlockStored" => self
+                .stored()
+                .unwrap_or(Event::Unreadable { removal: false }),
+            "BlockRemoved" => match self.hashes {
+                Some(hashes) => Event::Removed { hashes },
+                None => Event::Unreadable { removal: true },
+            },
             _ => Event::Other,
+        }
+    }
+
+    fn stored(self) -> Option<Event> {
+        let hashes = self.hashes?;
+        let tokens = self.tokens?.0?;
+        let block_size = u32::try_from(self.block_size?).ok()?;
+        let whole = (hashes.len()).checked_mul(block_size as usize) == Some(tokens.len());
+        if block_size == 0 || block_size > MAX_BLOCK_SIZE || !whole || hashes.is_empty() {
+            return None;
+        }
+        if self.extra_keys.is_some_and(|e| e.0) {
+            return None;
+        }
+        let adapter = match (&self.lora_name, self.lora_id) {
+            (Some(name), _) => xxhash_rust::xxh3::xxh3_64(name.as_bytes()),
+            (None, Some(id)) => id as u64 ^ 0x4c6f_5241,
+            (None, None) => 0,
+        };
+        let salt =
+            (self.cache_salt.as_deref()).map_or(0, |s| xxhash_rust::xxh3::xxh3_64(s.as_bytes()));
+        Some(Event::Stored {
+            hashes,
+            parent: self.parent,
+            tokens,
+            block_size,
+            namespace: adapter ^ salt.rotate_left(17),
         })
     }
 }
@@ -272,7 +419,7 @@ impl<'de> Deserialize<'de> for Event {
                     }
                 }
                 while s.next_element::<IgnoredAny>()?.is_some() {}
-                fields.event(&tag)
+                Ok(fields.event(&tag))
             }
             fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Event, A::Error> {
                 let mut fields = Fields::default();
@@ -286,8 +433,8 @@ impl<'de> Deserialize<'de> for Event {
                         m.next_value::<IgnoredAny>()?;
                     });
                 }
-                let tag = tag.ok_or_else(|| de::Error::missing_field("type"))?;
-                fields.event(&tag)
+                // No `type`: not an event this router knows.
+                Ok(tag.map_or(Event::Other, |tag| fields.event(&tag)))
             }
         }
         d.deserialize_any(V)

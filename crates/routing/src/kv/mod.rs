@@ -25,9 +25,10 @@ mod tests {
 
     /// Encoded by msgspec as SGLang does (maps tagged `type`, defaults
     /// omitted): `BlockStored([b"\x01\x02", 7], 3, [1,2,3,4], 2,
-    /// medium="CPU_PINNED", lora_name="ad")`, `BlockRemoved([7])`,
-    /// `AllBlocksCleared()`, `attn_dp_rank=0`.
-    const MAP: &str = "93cb40040000000000009387a474797065ab426c6f636b53746f726564ac626c6f636b5f68617368657392c402010207b1706172656e745f626c6f636b5f6861736803a9746f6b656e5f6964739401020304aa626c6f636b5f73697a6502a66d656469756daa4350555f50494e4e4544a96c6f72615f6e616d65a2616482a474797065ac426c6f636b52656d6f766564ac626c6f636b5f686173686573910781a474797065b0416c6c426c6f636b73436c656172656400";
+    /// medium="GPU", lora_name="ad")`, `BlockStored([8], None, [1,2], 2,
+    /// medium="CPU_PINNED")`, `BlockRemoved([7])`, `AllBlocksCleared()`,
+    /// `attn_dp_rank=0`.
+    const MAP: &str = "93cb40040000000000009487a474797065ab426c6f636b53746f726564ac626c6f636b5f68617368657392c402010207b1706172656e745f626c6f636b5f6861736803a9746f6b656e5f6964739401020304aa626c6f636b5f73697a6502a66d656469756da3475055a96c6f72615f6e616d65a2616486a474797065ab426c6f636b53746f726564ac626c6f636b5f6861736865739108b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f696473920102aa626c6f636b5f73697a6502a66d656469756daa4350555f50494e4e454482a474797065ac426c6f636b52656d6f766564ac626c6f636b5f686173686573910781a474797065b0416c6c426c6f636b73436c656172656400";
 
     #[test]
     fn both_encodings_decode() {
@@ -42,11 +43,9 @@ mod tests {
                     tokens: vec![1, 2, 3, 4],
                     block_size: 2,
                     namespace: 0,
-                    on_gpu: true,
                 },
                 Event::Removed {
                     hashes: vec![EngineHash(-5i64 as u64)],
-                    on_gpu: true
                 },
                 Event::Cleared,
             ]
@@ -57,7 +56,6 @@ mod tests {
             hashes,
             parent,
             namespace,
-            on_gpu,
             ..
         } = &m.events[0]
         else {
@@ -67,42 +65,80 @@ mod tests {
         assert_eq!(hashes[1], EngineHash(7));
         assert_eq!(*parent, Some(EngineHash(3)));
         assert_ne!(*namespace, 0, "an adapter's blocks are its own");
-        assert!(!on_gpu, "CPU_PINNED is an offload tier");
+        assert_eq!(m.events[1], Event::Other, "CPU_PINNED is an offload tier");
         assert_eq!(
-            m.events[1],
+            m.events[2],
             Event::Removed {
-                hashes: vec![EngineHash(7)],
-                on_gpu: true
+                hashes: vec![EngineHash(7)]
             }
         );
-        assert_eq!(m.events[2], Event::Cleared);
+        assert_eq!(m.events[3], Event::Cleared);
     }
 
     #[test]
-    fn unknown_events_fields_and_groups_are_skipped_and_bad_ones_refused() {
+    fn one_event_never_costs_its_batch() {
         let enc = |v: serde_json::Value| rmp_serde::to_vec(&v).expect("encode");
+        let stored = |extra: serde_json::Value| {
+            let mut e = serde_json::json!({"type": "BlockStored", "block_hashes": [1],
+                "parent_block_hash": null, "token_ids": [1, 2], "block_size": 2});
+            for (k, v) in extra.as_object().expect("fields") {
+                e[k] = v.clone();
+            }
+            e
+        };
         let batch = enc(serde_json::json!([0.0, [
-            {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": null,
-             "token_ids": [1, 2], "block_size": 2, "new_field": {"x": [1]}},
-            {"type": "BlockStored", "block_hashes": [2], "parent_block_hash": null,
-             "token_ids": [1, 2], "block_size": 2, "group_idx": 1},
+            stored(serde_json::json!({"new_field": {"x": [1]}})),
+            stored(serde_json::json!({"group_idx": 1})),
+            stored(serde_json::json!({"kv_cache_spec_kind": "sliding_window"})),
+            stored(serde_json::json!({"token_ids": [[1, 2], [3, 4]]})),
+            stored(serde_json::json!({"block_size": 0})),
+            stored(serde_json::json!({"block_size": 1_000_000, "token_ids": []})),
+            stored(serde_json::json!({"block_hashes": [1, 2]})),
+            stored(serde_json::json!({"extra_keys": [["salt"]]})),
+            stored(serde_json::json!({"locality": "REMOTE"})),
             {"type": "SomethingNew", "a": 1},
-            ["BlockRemoved", [1], "GPU", "a later field"],
-            ["BlockRemoved", [1]]
+            {"block_hashes": [1]},
+            ["BlockRemoved", [1], "GPU", 0, "LOCAL", null, "a later field"],
+            ["BlockRemoved", [1]],
+            ["BlockStored", [1], null, [1, 2], 2, null, "GPU", null, null, 1],
+            {"type": "AllBlocksCleared"}
         ], 0, "later"]));
         let b: Batch = rmp_serde::from_slice(&batch).expect("decodes");
-        assert!(matches!(b.events[0], Event::Stored { .. }));
-        assert_eq!(b.events[1], Event::Other, "another KV group");
-        assert_eq!(b.events[2], Event::Other);
-        assert!(matches!(b.events[3], Event::Removed { .. }));
-        assert!(matches!(b.events[4], Event::Removed { .. }), "an early end");
+        let kinds: Vec<&str> = b
+            .events
+            .iter()
+            .map(|e| match e {
+                Event::Stored { .. } => "stored",
+                Event::Removed { .. } => "removed",
+                Event::Cleared => "cleared",
+                Event::Other => "other",
+                Event::Unreadable { .. } => "unreadable",
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "stored",
+                "other",
+                "other",
+                "unreadable",
+                "unreadable",
+                "unreadable",
+                "unreadable",
+                "unreadable",
+                "other",
+                "other",
+                "other",
+                "removed",
+                "removed",
+                "other",
+                "cleared"
+            ]
+        );
         for bad in [
-            serde_json::json!([0.0, [{"type": "BlockStored", "block_hashes": [1]}]]),
-            serde_json::json!([0.0, [{"type": "BlockStored", "block_hashes": [1, 2],
-                "parent_block_hash": null, "token_ids": [1, 2], "block_size": 2}]]),
-            serde_json::json!([0.0, [{"block_hashes": [1]}]]),
             serde_json::json!([0.0]),
             serde_json::json!({"ts": 0.0}),
+            serde_json::json!([0.0, 7]),
         ] {
             assert!(
                 rmp_serde::from_slice::<Batch>(&enc(bad.clone())).is_err(),

@@ -1,0 +1,186 @@
+//! Text to token ids, piece by piece: the text is cut at the tokenizer's
+//! added tokens (leftmost-longest, as `tokenizers` cuts it), each added
+//! token is its id, and each piece between them is encoded alone, its ids
+//! kept in a cache keyed by the piece's hash (bounded in ids, oldest out
+//! first). A tokenizer whose pieces would not encode as the whole text does
+//! (see the crate's header) is used whole, without the cache.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use aho_corasick::{AhoCorasick, MatchKind};
+use tokenizers::Tokenizer;
+
+use crate::TokensError;
+
+/// Texts whose ids must come out the same whole and by pieces for the
+/// pieces to be used: special tokens next to spaces, newlines and words.
+const PROBES: [&str; 4] = [
+    "{s}system\nYou are terse.{e}\n{s}user\n Hello  world{e}\n{s}assistant\n",
+    "x{s}{s} y {e}\n\n z{e}",
+    "{e}{s}\n",
+    " leading and trailing {s}  ",
+];
+
+pub struct Pieces {
+    tokenizer: Tokenizer,
+    /// Added tokens and their ids; `None`: encode whole.
+    split: Option<(AhoCorasick, Vec<u32>)>,
+    cache: Mutex<Cache>,
+}
+
+#[derive(Default)]
+struct Cache {
+    ids: HashMap<u64, Arc<[u32]>>,
+    order: VecDeque<u64>,
+    held: usize,
+    max: usize,
+    hits: u64,
+    misses: u64,
+}
+
+impl Pieces {
+    pub fn load(path: &Path, cache_ids: usize) -> Result<Self, TokensError> {
+        let tokenizer = Tokenizer::from_file(path).map_err(|e| TokensError::Load {
+            path: path.display().to_string(),
+            why: e.to_string(),
+        })?;
+        Ok(Self::new(tokenizer, cache_ids))
+    }
+
+    pub fn new(tokenizer: Tokenizer, cache_ids: usize) -> Self {
+        let mut p = Self {
+            split: None,
+            tokenizer,
+            cache: Mutex::new(Cache {
+                max: cache_ids,
+                ..Cache::default()
+            }),
+        };
+        p.split = p.splitter();
+        p
+    }
+
+    /// The added-token matcher, when pieces encode as the whole does.
+    fn splitter(&self) -> Option<(AhoCorasick, Vec<u32>)> {
+        let added = self.tokenizer.get_added_tokens_decoder();
+        if added.is_empty()
+            || added
+                .values()
+                .any(|t| t.normalized || t.lstrip || t.rstrip || t.single_word)
+        {
+            return None;
+        }
+        let (ids, words): (Vec<u32>, Vec<String>) =
+            added.iter().map(|(id, t)| (*id, t.content.clone())).unzip();
+        let matcher = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&words)
+            .ok()?;
+        let mut specials: Vec<(u32, &str)> = (added.iter())
+            .filter(|(_, t)| t.special)
+            .map(|(id, t)| (*id, t.content.as_str()))
+            .collect();
+        specials.sort_unstable();
+        let specials: Vec<&str> = specials.into_iter().map(|(_, s)| s).collect();
+        let (s, e) = (specials.first()?, specials.last()?);
+        let split = Some((matcher, ids));
+        let probe = Self {
+            tokenizer: self.tokenizer.clone(),
+            split,
+            cache: Mutex::new(Cache::default()),
+        };
+        for text in PROBES {
+            let text = text.replace("{s}", s).replace("{e}", e);
+            if probe.encode(&text).ok()? != self.whole(&text).ok()? {
+                return None;
+            }
+        }
+        probe.split
+    }
+
+    /// Whether the text is tokenized by pieces (else whole).
+    pub fn by_pieces(&self) -> bool {
+        self.split.is_some()
+    }
+
+    /// The ids of `text` as the tokenizer gives them (no special tokens
+    /// added: a chat template writes its own).
+    pub fn whole(&self, text: &str) -> Result<Vec<u32>, TokensError> {
+        let encoding = (self.tokenizer.encode_fast(text, false))
+            .map_err(|e| TokensError::Tokenize(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The ids of `text`, by pieces where the tokenizer allows.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokensError> {
+        let Some((matcher, ids)) = &self.split else {
+            return self.whole(text);
+        };
+        let mut out = Vec::with_capacity(text.len() / 3);
+        let mut at = 0;
+        for m in matcher.find_iter(text) {
+            self.piece(&text[at..m.start()], &mut out)?;
+            out.push(ids[m.pattern().as_usize()]);
+            at = m.end();
+        }
+        self.piece(&text[at..], &mut out)?;
+        Ok(out)
+    }
+
+    fn piece(&self, piece: &str, out: &mut Vec<u32>) -> Result<(), TokensError> {
+        if piece.is_empty() {
+            return Ok(());
+        }
+        let key = xxhash_rust::xxh3::xxh3_64(piece.as_bytes()) ^ piece.len() as u64;
+        if let Some(ids) = self.lock().get(key) {
+            out.extend_from_slice(&ids);
+            return Ok(());
+        }
+        let ids: Arc<[u32]> = self.whole(piece)?.into();
+        out.extend_from_slice(&ids);
+        self.lock().put(key, ids);
+        Ok(())
+    }
+
+    /// Pieces found in the cache, and encoded, since the start.
+    pub fn cache_counts(&self) -> (u64, u64) {
+        let c = self.lock();
+        (c.hits, c.misses)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Cache {
+    fn get(&mut self, key: u64) -> Option<Arc<[u32]>> {
+        let ids = self.ids.get(&key).cloned();
+        match ids {
+            Some(_) => self.hits += 1,
+            None => self.misses += 1,
+        }
+        ids
+    }
+
+    fn put(&mut self, key: u64, ids: Arc<[u32]>) {
+        if ids.len() > self.max {
+            return;
+        }
+        self.held += ids.len();
+        match self.ids.insert(key, ids) {
+            Some(was) => self.held -= was.len(),
+            None => self.order.push_back(key),
+        }
+        while self.held > self.max {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(ids) = self.ids.remove(&old) {
+                self.held -= ids.len();
+            }
+        }
+    }
+}

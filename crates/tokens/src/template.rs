@@ -1,0 +1,300 @@
+//! A model's chat template (`chat_template` in its `tokenizer_config.json`:
+//! one Jinja source, or named ones, `tool_use` taken when tools are given,
+//! else `default`), rendered as transformers renders it: blocks trimmed and
+//! left-stripped, loop controls, Python's string and dict methods
+//! (`minijinja-contrib`'s pycompat), `raise_exception`, `strftime_now`, and
+//! `tojson` writing Python's `json.dumps` (`", "` and `": "` separators,
+//! non-ASCII kept, `indent` and `sort_keys` honoured). The special tokens the
+//! config names (`bos_token`, `eos_token`, ...) are in the context.
+//! Rendering is metered (minijinja's fuel), so no template runs unbounded.
+
+use minijinja::value::{Kwargs, Value};
+use minijinja::{Environment, Error, ErrorKind};
+
+use crate::TokensError;
+
+/// Template instructions one rendering may run.
+const FUEL: u64 = 50_000_000;
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    /// Named templates besides `default` (`tool_use`).
+    tool_use: bool,
+    tokens: Vec<(&'static str, String)>,
+}
+
+impl ChatTemplate {
+    /// From a parsed `tokenizer_config.json`.
+    pub fn from_config(config: &serde_json::Value) -> Result<Self, TokensError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_fuel(Some(FUEL));
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<Value, Error> {
+                Err(Error::new(ErrorKind::InvalidOperation, message))
+            },
+        );
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
+        let bad = |why: String| TokensError::Template(why);
+        let mut tool_use = false;
+        match &config["chat_template"] {
+            serde_json::Value::String(source) => {
+                env.add_template_owned("default", source.clone())
+                    .map_err(|e| bad(e.to_string()))?;
+            }
+            serde_json::Value::Array(named) => {
+                for t in named {
+                    let (Some(name), Some(source)) = (t["name"].as_str(), t["template"].as_str())
+                    else {
+                        return Err(bad("a named template needs `name` and `template`".into()));
+                    };
+                    tool_use |= name == "tool_use";
+                    env.add_template_owned(name.to_owned(), source.to_owned())
+                        .map_err(|e| bad(format!("{name}: {e}")))?;
+                }
+            }
+            _ => return Err(bad("tokenizer_config.json has no chat_template".into())),
+        }
+        env.get_template("default")
+            .map_err(|_| bad("no template named `default`".into()))?;
+        let token = |key: &str| match &config[key] {
+            serde_json::Value::String(s) => Some(s.clone()),
+            v => v["content"].as_str().map(str::to_owned),
+        };
+        let tokens = ["bos_token", "eos_token", "unk_token", "pad_token"]
+            .into_iter()
+            .filter_map(|k| token(k).map(|v| (k, v)))
+            .collect();
+        Ok(Self {
+            env,
+            tool_use,
+            tokens,
+        })
+    }
+
+    /// The prompt text of a chat request `body` (its JSON: `messages`,
+    /// `tools`, `chat_template_kwargs`), with the generation prompt. Maps
+    /// keep the order the client wrote them in; a content given as text
+    /// parts is joined by newlines, as vLLM does for templates that expect
+    /// a string.
+    pub fn render_body(&self, body: &[u8]) -> Result<String, TokensError> {
+        let body: Value =
+            serde_json::from_slice(body).map_err(|e| TokensError::Template(e.to_string()))?;
+        let get = |key: &str| {
+            body.get_attr(key)
+                .ok()
+                .filter(|v| !v.is_undefined() && !v.is_none())
+        };
+        let messages =
+            get("messages").ok_or_else(|| TokensError::Template("no messages".into()))?;
+        self.render(messages, get("tools"), get("chat_template_kwargs"))
+    }
+
+    /// The prompt text of `messages` (see [`ChatTemplate::render_body`]).
+    pub fn render(
+        &self,
+        messages: Value,
+        tools: Option<Value>,
+        kwargs: Option<Value>,
+    ) -> Result<String, TokensError> {
+        let name = if tools.is_some() && self.tool_use {
+            "tool_use"
+        } else {
+            "default"
+        };
+        let template =
+            (self.env.get_template(name)).map_err(|e| TokensError::Template(e.to_string()))?;
+        let mut ctx: Vec<(String, Value)> = (self.tokens.iter())
+            .map(|(k, v)| ((*k).to_owned(), Value::from(v.as_str())))
+            .collect();
+        ctx.push(("messages".into(), flatten(&messages)?));
+        if let Some(tools) = tools {
+            ctx.push(("tools".into(), tools));
+        }
+        ctx.push(("add_generation_prompt".into(), Value::from(true)));
+        if let Some(kwargs) = kwargs {
+            for k in kwargs
+                .try_iter()
+                .map_err(|e| TokensError::Template(e.to_string()))?
+            {
+                let v = kwargs.get_item(&k).unwrap_or_default();
+                ctx.push((k.to_string(), v));
+            }
+        }
+        template
+            .render(Value::from_iter(ctx))
+            .map_err(|e| TokensError::Template(e.to_string()))
+    }
+}
+
+/// Messages with text-part contents joined into one string.
+fn flatten(messages: &Value) -> Result<Value, TokensError> {
+    let bad = |e: Error| TokensError::Template(e.to_string());
+    let mut out = Vec::new();
+    for m in messages.try_iter().map_err(bad)? {
+        let content = m.get_attr("content").unwrap_or_default();
+        let texts: Option<Vec<String>> = match content.kind() {
+            minijinja::value::ValueKind::Seq => content
+                .try_iter()
+                .map_err(bad)?
+                .map(|p| {
+                    let text = p.get_attr("text").ok()?;
+                    (p.get_attr("type").ok()?.as_str() == Some("text"))
+                        .then(|| text.as_str().map(str::to_owned))
+                        .flatten()
+                })
+                .collect(),
+            _ => None,
+        };
+        let Some(texts) = texts else {
+            out.push(m);
+            continue;
+        };
+        let mut fields: Vec<(Value, Value)> = Vec::new();
+        for k in m.try_iter().map_err(bad)? {
+            let v = if k.as_str() == Some("content") {
+                Value::from(texts.join("\n"))
+            } else {
+                m.get_item(&k).unwrap_or_default()
+            };
+            fields.push((k, v));
+        }
+        out.push(Value::from_iter(fields));
+    }
+    Ok(Value::from(out))
+}
+
+/// transformers' `strftime_now(format)`: the time now, formatted.
+fn strftime_now(format: String) -> Result<Value, Error> {
+    let now = jiff::Zoned::now();
+    Ok(Value::from(now.strftime(&format).to_string()))
+}
+
+/// transformers' `tojson`: `json.dumps(value, ensure_ascii=False,
+/// indent=indent, separators=separators, sort_keys=sort_keys)`.
+fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let _: Option<bool> = kwargs.get("ensure_ascii")?;
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    python_json(&value, indent, sort_keys.unwrap_or(false), 0, &mut out)?;
+    Ok(Value::from_safe_string(out))
+}
+
+/// Python's `json.dumps` layout of `v` into `out`, maps in their order.
+fn python_json(
+    v: &Value,
+    indent: Option<usize>,
+    sort: bool,
+    depth: usize,
+    out: &mut String,
+) -> Result<(), Error> {
+    use minijinja::value::ValueKind as K;
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.extend(std::iter::repeat_n(' ', n * depth));
+        }
+    };
+    let comma = if indent.is_some() { "," } else { ", " };
+    let scalar = |v: &Value| {
+        serde_json::to_string(v).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))
+    };
+    match v.kind() {
+        K::Seq | K::Iterable => {
+            let items: Vec<Value> = v.try_iter()?.collect();
+            if items.is_empty() {
+                out.push_str("[]");
+                return Ok(());
+            }
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(comma);
+                }
+                newline(out, depth + 1);
+                python_json(item, indent, sort, depth + 1, out)?;
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        K::Map => {
+            let mut keys: Vec<Value> = v.try_iter()?.collect();
+            if keys.is_empty() {
+                out.push_str("{}");
+                return Ok(());
+            }
+            if sort {
+                keys.sort();
+            }
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(comma);
+                }
+                newline(out, depth + 1);
+                out.push_str(&scalar(&Value::from(k.to_string()))?);
+                out.push_str(": ");
+                python_json(&v.get_item(k)?, indent, sort, depth + 1, out)?;
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+        K::Undefined | K::None => out.push_str("null"),
+        _ => out.push_str(&scalar(v)?),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tojson_writes_python_s_json_dumps() {
+        let v: Value =
+            serde_json::from_str(r#"{"b": [1, 2.5, "é"], "a": {}, "c": null}"#).expect("json");
+        let mut s = String::new();
+        python_json(&v, None, false, 0, &mut s).expect("writes");
+        assert_eq!(
+            s, r#"{"b": [1, 2.5, "é"], "a": {}, "c": null}"#,
+            "in the client's order"
+        );
+        let mut s = String::new();
+        python_json(&v, Some(2), true, 0, &mut s).expect("writes");
+        assert_eq!(
+            s,
+            "{\n  \"a\": {},\n  \"b\": [\n    1,\n    2.5,\n    \"é\"\n  ],\n  \"c\": null\n}"
+        );
+    }
+
+    #[test]
+    fn templates_render_as_transformers_does() {
+        let config = json!({"bos_token": "<s>", "chat_template":
+            "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{{ m.content.strip() }}\n{% else %}[{{ m.role|upper }}] {{ m.content }}\n{% endif %}{% endfor %}{% if tools %}{{ tools|tojson }}{% endif %}{% if add_generation_prompt %}[ASSISTANT]{% endif %}"});
+        let t = ChatTemplate::from_config(&config).expect("loads");
+        let body = r#"{"messages": [{"role": "system", "content": "  Be terse.  "},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+            "tools": [{"name": "f", "a": 1}]}"#;
+        let text = t.render_body(body.as_bytes()).expect("renders");
+        assert_eq!(
+            text,
+            "<s>Be terse.\n[USER] a\nb\n[{\"name\": \"f\", \"a\": 1}][ASSISTANT]"
+        );
+        let body: Value = serde_json::from_str(body).expect("json");
+        let messages = body.get_attr("messages").expect("messages");
+        let raising = json!({"chat_template": "{{ raise_exception('no system role') }}"});
+        let t = ChatTemplate::from_config(&raising).expect("loads");
+        let err = t.render(messages.clone(), None, None).expect_err("raises");
+        assert!(err.to_string().contains("no system role"), "{err}");
+        let runaway = json!({"chat_template": "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"});
+        let t = ChatTemplate::from_config(&runaway).expect("loads");
+        assert!(t.render(messages, None, None).is_err(), "fuel ran out");
+    }
+}

@@ -1,0 +1,101 @@
+//! SmolLM2's own tokenizer files (built by `scripts/real-engine.sh prepare`
+//! from the GGUF the real-engine test serves): ids as llama.cpp gives them,
+//! by pieces as whole, and its chat template rendered.
+
+use std::path::PathBuf;
+
+use serde_json::json;
+use tokens::ModelTokens;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.real-engine/tokenizer")
+}
+
+fn model() -> ModelTokens {
+    ModelTokens::load(&dir(), 1 << 20)
+        .expect("scripts/real-engine.sh prepare makes .real-engine/tokenizer")
+}
+
+#[test]
+fn ids_are_llama_cpp_s_whole_and_by_pieces() {
+    let m = model();
+    assert!(
+        m.pieces.by_pieces(),
+        "ChatML's special tokens split cleanly"
+    );
+    let golden: Vec<serde_json::Value> =
+        serde_json::from_str(include_str!("golden/smollm2.json")).expect("golden ids");
+    for g in golden {
+        let text = g["text"].as_str().expect("text");
+        let want: Vec<u32> = serde_json::from_value(g["ids"].clone()).expect("ids");
+        assert_eq!(
+            m.pieces.whole(text).expect("whole"),
+            want,
+            "whole: {text:?}"
+        );
+        assert_eq!(
+            m.pieces.encode(text).expect("pieces"),
+            want,
+            "pieces: {text:?}"
+        );
+    }
+}
+
+#[test]
+fn a_conversation_s_next_turn_tokenizes_only_its_new_pieces() {
+    let m = model();
+    let mut messages = vec![json!({"role": "system", "content": "You are terse."})];
+    let mut asked = 0;
+    for turn in 0..5 {
+        messages.push(json!({"role": "user", "content": format!("step {turn}: run the tests")}));
+        let body = json!({"model": "smollm2", "messages": messages}).to_string();
+        let ids = m.chat_ids(body.as_bytes()).expect("ids");
+        let text = m.template.render_body(body.as_bytes()).expect("text");
+        assert_eq!(ids, m.pieces.whole(&text).expect("whole"), "turn {turn}");
+        assert!(text.ends_with("<|im_start|>assistant\n"), "{text}");
+        let (_, encoded) = m.pieces.cache_counts();
+        // After the first turn, only the new pieces: the last answer and
+        // the new question (the rest, the system prompt, "\n" and the
+        // generation prompt, from the cache).
+        if turn > 0 {
+            assert_eq!(encoded - asked, 2, "turn {turn}");
+        }
+        asked = encoded;
+        messages.push(json!({"role": "assistant", "content": format!("ok {turn}")}));
+    }
+    // The template's own default system prompt when none is given.
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}]}).to_string();
+    let text = m.template.render_body(body.as_bytes()).expect("text");
+    assert_eq!(
+        text,
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+    /// Any text: by pieces as whole (special tokens, spaces, newlines,
+    /// digits, non-ASCII next to one another).
+    #[test]
+    fn pieces_encode_as_the_whole_text(parts in proptest::collection::vec(
+        proptest::prop_oneof![
+            proptest::strategy::Just("<|im_start|>".to_owned()),
+            proptest::strategy::Just("<|im_end|>".to_owned()),
+            proptest::strategy::Just("<|endoftext|>".to_owned()),
+            "[ \n\t]{1,3}",
+            "[a-z]{1,6}",
+            "[0-9]{1,4}",
+            "[.,'!?]{1,2}",
+            "[éü日本🤖]{1,2}",
+        ],
+        0..24,
+    )) {
+        let m = MODEL.with(|m| m.clone());
+        let text = parts.concat();
+        proptest::prop_assert_eq!(m.pieces.encode(&text).expect("pieces"), m.pieces.whole(&text).expect("whole"));
+    }
+}
+
+thread_local! {
+    static MODEL: std::sync::Arc<ModelTokens> = std::sync::Arc::new(model());
+}
