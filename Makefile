@@ -46,8 +46,9 @@ bench-memory: prepare
 # rule), `shape` before kv_room (`shape+kv_room=off`) and the peer SMG
 # side by side, on simulated cards (3 salts, ~15 min; then steady singles behind
 # many tenants' prompts, 2 salts, ~20 min; engine_load and the
-# load guard on `unseen-load`, ~6 min, the capacity wall's levers, ~5 min, and
-# agent loops on the Responses API, ~3 min)
+# load guard on `unseen-load`, ~6 min, the capacity wall's levers, ~5 min,
+# agent loops on the Responses API, ~3 min, and 150 tenants overflowing 4
+# cards against an oracle, ~5 min)
 # and on two real llama.cpp replicas (~15 min, then agent loops amid bursts in
 # 3 rounds, each engine on its own CPU, ~19 min, then steady singles behind
 # tenants' prompts on engines of 4 slots, ~10 min); rewrites docs/results.md and
@@ -80,6 +81,10 @@ results: prepare
 	  --scenario agent-loop --scenario responses-loop --policies shape,roundrobin \
 	  --label "simulated replicas, agent loops on chat and on the Responses API (replica-sim)" \
 	  --out bench-out/responses --results bench-out/results-responses.md
+	target/release/routebench compare --time-scale 10 --sims 4 --salts 2 --peer smg --scenario many-tenants \
+	  --policies shape,roundrobin,oracle \
+	  --label "4 simulated cards, 150 tenants of 6k-token prompts, twice what the cards hold (replica-sim)" \
+	  --out bench-out/many-tenants --results bench-out/results-many-tenants.md
 	ENGINE_CPUS="0 1" \
 	  LABEL="real llama.cpp replicas, each engine on its own CPU (xllamacpp, SmolLM2-135M cut to 4 blocks, 1 thread, 1 slot of 4096 tokens)" \
 	  scripts/real-engine.sh compare
@@ -94,7 +99,7 @@ results: prepare
 	cat docs/results-preface.md bench-out/results-sim.md bench-out/results-shared.md \
 	  bench-out/results-unseen.md \
 	  bench-out/results-capacity.md bench-out/results-capacity-one.md \
-	  bench-out/results-responses.md bench-out/results-real.md \
+	  bench-out/results-responses.md bench-out/results-many-tenants.md bench-out/results-real.md \
 	  bench-out/results-real-mixed.md bench-out/results-real-shared.md > docs/results.md
 	cp bench-out/results-sim.svg bench-out/results-responses.svg bench-out/results-real.svg \
 	  bench-out/results-real-mixed.svg docs/

@@ -231,3 +231,81 @@ fn compare_rotates_the_arms_each_round_and_lists_them_in_the_order_given() {
         assert_eq!(repairs.trim(), "0", "{row}");
     }
 }
+
+/// The simulator's hooks the `oracle` arm and `many-tenants` use: what it
+/// holds of a prompt, and its cache emptied as a restart would.
+#[test]
+fn the_simulator_says_what_it_holds_of_a_prompt_and_empties_its_cache() {
+    let sim = Sim::start("a", &[]);
+    let body = serde_json::json!({"model": "sim", "max_tokens": 1, "messages": [
+        {"role": "system", "content": "The manual of application 7. ".repeat(200)},
+        {"role": "user", "content": "How do I start it?"}]});
+    let cached = || {
+        let r = common::http::post_json(sim.addr, "/sim/cached", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["cached_tokens"].as_u64().expect("cached_tokens")
+    };
+    assert_eq!(cached(), 0, "nothing held yet");
+    assert_eq!(
+        common::http::post_json(sim.addr, "/v1/chat/completions", &body).status,
+        200
+    );
+    let held = cached();
+    assert!(held > 1_000, "its prompt is held: {held}");
+    let reset = common::http::post_json(sim.addr, "/sim/reset", &serde_json::json!({}));
+    assert_eq!(reset.status, 200, "{}", reset.text());
+    assert_eq!(cached(), 0, "emptied");
+}
+
+/// The `oracle` arm (no router) sends each question to the card holding
+/// its tenant's prompt: on `many-tenants` (quick sizes, every prompt fits)
+/// the engines report more of the prompts cached than under round-robin.
+#[test]
+fn the_oracle_arm_finds_the_card_holding_each_prompt() {
+    let out = out_dir("oracle");
+    let run = Command::new(env!("CARGO_BIN_EXE_routebench"))
+        .args(["compare", "--quick", "--time-scale", "20", "--sims", "2"])
+        .args([
+            "--scenario",
+            "many-tenants",
+            "--policies",
+            "oracle,roundrobin",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .arg("--results")
+        .arg(out.join("results.md"))
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run routebench");
+    let log = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{log}");
+    assert!(!log.contains("could not be emptied"), "{log}");
+    let md = std::fs::read_to_string(out.join("results.md")).expect("results");
+    let cells = |l: &str| -> Vec<String> { l.split('|').map(|c| c.trim().to_owned()).collect() };
+    let line = |start: &str| {
+        md.lines()
+            .find(|l| l.starts_with(start))
+            .map(cells)
+            .unwrap_or_else(|| panic!("{md}"))
+    };
+    let (head, row) = (
+        line("| measure |"),
+        line("| many-tenants 4/s: cached share |"),
+    );
+    let share = |arm: &str| -> f64 {
+        let i = head
+            .iter()
+            .position(|h| h == arm)
+            .unwrap_or_else(|| panic!("{head:?}"));
+        row[i]
+            .trim_end_matches(" %")
+            .parse()
+            .unwrap_or_else(|_| panic!("{row:?}"))
+    };
+    let (oracle, roundrobin) = (share("oracle"), share("roundrobin"));
+    assert!(
+        oracle > roundrobin + 10.0,
+        "oracle {oracle} %, roundrobin {roundrobin} %"
+    );
+}

@@ -182,15 +182,7 @@ impl Engine {
                 prompt_tokens + max_tokens
             ));
         }
-        let block_bytes = (self.cfg.block_tokens * self.cfg.bytes_per_token).max(1) as usize;
-        let mut h = salt;
-        let blocks = text
-            .chunks_exact(block_bytes)
-            .map(|b| {
-                h = xxh3_64_with_seed(b, h);
-                h
-            })
-            .collect();
+        let blocks = self.blocks_of(text, salt);
         self.waiting.push_back(Seq {
             id,
             blocks,
@@ -204,6 +196,30 @@ impl Engine {
         });
         self.counters.requests += 1;
         Ok(())
+    }
+
+    /// The hash of each full block of a prompt text, chained from `salt`.
+    fn blocks_of(&self, text: &[u8], salt: u64) -> Vec<u64> {
+        let block_bytes = (self.cfg.block_tokens * self.cfg.bytes_per_token).max(1) as usize;
+        let chain = |h: &mut u64, b: &[u8]| {
+            *h = xxh3_64_with_seed(b, *h);
+            Some(*h)
+        };
+        text.chunks_exact(block_bytes).scan(salt, chain).collect()
+    }
+
+    /// Tokens of a prompt's longest prefix held now (an oracle's view).
+    pub fn cached_tokens(&self, text: &[u8], salt: u64) -> u64 {
+        let held = |h: &&u64| self.refs.contains_key(h) || self.released.contains_key(h);
+        self.blocks_of(text, salt).iter().take_while(held).count() as u64 * self.cfg.block_tokens
+    }
+
+    /// Empties the prefix cache (a restart): unheld cached blocks dropped.
+    pub fn reset_cache(&mut self) -> usize {
+        let dropped = self.released.len();
+        self.released.clear();
+        self.lru.clear();
+        dropped
     }
 
     /// Drops a request wherever it is (the client left); its blocks are released.

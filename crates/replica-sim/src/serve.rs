@@ -43,6 +43,20 @@ impl Sim {
                 full(StatusCode::OK, "text/plain; version=0.0.4", self.metrics())
             }
             (&Method::GET, "/sim/stats") => json_response(StatusCode::OK, &self.stats()),
+            (&Method::POST, "/sim/cached") => {
+                // A chat request, read as `/v1/chat/completions` reads it.
+                let req: Value = serde_json::from_slice(&body).unwrap_or_default();
+                let text = routing::request::Prompt::parse(&body, usize::MAX)
+                    .map(|p| p.text)
+                    .unwrap_or_default();
+                let engine = self.engine.lock().expect("engine lock");
+                let cached = engine.cached_tokens(&text, cache_identity(&req));
+                json_response(StatusCode::OK, &json!({"cached_tokens": cached}))
+            }
+            (&Method::POST, "/sim/reset") => {
+                let dropped = self.engine.lock().expect("engine lock").reset_cache();
+                json_response(StatusCode::OK, &json!({"dropped_blocks": dropped}))
+            }
             (&Method::POST, "/sim/health") => {
                 let query = parts.uri.query().unwrap_or("");
                 let delay = (query.split('&'))

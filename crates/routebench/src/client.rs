@@ -42,6 +42,9 @@ pub struct Client {
     bases: Arc<Vec<String>>,
     /// xorshift state picking the base; seeded alike in every run.
     pick: Arc<AtomicU64>,
+    /// The bases are replicas: each request goes to the one holding the
+    /// longest prefix of its prompt (the `oracle` arm).
+    oracle: bool,
     pub model: String,
     /// Model seconds per wall second (the simulators' `--time-scale`; 1 for real engines).
     pub scale: f64,
@@ -70,14 +73,24 @@ impl Client {
                     .collect(),
             ),
             pick: Arc::new(AtomicU64::new(0x9e37_79b9_7f4a_7c15)),
+            oracle: false,
             model: model.to_owned(),
             scale,
             epoch: Instant::now(),
         }
     }
 
-    /// The base URL of the next request.
-    fn base(&self) -> &str {
+    /// The `oracle` arm: no router; each request goes straight to the
+    /// simulated replica that holds the longest prefix of its prompt when it
+    /// is sent (each is asked: `POST /sim/cached`), ties to one at random.
+    pub fn oracle(replicas: &[String], model: &str, scale: f64) -> Self {
+        let mut c = Self::spread(replicas, model, scale);
+        c.oracle = true;
+        c
+    }
+
+    /// The next draw of the shared xorshift, below `n`.
+    fn draw(&self, n: usize) -> usize {
         let mut x = self.pick.load(Relaxed);
         loop {
             let mut next = x;
@@ -85,9 +98,50 @@ impl Client {
             next ^= next >> 7;
             next ^= next << 17;
             match self.pick.compare_exchange_weak(x, next, Relaxed, Relaxed) {
-                Ok(_) => return &self.bases[(next % self.bases.len() as u64) as usize],
+                Ok(_) => return (next % n.max(1) as u64) as usize,
                 Err(now) => x = now,
             }
+        }
+    }
+
+    /// The base URL of the next request with `body`.
+    async fn base(&self, body: &Bytes) -> &str {
+        if !self.oracle {
+            return &self.bases[self.draw(self.bases.len())];
+        }
+        let asks = self.bases.iter().map(|b| async move {
+            let req = Request::post(format!("{b}/sim/cached"))
+                .header("content-type", "application/json")
+                .body(Full::new(body.clone()));
+            let Ok(req) = req else { return 0 };
+            let Ok(resp) = self.http.request(req).await else {
+                return 0;
+            };
+            let Ok(bytes) = resp.into_body().collect().await else {
+                return 0;
+            };
+            serde_json::from_slice::<Value>(&bytes.to_bytes())
+                .ok()
+                .and_then(|v| v["cached_tokens"].as_u64())
+                .unwrap_or(0)
+        });
+        let cached = join_all(asks).await;
+        let best = cached.iter().copied().max().unwrap_or(0);
+        let tied: Vec<usize> = (0..cached.len()).filter(|i| cached[*i] == best).collect();
+        &self.bases[tied[self.draw(tied.len())]]
+    }
+
+    /// POSTs an empty body to `path` of the first base (a simulator's
+    /// test hook); whether it answered 2xx.
+    pub async fn post_hook(&self, path: &str) -> bool {
+        let req = Request::post(format!("{}{path}", self.bases[0])).body(Full::new(Bytes::new()));
+        match req {
+            Ok(r) => self
+                .http
+                .request(r)
+                .await
+                .is_ok_and(|r| r.status().is_success()),
+            Err(_) => false,
         }
     }
 
@@ -190,7 +244,7 @@ impl Client {
             ..Sample::default()
         };
         let body = Bytes::from(body.to_string());
-        let base = self.base();
+        let base = self.base(&body).await;
         let send = || {
             let req = Request::post(format!("{base}{path}"))
                 .header("content-type", "application/json")
@@ -227,6 +281,9 @@ impl Client {
         };
         s.replica = header("x-prefix-router-replica");
         s.decision = header("x-prefix-router-decision");
+        if self.oracle {
+            (s.replica, s.decision) = (header("x-sim-replica"), "oracle".to_owned());
+        }
         let mut body = resp.into_body();
         let mut buf = Vec::new();
         while let Some(frame) = body.frame().await {
@@ -246,4 +303,29 @@ impl Client {
             .collect();
         (s, events)
     }
+}
+
+/// Runs futures concurrently on this task and returns their outputs in order.
+pub async fn join_all<F: std::future::Future>(
+    futures: impl IntoIterator<Item = F>,
+) -> Vec<F::Output> {
+    let handles: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = handles.iter().map(|_| None).collect();
+    let mut pending: Vec<_> = handles.into_iter().enumerate().collect();
+    std::future::poll_fn(|cx| {
+        pending.retain_mut(|(i, f)| match f.as_mut().poll(cx) {
+            std::task::Poll::Ready(v) => {
+                outputs[*i] = Some(v);
+                false
+            }
+            std::task::Poll::Pending => true,
+        });
+        if pending.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
 }

@@ -28,7 +28,8 @@ pub struct Arm<'a> {
     /// `POLICY` or `POLICY+KEY=VALUE+...`: the router's `policy` and more
     /// top-level config keys (e.g. `shape+kv_room=pack`), keys of a block
     /// (`shape+fleet.mode=rendezvous`), or keys of every replica's entry
-    /// (`shape+replica.prompt_cache=last`); `smg`: the peer.
+    /// (`shape+replica.prompt_cache=last`); `smg`: the peer; `oracle`: no
+    /// router (see [`ORACLE`]).
     pub policy: &'a str,
     /// Existing replicas; when empty, `sims` simulators are started.
     pub external: &'a [SocketAddr],
@@ -57,6 +58,9 @@ pub fn file_name(label: &str) -> String {
 
 /// The arm name of the peer.
 pub const SMG: &str = "smg";
+/// The arm with no router: each request sent straight to the card holding
+/// the longest prefix of its prompt (simulated cards only).
+pub const ORACLE: &str = "oracle";
 /// The release measured in this project's results (pinned for reproducibility).
 const SMG_VERSION: &str = "smg==1.13.0";
 
@@ -177,6 +181,18 @@ impl Fleet {
                 .context("sim address")?;
             replicas.push(addr);
             children.push(child);
+        }
+        if arm.policy == ORACLE {
+            if !arm.external.is_empty() {
+                bail!("the oracle asks simulated cards what they hold: no --replica");
+            }
+            return Ok(Fleet {
+                routers: Vec::new(),
+                metrics: Vec::new(),
+                replicas,
+                router_logs: Vec::new(),
+                children,
+            });
         }
         if arm.policy == SMG {
             if arm.instances > 1 {

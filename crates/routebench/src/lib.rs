@@ -12,8 +12,13 @@
 //! `shared-prefix` (steady one-shot questions from many tenants, each behind its
 //! own long system prompt; `-card`: a third of the tenants, whose prompts fit
 //! one card, `-over`: twice as many, more than the fleet holds, `-bursts`: with
-//! `mixed`'s bursts arriving meanwhile), and `agent-loop-shared` (`agent-loop`
-//! with every agent starting from one system prompt). Every run salts its
+//! `mixed`'s bursts arriving meanwhile), `many-tenants` (`-bursts` with 150
+//! tenants, about twice what 4 cards hold, so the engines evict all the time,
+//! at 4, 8 and 12 questions a second, each with bursts and the first card's
+//! cache emptied halfway; run it with `--sims 4`), and
+//! `agent-loop-shared` (`agent-loop` with every agent starting from one
+//! system prompt). The `oracle` arm has no router: each request goes straight
+//! to the simulated card that holds the longest prefix of its prompt then. Every run salts its
 //! prompts; every median comes with its p90 and sample size. Times are model
 //! seconds: wall seconds times `--time-scale` (the simulators' own; 1 for real engines).
 //!   cargo run --release --bin routebench -- run --url http://127.0.0.1:8080 --probe-url http://127.0.0.1:8001
@@ -35,7 +40,7 @@ use clap::{Parser, Subcommand};
 use client::{Client, Sample};
 use scenarios::Sizes;
 
-const ALL: [&str; 13] = [
+const ALL: [&str; 14] = [
     "agent-loop",
     "burst",
     "mixed",
@@ -49,6 +54,7 @@ const ALL: [&str; 13] = [
     "shared-prefix-over",
     "shared-prefix-bursts",
     "agent-loop-shared",
+    "many-tenants",
 ];
 /// Run when no `--scenario` is given (the others are asked for by name).
 const DEFAULT: usize = 5;
@@ -118,6 +124,9 @@ enum Cmd {
         /// Existing replicas (`IP:port`) instead of simulators, e.g. real engines.
         #[arg(long = "replica")]
         replicas: Vec<SocketAddr>,
+        /// Simulated cards per arm (unless `--replica` gives replicas).
+        #[arg(long, default_value_t = 2)]
+        sims: usize,
         /// KV capacity of each simulated card (and the router's `kv_tokens`).
         #[arg(long, default_value_t = 122_636)]
         kv_tokens: u64,
@@ -188,12 +197,20 @@ async fn scenario(name: &str, c: &Client, probe: &Client, s: &Sizes) -> Vec<Samp
         "overload" => scenarios::overload(c, &salt, s).await,
         "unseen-load" => scenarios::unseen_load(c, probe, &salt, s).await,
         "responses-loop" => scenarios::responses_loop(c, &salt, s).await,
-        "shared-prefix" => scenarios::shared_prefix(c, &salt, s, s.tenants, false).await,
+        "shared-prefix" => scenarios::shared_prefix(c, &salt, s, s.tenants, false, None).await,
         "shared-prefix-card" => {
-            scenarios::shared_prefix(c, &salt, s, s.tenants.div_ceil(3), false).await
+            scenarios::shared_prefix(c, &salt, s, s.tenants.div_ceil(3), false, None).await
         }
-        "shared-prefix-over" => scenarios::shared_prefix(c, &salt, s, s.tenants * 2, false).await,
-        "shared-prefix-bursts" => scenarios::shared_prefix(c, &salt, s, s.tenants, true).await,
+        "shared-prefix-over" => {
+            scenarios::shared_prefix(c, &salt, s, s.tenants * 2, false, None).await
+        }
+        "shared-prefix-bursts" => {
+            scenarios::shared_prefix(c, &salt, s, s.tenants, true, None).await
+        }
+        // The first replica's cache emptied midway (`probe` is it).
+        "many-tenants" => {
+            scenarios::shared_prefix(c, &salt, s, s.many_tenants, true, Some(probe)).await
+        }
         _ => Vec::new(),
     }
 }
@@ -219,6 +236,7 @@ pub async fn main() -> Result<()> {
             mut policies,
             peer,
             replicas,
+            sims,
             kv_tokens,
             sim_args,
             results,
@@ -232,6 +250,7 @@ pub async fn main() -> Result<()> {
             let arms = Arms {
                 policies,
                 external: replicas,
+                sims: sims.max(1),
                 kv_tokens,
                 sim_args,
                 window_model_s,
@@ -266,12 +285,12 @@ async fn run(url: &str, probe_url: Option<&str>, common: &Common) -> Result<()> 
 fn check_arm(arm: &str) -> Result<()> {
     let mut parts = arm.split('+');
     let base = parts.next().unwrap_or_default();
-    if !["shape", "roundrobin", "affinity", fleet::SMG].contains(&base) {
+    if !["shape", "roundrobin", "affinity", fleet::SMG, fleet::ORACLE].contains(&base) {
         bail!("unknown policy {base} in arm {arm}");
     }
     for setting in parts {
-        if base == fleet::SMG {
-            bail!("arm {arm}: the peer takes no router settings");
+        if base == fleet::SMG || base == fleet::ORACLE {
+            bail!("arm {arm}: the peer and the oracle take no router settings");
         }
         if !setting
             .split_once('=')
@@ -287,6 +306,7 @@ fn check_arm(arm: &str) -> Result<()> {
 struct Arms {
     policies: Vec<String>,
     external: Vec<SocketAddr>,
+    sims: usize,
     kv_tokens: u64,
     sim_args: Vec<String>,
     window_model_s: f64,
@@ -332,7 +352,7 @@ async fn compare(
             let fleet = fleet::Fleet::start(&fleet::Arm {
                 policy,
                 external: &arms.external,
-                sims: 2,
+                sims: arms.sims,
                 kv_tokens: arms.kv_tokens,
                 sim_args: &arms.sim_args,
                 time_scale: common.time_scale,
@@ -347,7 +367,14 @@ async fn compare(
                 .iter()
                 .map(|r| format!("http://{r}"))
                 .collect();
-            let c = Client::spread(&routers, &common.model, common.time_scale);
+            let c = if policy == fleet::ORACLE {
+                let cards: Vec<String> = (fleet.replicas.iter())
+                    .map(|r| format!("http://{r}"))
+                    .collect();
+                Client::oracle(&cards, &common.model, common.time_scale)
+            } else {
+                Client::spread(&routers, &common.model, common.time_scale)
+            };
             let probe = Client::new(
                 &format!("http://{}", fleet.replicas[0]),
                 &common.model,

@@ -196,7 +196,7 @@ pub fn summarize(scenario: &str, samples: &[Sample]) -> Cells {
             ));
             row.push(("placement".into(), placement(ok(samples))));
         }
-        name if name.starts_with("shared-prefix") => {
+        name if name.starts_with("shared-prefix") || name == "many-tenants" => {
             for (g, v) in groups(samples) {
                 if g.starts_with("burst") {
                     continue;
@@ -291,7 +291,7 @@ pub fn headline(scenario: &str, samples: &[Sample]) -> Vec<(String, f64)> {
         )
         .median
     };
-    if scenario == "shared-prefix" {
+    if scenario == "shared-prefix" || scenario == "many-tenants" {
         // Per rate: the engines' cached share and the p90 TTFT of the
         // measured questions.
         let mut out = Vec::new();

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use crate::client::{Client, Sample};
+use crate::client::{join_all, Client, Sample};
 
 /// Sizes of a run; `quick` shrinks everything for CI.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -38,6 +38,11 @@ pub struct Sizes {
     pub tenant_rates: Vec<f64>,
     /// Questions measured at each rate, after one from every tenant.
     pub tenant_questions: usize,
+    /// `many-tenants`: tenants whose prompts overflow the fleet's KV (the
+    /// engines evict all the time), one card's cache emptied mid-run.
+    pub many_tenants: usize,
+    /// Its arrival rates, each with bursts and an emptied card.
+    pub many_rates: Vec<f64>,
 }
 
 impl Sizes {
@@ -70,6 +75,12 @@ impl Sizes {
             tenant_max_tokens: 32,
             tenant_rates: vec![4.0, 7.0],
             tenant_questions: 300,
+            // Scaled from llm-d's precise-scheduling benchmark (150 tenants of
+            // 6k-token prompts): 900k tokens, about twice what 4 cards hold.
+            many_tenants: 150,
+            // From light (the cards mostly idle) to the engines' queues
+            // building: where placing by cache alone starts to pile up.
+            many_rates: vec![4.0, 8.0, 12.0],
         }
     }
 
@@ -103,6 +114,8 @@ impl Sizes {
             tenant_max_tokens: 8,
             tenant_rates: vec![0.0],
             tenant_questions: 48,
+            many_tenants: 16,
+            many_rates: vec![0.0],
         }
     }
 
@@ -135,6 +148,8 @@ impl Sizes {
             tenant_max_tokens: 4,
             tenant_rates: vec![4.0],
             tenant_questions: 30,
+            many_tenants: 12,
+            many_rates: vec![4.0],
         }
     }
 }
@@ -346,6 +361,7 @@ pub async fn shared_prefix(
     s: &Sizes,
     tenants: usize,
     bursts: bool,
+    reset: Option<&Client>,
 ) -> Vec<Sample> {
     let prompts: Vec<String> = (0..tenants)
         .map(|t| {
@@ -357,7 +373,14 @@ pub async fn shared_prefix(
         .collect();
     let mut rng = XorShift(0x2545_f491_4f6c_dd1d);
     let mut out = Vec::new();
-    for rate in &s.tenant_rates {
+    // `many-tenants` (a card emptied midway): its own rates, each with
+    // bursts; else bursts at the first rate only.
+    let rates = if reset.is_some() {
+        &s.many_rates
+    } else {
+        &s.tenant_rates
+    };
+    for rate in rates {
         let group = if *rate > 0.0 {
             format!("{rate}/s")
         } else {
@@ -405,16 +428,29 @@ pub async fn shared_prefix(
             sleep_model(c, warm_s).await;
             for b in 0..s.mixed_bursts {
                 sleep_model(c, 10.0).await;
-                let label = format!("burst{b}");
+                let label = match reset {
+                    Some(_) => format!("burst{b} at {group}"),
+                    None => format!("burst{b}"),
+                };
                 let (n, doc) = (s.burst_requests / 2, s.burst_doc_tokens / 2);
                 b_out.extend(burst(c, salt, s, &label, n, doc).await);
             }
             b_out
         };
-        let (asked, burst_samples) = tokio::join!(join_all(timed), mixed_in);
+        // Halfway through the measured questions, one card's cache is
+        // emptied (a restart between two health checks).
+        let emptied = async {
+            if let Some(card) = reset {
+                sleep_model(c, warm_s + s.tenant_questions as f64 / rate / 2.0).await;
+                if !card.post_hook("/sim/reset").await {
+                    log::warn!("the card's cache could not be emptied (POST /sim/reset)");
+                }
+            }
+        };
+        let (asked, burst_samples, ()) = tokio::join!(join_all(timed), mixed_in, emptied);
         out.extend(asked);
         out.extend(burst_samples);
-        if bursts {
+        if bursts && reset.is_none() {
             break; // bursts are measured at the first rate only
         }
     }
@@ -507,29 +543,4 @@ pub async fn overload(c: &Client, salt: &str, s: &Sizes) -> Vec<Sample> {
 
 async fn sleep_model(c: &Client, model_s: f64) {
     tokio::time::sleep(std::time::Duration::from_secs_f64(model_s / c.scale)).await;
-}
-
-/// Runs futures concurrently on this task and returns their outputs in order.
-pub async fn join_all<F: std::future::Future>(
-    futures: impl IntoIterator<Item = F>,
-) -> Vec<F::Output> {
-    let handles: Vec<_> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = handles.iter().map(|_| None).collect();
-    let mut pending: Vec<_> = handles.into_iter().enumerate().collect();
-    std::future::poll_fn(|cx| {
-        pending.retain_mut(|(i, f)| match f.as_mut().poll(cx) {
-            std::task::Poll::Ready(v) => {
-                outputs[*i] = Some(v);
-                false
-            }
-            std::task::Poll::Pending => true,
-        });
-        if pending.is_empty() {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }
