@@ -7,20 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::http::{self, EventStream, Response};
-use common::{get, Router, Sim};
+use common::{agent, get, Router, Sim};
 use serde_json::json;
-
-/// A conversation with a long system prompt (about 1,500 tokens), after `turns` turns.
-fn agent(turns: usize) -> serde_json::Value {
-    let context = "The repository layout and the failing test output. ".repeat(120);
-    let mut m = vec![json!({"role": "system", "content": context})];
-    for t in 0..turns {
-        m.push(json!({"role": "user", "content": format!("step {t}")}));
-        m.push(json!({"role": "assistant", "content": format!("result {t}")}));
-    }
-    m.push(json!({"role": "user", "content": format!("step {turns}")}));
-    json!({"model": "sim", "max_tokens": 2, "messages": m})
-}
 
 /// A series of the router's metrics, which must exist (a misspelt name
 /// would otherwise read as 0).

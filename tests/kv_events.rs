@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::kv::{stored, Publisher};
-use common::{wait_for, Router, Sim};
+use common::{agent, wait_for, Router, Sim};
 use serde_json::json;
 
 /// Sims `a` (its engine's events from `publisher`; `replay`: with its
@@ -135,18 +135,6 @@ fn a_lost_batch_without_a_replay_socket_leaves_the_state_unknown_until_the_cache
         ),
         1.0
     );
-}
-
-/// A conversation with a long system prompt, after `turns` turns.
-fn agent(turns: usize) -> serde_json::Value {
-    let context = "The repository layout and the failing test output. ".repeat(120);
-    let mut m = vec![json!({"role": "system", "content": context})];
-    for t in 0..turns {
-        m.push(json!({"role": "user", "content": format!("step {t}")}));
-        m.push(json!({"role": "assistant", "content": format!("result {t}")}));
-    }
-    m.push(json!({"role": "user", "content": format!("step {turns}")}));
-    json!({"model": "sim", "max_tokens": 2, "messages": m})
 }
 
 /// Before, an engine restarted between health checks kept its pins: the

@@ -438,6 +438,19 @@ impl Drop for Router {
 }
 
 /// A chat body of one user message.
+/// An agent conversation with a long system prompt (about 1,500 tokens),
+/// after `turns` turns, ending in a user turn.
+pub fn agent(turns: usize) -> serde_json::Value {
+    let context = "The repository layout and the failing test output. ".repeat(120);
+    let mut m = vec![serde_json::json!({"role": "system", "content": context})];
+    for t in 0..turns {
+        m.push(serde_json::json!({"role": "user", "content": format!("step {t}")}));
+        m.push(serde_json::json!({"role": "assistant", "content": format!("result {t}")}));
+    }
+    m.push(serde_json::json!({"role": "user", "content": format!("step {turns}")}));
+    serde_json::json!({"model": "sim", "max_tokens": 2, "messages": m})
+}
+
 pub fn single(text: &str) -> serde_json::Value {
     serde_json::json!({"model": "sim", "max_tokens": 2,
         "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": text}]})

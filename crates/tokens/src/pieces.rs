@@ -49,7 +49,12 @@ impl Pieces {
         Ok(Self::new(tokenizer, cache_ids))
     }
 
-    pub fn new(tokenizer: Tokenizer, cache_ids: usize) -> Self {
+    pub fn new(mut tokenizer: Tokenizer, cache_ids: usize) -> Self {
+        // As transformers calls it: a prompt is never cut nor padded (a
+        // `truncation` or `padding` in tokenizer.json would apply to each
+        // piece on its own).
+        let _ = tokenizer.with_truncation(None);
+        tokenizer.with_padding(None);
         let mut p = Self {
             split: None,
             tokenizer,
