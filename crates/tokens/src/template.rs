@@ -174,81 +174,125 @@ fn strftime_now(format: String) -> Result<Value, Error> {
     Ok(Value::from(now.strftime(&format).to_string()))
 }
 
-/// transformers' `tojson`: `json.dumps(value, ensure_ascii=False,
-/// indent=indent, separators=separators, sort_keys=sort_keys)`.
-fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
-    let indent: Option<usize> = kwargs.get("indent")?;
-    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
-    let _: Option<bool> = kwargs.get("ensure_ascii")?;
+/// transformers' `tojson(x, ensure_ascii=False, indent=None,
+/// separators=None, sort_keys=False)`: `json.dumps` with those, by position
+/// or by name.
+fn tojson(
+    value: Value,
+    ensure_ascii: Option<bool>,
+    indent: Option<usize>,
+    separators: Option<Value>,
+    kwargs: Kwargs,
+) -> Result<Value, Error> {
+    let indent = kwargs.get::<Option<usize>>("indent")?.or(indent);
+    let separators = kwargs.get::<Option<Value>>("separators")?.or(separators);
+    let (item, key) = match separators.filter(|s| !s.is_none()) {
+        Some(s) => {
+            let part = |i: usize| -> Result<String, Error> {
+                Ok(s.get_item(&Value::from(i))?
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned())
+            };
+            (part(0)?, part(1)?)
+        }
+        None if indent.is_some() => (",".to_owned(), ": ".to_owned()),
+        None => (", ".to_owned(), ": ".to_owned()),
+    };
+    let dumps = Dumps {
+        indent,
+        sort: kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false),
+        ascii: kwargs
+            .get::<Option<bool>>("ensure_ascii")?
+            .or(ensure_ascii)
+            .unwrap_or(false),
+        item,
+        key,
+    };
     kwargs.assert_all_used()?;
     let mut out = String::new();
-    python_json(&value, indent, sort_keys.unwrap_or(false), 0, &mut out)?;
+    dumps.write(&value, 0, &mut out)?;
     Ok(Value::from_safe_string(out))
 }
 
-/// Python's `json.dumps` layout of `v` into `out`, maps in their order.
-fn python_json(
-    v: &Value,
+/// Python's `json.dumps` options.
+struct Dumps {
     indent: Option<usize>,
     sort: bool,
-    depth: usize,
-    out: &mut String,
-) -> Result<(), Error> {
-    use minijinja::value::ValueKind as K;
-    let newline = |out: &mut String, depth: usize| {
-        if let Some(n) = indent {
-            out.push('\n');
-            out.extend(std::iter::repeat_n(' ', n * depth));
-        }
-    };
-    let comma = if indent.is_some() { "," } else { ", " };
-    let scalar = |v: &Value| {
-        serde_json::to_string(v).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))
-    };
-    match v.kind() {
-        K::Seq | K::Iterable => {
-            let items: Vec<Value> = v.try_iter()?.collect();
-            if items.is_empty() {
-                out.push_str("[]");
+    ascii: bool,
+    item: String,
+    key: String,
+}
+
+impl Dumps {
+    /// `v` into `out`, maps in their order (unless sorted).
+    fn write(&self, v: &Value, depth: usize, out: &mut String) -> Result<(), Error> {
+        use minijinja::value::ValueKind as K;
+        let newline = |out: &mut String, depth: usize| {
+            if let Some(n) = self.indent {
+                out.push('\n');
+                out.extend(std::iter::repeat_n(' ', n * depth));
+            }
+        };
+        let (open, close, keys): (char, char, Option<Vec<Value>>) = match v.kind() {
+            K::Seq | K::Iterable => ('[', ']', None),
+            K::Map => {
+                let mut keys: Vec<Value> = v.try_iter()?.collect();
+                if self.sort {
+                    keys.sort();
+                }
+                ('{', '}', Some(keys))
+            }
+            K::Undefined | K::None => {
+                out.push_str("null");
                 return Ok(());
             }
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(comma);
-                }
-                newline(out, depth + 1);
-                python_json(item, indent, sort, depth + 1, out)?;
+            _ => return self.scalar(v, out),
+        };
+        let items: Vec<(Option<Value>, Value)> = match keys {
+            Some(keys) => (keys.into_iter())
+                .map(|k| Ok((Some(k.clone()), v.get_item(&k)?)))
+                .collect::<Result<_, Error>>()?,
+            None => v.try_iter()?.map(|x| (None, x)).collect(),
+        };
+        out.push(open);
+        for (i, (k, x)) in items.iter().enumerate() {
+            if i > 0 {
+                out.push_str(&self.item);
             }
-            newline(out, depth);
-            out.push(']');
+            newline(out, depth + 1);
+            if let Some(k) = k {
+                self.scalar(&Value::from(k.to_string()), out)?;
+                out.push_str(&self.key);
+            }
+            self.write(x, depth + 1, out)?;
         }
-        K::Map => {
-            let mut keys: Vec<Value> = v.try_iter()?.collect();
-            if keys.is_empty() {
-                out.push_str("{}");
-                return Ok(());
-            }
-            if sort {
-                keys.sort();
-            }
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(comma);
-                }
-                newline(out, depth + 1);
-                out.push_str(&scalar(&Value::from(k.to_string()))?);
-                out.push_str(": ");
-                python_json(&v.get_item(k)?, indent, sort, depth + 1, out)?;
-            }
+        if !items.is_empty() {
             newline(out, depth);
-            out.push('}');
         }
-        K::Undefined | K::None => out.push_str("null"),
-        _ => out.push_str(&scalar(v)?),
+        out.push(close);
+        Ok(())
     }
-    Ok(())
+
+    /// A string, number or bool as `json.dumps` writes it.
+    fn scalar(&self, v: &Value, out: &mut String) -> Result<(), Error> {
+        let json = serde_json::to_string(v)
+            .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+        if !self.ascii {
+            out.push_str(&json);
+            return Ok(());
+        }
+        for c in json.chars() {
+            if c.is_ascii() {
+                out.push(c);
+            } else {
+                for unit in c.encode_utf16(&mut [0; 2]) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -259,19 +303,28 @@ mod tests {
     #[test]
     fn tojson_writes_python_s_json_dumps() {
         let v: Value =
-            serde_json::from_str(r#"{"b": [1, 2.5, "é"], "a": {}, "c": null}"#).expect("json");
-        let mut s = String::new();
-        python_json(&v, None, false, 0, &mut s).expect("writes");
+            serde_json::from_str(r#"{"b": [1, 2.5, "é😀"], "a": {}, "c": null}"#).expect("json");
+        let mut env = Environment::new();
+        env.add_filter("tojson", tojson);
+        let out = env
+            .render_str(
+                "{{ v|tojson }}|{{ v|tojson(indent=2, sort_keys=true) }}|{{ v|tojson(separators=(',', ':')) }}|{{ v|tojson(true) }}|{{ [] |tojson(indent=2) }}",
+                minijinja::context! { v => v },
+            )
+            .expect("renders");
+        let parts: Vec<&str> = out.split('|').collect();
+        // Python: json.dumps(v, ensure_ascii=False), in the client's order.
+        assert_eq!(parts[0], r#"{"b": [1, 2.5, "é😀"], "a": {}, "c": null}"#);
         assert_eq!(
-            s, r#"{"b": [1, 2.5, "é"], "a": {}, "c": null}"#,
-            "in the client's order"
+            parts[1],
+            "{\n  \"a\": {},\n  \"b\": [\n    1,\n    2.5,\n    \"é😀\"\n  ],\n  \"c\": null\n}"
         );
-        let mut s = String::new();
-        python_json(&v, Some(2), true, 0, &mut s).expect("writes");
+        assert_eq!(parts[2], r#"{"b":[1,2.5,"é😀"],"a":{},"c":null}"#);
         assert_eq!(
-            s,
-            "{\n  \"a\": {},\n  \"b\": [\n    1,\n    2.5,\n    \"é\"\n  ],\n  \"c\": null\n}"
+            parts[3],
+            r#"{"b": [1, 2.5, "\u00e9\ud83d\ude00"], "a": {}, "c": null}"#
         );
+        assert_eq!(parts[4], "[]");
     }
 
     #[test]
