@@ -37,6 +37,14 @@ fn start(publisher: &Publisher, replay: bool) -> (Sim, Sim, Router) {
     (a, b, router)
 }
 
+/// As [`start`], in front of our publisher, once the router has subscribed.
+fn subscribed(replay: bool) -> (Publisher, (Sim, Sim), Router) {
+    let mut p = Publisher::start();
+    let (a, b, router) = start(&p, replay);
+    p.wait_ready();
+    (p, (a, b), router)
+}
+
 fn kv(router: &Router, name: &str, labels: &str) -> f64 {
     router.metric(&format!("prefix_router_{name}{{{labels}}}"))
 }
@@ -52,9 +60,7 @@ fn wait_kv(router: &Router, name: &str, labels: &str, want: f64) {
 
 #[test]
 fn blocks_follow_the_events_in_both_encodings_and_a_lost_batch_is_replayed() {
-    let mut p = Publisher::start();
-    let (_a, _b, router) = start(&p, true);
-    p.wait_ready();
+    let (mut p, _sims, router) = subscribed(true);
     wait_kv(&router, "kv_synced", "replica=\"a\"", 0.0);
     // Batch 0: the engine's first, so its whole cache is known.
     p.publish(json!([stored(1, 3, None)]), "map", false);
@@ -108,9 +114,7 @@ fn blocks_follow_the_events_in_both_encodings_and_a_lost_batch_is_replayed() {
 
 #[test]
 fn a_lost_batch_without_a_replay_socket_leaves_the_state_unknown_until_the_cache_is_emptied() {
-    let mut p = Publisher::start();
-    let (_a, _b, router) = start(&p, false);
-    p.wait_ready();
+    let (mut p, _sims, router) = subscribed(false);
     p.publish(json!([stored(1, 2, None)]), "map", false);
     wait_kv(&router, "kv_synced", "replica=\"a\"", 1.0);
     p.publish(json!([stored(3, 1, Some(2))]), "map", true);
@@ -142,9 +146,7 @@ fn a_lost_batch_without_a_replay_socket_leaves_the_state_unknown_until_the_cache
 /// events say so at once: the index forgets what it placed there.
 #[test]
 fn an_engine_restart_its_events_announce_unpins_its_conversations_at_once() {
-    let mut p = Publisher::start();
-    let (_a, _b, router) = start(&p, true);
-    p.wait_ready();
+    let (mut p, _sims, router) = subscribed(true);
     p.publish(json!([stored(1, 1, None)]), "map", false);
     wait_kv(&router, "kv_synced", "replica=\"a\"", 1.0);
     // A conversation pinned to `a` (its first turn may land on either).
@@ -257,9 +259,7 @@ fn sglang_s_own_publisher_is_read_replayed_and_its_restart_seen() {
 /// than it was read, so it is a restart, not a gap.
 #[test]
 fn a_restart_past_the_last_batch_read_is_told_from_a_gap() {
-    let mut p = Publisher::start();
-    let (_a, _b, router) = start(&p, true);
-    p.wait_ready();
+    let (mut p, _sims, router) = subscribed(true);
     for first in [1, 3, 5] {
         let parent = (first > 1).then_some(first - 1);
         p.publish(json!([stored(first, 2, parent)]), "map", false);
@@ -285,9 +285,7 @@ fn a_restart_past_the_last_batch_read_is_told_from_a_gap() {
 /// skipped; neither makes the state unknown.
 #[test]
 fn a_malformed_event_or_another_topic_costs_nothing_else() {
-    let mut p = Publisher::start();
-    let (_a, _b, router) = start(&p, true);
-    p.wait_ready();
+    let (mut p, _sims, router) = subscribed(true);
     let pairs = json!({"type": "BlockStored", "block_hashes": [9], "parent_block_hash": null,
         "token_ids": [[1, 2], [3, 4]], "block_size": 2});
     p.publish(json!([stored(1, 2, None), pairs]), "map", false);

@@ -223,13 +223,7 @@ impl Follow {
         {
             let mut blocks = self.lock();
             for event in &batch.events {
-                let done = blocks.apply(event);
-                total.stored += done.stored;
-                total.removed += done.removed;
-                total.orphans += done.orphans;
-                total.unreadable += done.unreadable;
-                total.cleared |= done.cleared;
-                total.overflowed |= done.overflowed;
+                total += blocks.apply(event);
             }
         }
         let name = &self.replica.name;

@@ -138,7 +138,7 @@ impl Pieces {
         if piece.is_empty() {
             return Ok(());
         }
-        let key = xxhash_rust::xxh3::xxh3_64(piece.as_bytes()) ^ piece.len() as u64;
+        let key = xxhash_rust::xxh3::xxh3_64(piece.as_bytes());
         if let Some(ids) = self.lock().get(key) {
             out.extend_from_slice(&ids);
             return Ok(());

@@ -76,6 +76,17 @@ pub struct Applied {
     pub overflowed: bool,
 }
 
+impl std::ops::AddAssign for Applied {
+    fn add_assign(&mut self, o: Applied) {
+        self.stored += o.stored;
+        self.removed += o.removed;
+        self.orphans += o.orphans;
+        self.unreadable += o.unreadable;
+        self.cleared |= o.cleared;
+        self.overflowed |= o.overflowed;
+    }
+}
+
 /// One replica's blocks.
 #[derive(Debug)]
 pub struct EngineBlocks {
