@@ -82,8 +82,8 @@ results: prepare
 	  --label "simulated replicas, agent loops on chat and on the Responses API (replica-sim)" \
 	  --out bench-out/responses --results bench-out/results-responses.md
 	target/release/routebench compare --time-scale 10 --sims 4 --salts 2 --peer smg --scenario many-tenants \
-	  --policies shape,roundrobin,oracle \
-	  --label "4 simulated cards, 150 tenants of 6k-token prompts, twice what the cards hold (replica-sim)" \
+	  --policies shape,shape+kv_events,roundrobin,oracle --sim-arg=--tokenizer=$(CURDIR)/.real-engine/tokenizer \
+	  --label "4 simulated cards with SmolLM2's tokenizer, 150 tenants of 6k-token prompts, twice what the cards hold (replica-sim)" \
 	  --out bench-out/many-tenants --results bench-out/results-many-tenants.md
 	ENGINE_CPUS="0 1" \
 	  LABEL="real llama.cpp replicas, each engine on its own CPU (xllamacpp, SmolLM2-135M cut to 4 blocks, 1 thread, 1 slot of 4096 tokens)" \

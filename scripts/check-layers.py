@@ -32,8 +32,9 @@ LAYERS = [
     # load and KV events, capacity, the status listener, drain; the proxy's
     # settings.
     ["balancer", "engine_load", "kv_events", "capacity", "status", "drain", "settings"],
-    # The request body.
+    # The request body; its tokens.
     ["body"],
+    ["exact"],
     # The ProxyHttp seam and hot reload.
     ["proxy", "reload"],
 ]

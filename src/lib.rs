@@ -13,7 +13,7 @@
 //! - [`replicas`]: the live set, published whole; [`shared_pins`]: Redis.
 //! - Over the set: [`balancer`] (Pingora's discovery, health checks and
 //!   selection), [`engine_load`], [`capacity`], [`status`] (the metrics
-//!   listener), [`settings`]; then [`body`].
+//!   listener), [`settings`]; then [`body`] and [`exact`] (a prompt's tokens).
 //! - [`proxy`]: the one `ProxyHttp`; [`reload`]: hot reload.
 #![forbid(unsafe_code)]
 
@@ -30,6 +30,7 @@ pub mod drain;
 pub mod engine_client;
 pub mod engine_load;
 pub mod errors;
+pub mod exact;
 pub mod kv_events;
 #[cfg(feature = "tls")]
 pub mod listen_tls;

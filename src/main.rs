@@ -134,6 +134,11 @@ fn main() -> anyhow::Result<()> {
         ),
         None => None,
     };
+    // Loaded (and checked) before `--check` answers.
+    let exact = Arc::new(
+        prefix_router::exact::Exact::load(&cfg.tokenizers)
+            .map_err(|why| anyhow::anyhow!("tokenizers: {why}"))?,
+    );
     let upgrade_sock = prefix_router::upgrade::socket(&cfg);
     if cli.check {
         let source = cli
@@ -281,6 +286,7 @@ fn main() -> anyhow::Result<()> {
             let replicas = Arc::clone(&replicas);
             Checkpoints::serving(move |model| !replicas.nobody_serves(model))
         }),
+        exact: Arc::clone(&exact),
         metrics: Arc::clone(&metrics),
     };
     let capacity = CapacityWatch::new(

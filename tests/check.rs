@@ -29,6 +29,12 @@ fn temp_file(name: &str, text: &str) -> PathBuf {
     path
 }
 
+/// A directory with an empty `tokenizer.json` and nothing else.
+fn half_tokenizer() -> PathBuf {
+    let file = temp_file("tokenizer.json", "{}");
+    file.parent().expect("its directory").to_owned()
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -65,6 +71,15 @@ fn a_bad_config_fails_naming_the_key_or_value() {
         (
             "replicas: [{name: a, addr: \"127.0.0.1:1\"}\n".to_owned(),
             "YAML",
+        ),
+        (
+            format!("tokenizers: {{m: /nonexistent}}\n{one}"),
+            "tokenizers.m",
+        ),
+        (
+            // A tokenizer.json but no tokenizer_config.json (the template).
+            format!("tokenizers: {{m: {}}}\n{one}", half_tokenizer().display()),
+            "tokenizer_config.json",
         ),
     ] {
         let out = check(Some(&yaml));

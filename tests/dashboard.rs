@@ -194,9 +194,20 @@ impl Drop for Traffic {
 
 #[test]
 fn every_panel_and_alert_query_returns_data_in_a_real_prometheus() {
-    let a = Sim::start("a", &["--kv-tokens", "100000"]);
-    let b = Sim::start("b", &["--kv-tokens", "100000"]);
-    let router = Router::start(&[&a, &b], "engine_load: {interval_ms: 100}\n");
+    // The cards publish their KV events, which the router follows.
+    let dir = format!("{}/.real-engine/tokenizer", env!("CARGO_MANIFEST_DIR"));
+    let args = [
+        "--kv-tokens",
+        "100000",
+        "--tokenizer",
+        &dir,
+        "--kv-events-port",
+        "0",
+    ];
+    let a = Sim::start("a", &args);
+    let b = Sim::start("b", &args);
+    let extra = format!("engine_load: {{interval_ms: 100}}\ntokenizers: {{sim: \"{dir}\"}}\n");
+    let router = Router::start(&[&a, &b], &extra);
     let _traffic = Traffic::start(router.addr);
     let prom = Prometheus::start(router.metrics_addr, &[a.addr, b.addr]);
     let queries = dashboard_queries();

@@ -14,6 +14,11 @@ use serde_json::json;
 /// Sims `a` (its engine's events from `publisher`; `replay`: with its
 /// replay socket) and `b`.
 fn start(publisher: &Publisher, replay: bool) -> (Sim, Sim, Router) {
+    start_with(publisher, replay, "")
+}
+
+/// As [`start`], with `extra` top-level YAML.
+fn start_with(publisher: &Publisher, replay: bool, extra: &str) -> (Sim, Sim, Router) {
     let a = Sim::start("a", &[]);
     let b = Sim::start("b", &[]);
     let replay = if replay {
@@ -25,7 +30,7 @@ fn start(publisher: &Publisher, replay: bool) -> (Sim, Sim, Router) {
         String::new()
     };
     let yaml = format!(
-        "replicas:\n  - {{name: a, addr: \"{}\", kv_events: {{endpoint: \"tcp://127.0.0.1:{}\", \
+        "{extra}replicas:\n  - {{name: a, addr: \"{}\", kv_events: {{endpoint: \"tcp://127.0.0.1:{}\", \
          topic: kv-events{replay}}}}}\n{}",
         a.addr,
         publisher.port,
@@ -310,4 +315,84 @@ fn a_malformed_event_or_another_topic_costs_nothing_else() {
         1.0
     );
     assert_eq!(kv(&router, "kv_synced", "replica=\"a\""), 1.0);
+}
+
+/// SmolLM2's tokenizer files (`scripts/real-engine.sh prepare` makes them).
+fn tokenizer_dir() -> String {
+    format!("{}/.real-engine/tokenizer", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `BlockStored` of the whole 16-token blocks of `ids`, hashed `1..`.
+fn stored_ids(ids: &[u32]) -> serde_json::Value {
+    let n = ids.len() / 16;
+    json!({"type": "BlockStored", "block_hashes": (1..=n).collect::<Vec<_>>(),
+        "parent_block_hash": null, "token_ids": &ids[..n * 16], "block_size": 16, "medium": "GPU"})
+}
+
+#[test]
+fn a_chat_request_goes_where_the_engine_holds_its_tokens_and_not_where_it_evicted_them() {
+    let dir = tokenizer_dir();
+    let model = tokens::ModelTokens::load(std::path::Path::new(&dir), 1 << 20)
+        .expect("scripts/real-engine.sh prepare makes .real-engine/tokenizer");
+    let mut p = Publisher::start();
+    let extra = format!("tokenizers: {{sim: \"{dir}\"}}\n");
+    let (_a, _b, router) = start_with(&p, true, &extra);
+    p.wait_ready();
+    p.publish(json!([]), "map", false);
+    wait_kv(&router, "kv_synced", "replica=\"a\"", 1.0);
+    let placed = |body: &serde_json::Value| {
+        let r = router.post("/v1/chat/completions", body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let h = |n| r.header(n).map(str::to_owned).expect(n);
+        (h("x-prefix-router-replica"), h("x-prefix-router-decision"))
+    };
+    // Engine a says it holds a conversation the router never placed: its
+    // tokens, as the chat template and tokenizer make them.
+    let first = agent(3);
+    let ids = model.chat_ids(first.to_string().as_bytes()).expect("ids");
+    p.publish(json!([stored_ids(&ids)]), "map", false);
+    let blocks = (ids.len() / 16) as f64;
+    wait_kv(&router, "kv_blocks", "replica=\"a\"", blocks);
+    assert_eq!(placed(&first), ("a".to_owned(), "pin".to_owned()));
+    // It evicts them: the next turn is no pin, though the router placed the
+    // last one there (its own index guesses a).
+    let removed: Vec<usize> = (1..=ids.len() / 16).collect();
+    p.publish(
+        json!([{"type": "BlockRemoved", "block_hashes": removed, "medium": "GPU"}]),
+        "map",
+        false,
+    );
+    wait_kv(&router, "kv_blocks", "replica=\"a\"", 0.0);
+    assert_eq!(
+        placed(&agent(4)).1,
+        "spread",
+        "held nowhere: a cold placement"
+    );
+}
+
+#[test]
+fn a_cards_own_events_draw_a_conversation_sent_straight_to_it_and_release_it_when_emptied() {
+    let dir = tokenizer_dir();
+    let args = ["--tokenizer", dir.as_str(), "--kv-events-port", "0"];
+    let (a, b) = (Sim::start("a", &args), Sim::start("b", &args));
+    let router = Router::start(&[&a, &b], &format!("tokenizers: {{sim: \"{dir}\"}}\n"));
+    // A client sends a conversation straight to card b: the router never
+    // sees it, b's events say what b now holds.
+    let straight = common::http::post_json(b.addr, "/v1/chat/completions", &agent(3));
+    assert_eq!(straight.status, 200, "{}", straight.text());
+    wait_kv(&router, "kv_synced", "replica=\"b\"", 1.0);
+    wait_for("b's blocks", Duration::from_secs(10), || {
+        (kv(&router, "kv_blocks", "replica=\"b\"") > 0.0).then_some(())
+    });
+    let next = router.post("/v1/chat/completions", &agent(4));
+    assert_eq!((next.replica(), next.decision()), ("b", "pin"));
+    // Card b's cache is emptied (its events remove every block): the next
+    // turn is placed cold, though the router placed the last one on b.
+    let reset = common::http::post_json(b.addr, "/sim/reset", &json!({}));
+    assert_eq!(reset.status, 200);
+    wait_kv(&router, "kv_blocks", "replica=\"b\"", 0.0);
+    assert_eq!(
+        router.post("/v1/chat/completions", &agent(5)).decision(),
+        "spread"
+    );
 }

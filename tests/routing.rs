@@ -48,6 +48,7 @@ fn fleet(live: &[bool]) -> Vec<ReplicaState> {
             waiting: 0,
             engine: None,
             room: None,
+            reported: None,
         })
         .collect()
 }

@@ -3,7 +3,7 @@
 //! A leaf: it imports nothing of the router; each part converts the
 //! sections it consumes.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
@@ -136,6 +136,10 @@ pub struct Config {
     /// How often replica names (`host:port` addresses, `replicas_dns`) are
     /// looked up again.
     pub dns_refresh_ms: u64,
+    /// Per model, the directory of its `tokenizer.json` and
+    /// `tokenizer_config.json`: its chat requests are matched token for
+    /// token against the KV events of the replicas that publish them.
+    pub tokenizers: BTreeMap<String, String>,
 }
 
 /// Longest model name the router keeps (names are metric label values).
@@ -176,6 +180,7 @@ impl Default for Config {
             replicas: Vec::new(),
             replicas_dns: Vec::new(),
             dns_refresh_ms: 5_000,
+            tokenizers: BTreeMap::new(),
         }
     }
 }
@@ -240,6 +245,7 @@ impl Config {
             "fleet.redis_ca_file" => fleet.redis_ca_file;
             "fleet.redis_budget_ms" => fleet.redis_budget_ms;
             "fleet.redis_ttl_s" => fleet.redis_ttl_s;
+            "tokenizers" => tokenizers;
         }
         // The shared pins' connection is started once: into or out of
         // `redis` needs a restart (between local and rendezvous does not).

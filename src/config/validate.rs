@@ -198,6 +198,14 @@ impl Config {
         if self.dns_refresh_ms < 100 {
             return Err(invalid("dns_refresh_ms", "must be at least 100"));
         }
+        for (model, dir) in &self.tokenizers {
+            if !Path::new(dir).join("tokenizer.json").is_file() {
+                return Err(invalid(
+                    format!("tokenizers.{model}"),
+                    format!("`{dir}` has no tokenizer.json"),
+                ));
+            }
+        }
         let (mut names, mut addrs) = (HashSet::new(), HashSet::new());
         let lists = [
             ("replicas", &self.replicas),

@@ -5,11 +5,12 @@
 //! starts and stops the tasks as the replica set and their `kv_events`
 //! change (reloads, DNS pools): checked every second.
 //!
-//! What the events drive today: an engine whose cache was emptied (a
+//! What the events drive: the blocks are the replica's (`engine_blocks`),
+//! so a request whose model has a tokenizer is placed by what the engine
+//! holds of its tokens (see `exact`); an engine whose cache was emptied (a
 //! restart, `AllBlocksCleared`) has its prefixes forgotten by the router's
-//! own index at once, and the metrics show each replica's blocks and
-//! whether its state is known. Placing requests by the blocks themselves
-//! needs their tokens (the model's tokenizer), which comes next.
+//! own index at once; the metrics show each replica's blocks and whether
+//! its state is known.
 
 mod follow;
 mod replay;
@@ -59,8 +60,11 @@ impl KvEventsWatch {
             })
         };
         let gone: Vec<_> = followed.extract_if(|id, f| !wanted(id, f)).collect();
-        for (_, f) in gone {
+        for (id, f) in gone {
             f.task.abort();
+            if let Some(r) = list.iter().find(|r| r.id == id) {
+                r.follow_blocks(None);
+            }
             let (metrics, replicas) = (Arc::clone(&self.metrics), Arc::clone(&self.replicas));
             tokio::spawn(async move {
                 let _ = f.task.await;
@@ -83,6 +87,7 @@ impl KvEventsWatch {
                 continue;
             }
             let blocks = Arc::new(Mutex::new(EngineBlocks::new(config.max_blocks)));
+            r.follow_blocks(Some(Arc::clone(&blocks)));
             self.metrics.kv.join(&r.name);
             let task = tokio::spawn(
                 follow::Follow {

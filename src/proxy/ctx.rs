@@ -3,6 +3,7 @@
 //! answer showed ([`Answer`]). Each part is written in its phase and only
 //! read after it.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -49,6 +50,9 @@ pub struct Read {
     pub(super) prompt: Prompt,
     /// The body's `model`: only replicas serving it are offered.
     pub(super) model: Option<String>,
+    /// A chat prompt's tokens, when some replica's KV events are followed
+    /// (see `exact`); computed once, kept over retries.
+    pub(super) chat: Option<Arc<tokens::Chat>>,
     /// A generation answered whole (no `stream: true`): its head comes at
     /// the end of the generation, so waiting for it long is no fault of the
     /// replica's.

@@ -61,6 +61,7 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use crate::admission::Admission;
 use crate::auth::KeyFile;
 use crate::balancer::Balancer;
+use crate::exact::Exact;
 use crate::metrics::Metrics;
 use crate::paths::Route;
 use crate::policy::Policy;
@@ -93,6 +94,8 @@ pub struct Router {
     pub shared: Option<Arc<SharedPins>>,
     /// Where long conversations' last turns were read to.
     pub checkpoints: Arc<Checkpoints>,
+    /// The models' tokenizers: prompts matched against engines' KV events.
+    pub exact: Arc<Exact>,
     pub metrics: Arc<Metrics>,
 }
 

@@ -16,6 +16,7 @@ use pingora_proxy::Session;
 use super::{Ctx, Prompt, Router};
 use crate::balancer::addr_key;
 use crate::errors::RouterError;
+use crate::exact;
 use crate::policy::{Decision, Hint, Reason, ReplicaId, Shape};
 use crate::replicas::{Replica, Replicas, View};
 use crate::shared_pins::LOOKUP_ENDS;
@@ -111,7 +112,10 @@ impl Router {
                 }
                 None => &*tried,
             };
-            let (states, panic) = Replicas::states(list, excluded, model);
+            let (mut states, panic) = Replicas::states(list, excluded, model);
+            if let (Some(chat), Some(r)) = (&ctx.read.chat, ctx.read.request()) {
+                exact::report(chat, r.chain.len(), list, &mut states);
+            }
             let mut decision = match ctx.read.request() {
                 Some(r) => self.policy.place(r, &states),
                 None => self.policy.spread(&states),

@@ -11,6 +11,7 @@ use std::time::Instant;
 use arc_swap::ArcSwapOption;
 
 use crate::config::{self, PromptCache};
+use crate::kv::EngineBlocks;
 use crate::metrics::ReplicaCounters;
 use crate::policy::{EngineLoad, ReplicaId, ReplicaState, Room, BYTES_PER_TOKEN};
 
@@ -43,6 +44,8 @@ pub struct Replica {
     pub(super) declared_models: AtomicBool,
     /// Where its engine's KV events come from. Reloadable.
     pub(super) kv_events: ArcSwapOption<config::KvEvents>,
+    /// What its engine holds, as its events say, while they are followed.
+    pub(super) engine_blocks: ArcSwapOption<Mutex<EngineBlocks>>,
     pub(super) in_flight: AtomicU32,
     /// Of those, the ones that have not answered a body byte yet: queued or
     /// in their prefill at the engine.
@@ -109,6 +112,7 @@ impl Replica {
             models: ArcSwapOption::new(c.models.clone().map(Arc::new)),
             declared_models: AtomicBool::new(c.models.is_some()),
             kv_events: ArcSwapOption::new(c.kv_events.clone().map(Arc::new)),
+            engine_blocks: ArcSwapOption::empty(),
             in_flight: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
             pinned_bytes: AtomicU64::new(0),
@@ -192,6 +196,16 @@ impl Replica {
     /// Where its engine's KV events come from, if configured.
     pub fn kv_events(&self) -> Option<Arc<config::KvEvents>> {
         self.kv_events.load_full()
+    }
+
+    /// What its engine holds, while its KV events are followed.
+    pub fn engine_blocks(&self) -> Option<Arc<Mutex<EngineBlocks>>> {
+        self.engine_blocks.load_full()
+    }
+
+    /// Starts (`Some`) or stops (`None`) following its engine's blocks.
+    pub fn follow_blocks(&self, blocks: Option<Arc<Mutex<EngineBlocks>>>) {
+        self.engine_blocks.store(blocks);
     }
 
     /// Live: up by its health checks and not ejected.
@@ -416,6 +430,7 @@ impl Replica {
             waiting: self.waiting.load(Relaxed),
             engine,
             room,
+            reported: None,
         }
     }
 }

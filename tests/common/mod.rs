@@ -37,6 +37,9 @@ pub struct Sim {
     pub addr: SocketAddr,
     /// `--kv-tokens` when given: also declared to the router.
     pub kv_tokens: Option<u64>,
+    /// With `--kv-events-port`: its KV events' ports (publisher, replay),
+    /// declared to the router too.
+    pub kv_events: Option<(u16, u16)>,
     child: Child,
 }
 
@@ -69,11 +72,9 @@ impl Sim {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn replica-sim");
-        let stdout = child.stdout.take().expect("stdout");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
         let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read listen line");
+        stdout.read_line(&mut line).expect("read listen line");
         let addr = line
             .trim()
             .strip_prefix("listening on ")
@@ -84,10 +85,22 @@ impl Sim {
             .position(|a| *a == "--kv-tokens")
             .and_then(|i| args.get(i + 1))
             .and_then(|v| v.parse().ok());
+        // `--kv-events-port`: its publisher's and replay socket's ports.
+        let kv_events = args.contains(&"--kv-events-port").then(|| {
+            let mut line = String::new();
+            stdout.read_line(&mut line).expect("read kv events line");
+            let ports = line
+                .trim()
+                .strip_prefix("kv events on ")
+                .unwrap_or_default();
+            let mut ports = ports.split(' ').map(|p| p.parse().expect("a port"));
+            (ports.next().expect(&line), ports.next().expect(&line))
+        });
         Sim {
             name: name.to_owned(),
             addr,
             kv_tokens,
+            kv_events,
             child,
         }
     }
@@ -145,7 +158,19 @@ impl Sim {
             .kv_tokens
             .map(|k| format!(", kv_tokens: {k}"))
             .unwrap_or_default();
-        format!("  - {{name: {}, addr: \"{}\"{kv}}}\n", self.name, self.addr)
+        let events = self
+            .kv_events
+            .map(|(p, r)| {
+                format!(
+                    ", kv_events: {{endpoint: \"tcp://127.0.0.1:{p}\", topic: kv-events, \
+                     replay_endpoint: \"tcp://127.0.0.1:{r}\"}}"
+                )
+            })
+            .unwrap_or_default();
+        format!(
+            "  - {{name: {}, addr: \"{}\"{kv}{events}}}\n",
+            self.name, self.addr
+        )
     }
 }
 

@@ -14,6 +14,9 @@
 //! Every completion response carries `x-sim-replica`, `x-sim-body-bytes` and
 //! `x-sim-body-xxh3` (of the exact request body received).
 //! It prints `listening on IP:PORT` once bound (use `--listen 127.0.0.1:0`).
+//! With `--tokenizer DIR` chat prompts are the model's token ids; with
+//! `--kv-events-port` the card publishes its KV events as vLLM does (see
+//! `kv_events`; it prints `kv events on PUB_PORT REPLAY_PORT`).
 //!   cargo run --release --bin replica-sim -- --listen 127.0.0.1:8001 --name gpu0
 //!
 //! The `replica-sim` binary of the root package runs [`main`].
@@ -22,6 +25,7 @@ mod answers;
 mod dialect;
 mod engine;
 mod histogram;
+mod kv_events;
 mod serve;
 
 use std::collections::HashMap;
@@ -118,6 +122,15 @@ struct Cli {
     /// Listen backlog (accept queue length).
     #[arg(long, default_value_t = 1024)]
     backlog: u32,
+    /// The model's tokenizer directory (`tokenizer.json`,
+    /// `tokenizer_config.json`): chat prompts are its token ids (else the
+    /// text's length over `--bytes-per-token`).
+    #[arg(long)]
+    tokenizer: Option<std::path::PathBuf>,
+    /// Publishes the card's KV events as vLLM does, on this port (the
+    /// replay socket on the next; 0: any two, printed); needs `--tokenizer`.
+    #[arg(long, requires = "tokenizer")]
+    kv_events_port: Option<u16>,
     /// Appends the `x-soak-id` header of every completion request received,
     /// one per line (the soak counts duplicate deliveries across restarts).
     #[arg(long)]
@@ -152,6 +165,8 @@ struct Sim {
     id_log: Option<Mutex<std::fs::File>>,
     /// Model-time TTFT histogram (vllm:time_to_first_token_seconds).
     ttft: Mutex<Histogram>,
+    /// The model's tokenizer (`--tokenizer`).
+    tokens: Option<tokens::ModelTokens>,
 }
 
 /// A listener with the given accept-queue length.
@@ -207,9 +222,27 @@ pub async fn main() -> std::io::Result<()> {
             None => None,
         },
         ttft: Mutex::new(Histogram::default()),
+        tokens: match &cli.tokenizer {
+            Some(dir) => Some(
+                tokens::ModelTokens::load(dir, 4 << 20)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?,
+            ),
+            None => None,
+        },
         cli,
     });
     tokio::spawn(Arc::clone(&sim).schedule());
+    if let Some(port) = sim.cli.kv_events_port {
+        sim.engine.lock().expect("engine lock").record_kv();
+        let addr = SocketAddr::new(listener.local_addr()?.ip(), port);
+        let sim = Arc::clone(&sim);
+        tokio::spawn(async move {
+            if let Err(e) = kv_events::serve(sim, addr).await {
+                eprintln!("kv events: {e}");
+                std::process::exit(1);
+            }
+        });
+    }
     if !loading.is_zero() {
         let s = Arc::clone(&sim);
         tokio::spawn(async move {

@@ -49,8 +49,9 @@ impl Sim {
                 let text = routing::request::Prompt::parse(&body, usize::MAX)
                     .map(|p| p.text)
                     .unwrap_or_default();
+                let ids = self.ids("/v1/chat/completions", &body);
                 let engine = self.engine.lock().expect("engine lock");
-                let cached = engine.cached_tokens(&text, cache_identity(&req));
+                let cached = engine.cached_tokens(&text, ids.as_deref(), cache_identity(&req));
                 json_response(StatusCode::OK, &json!({"cached_tokens": cached}))
             }
             (&Method::POST, "/sim/reset") => {
@@ -223,7 +224,9 @@ impl Sim {
             .pointer("/stream_options/include_usage")
             .and_then(Value::as_bool)
             .unwrap_or(false);
-        let (mut running, mut events) = match Running::start(&self, &text, salt, max_tokens) {
+        let ids = self.ids(path, &body);
+        let started = Running::start(&self, &text, ids, salt, max_tokens);
+        let (mut running, mut events) = match started {
             Ok(r) => r,
             Err(msg) => return self.tag(error(StatusCode::BAD_REQUEST, &msg), received),
         };
@@ -338,6 +341,16 @@ impl Sim {
         }
     }
 
+    /// A chat completion's token ids, with `--tokenizer` (the template
+    /// rendered and the text tokenized as the engine would).
+    pub(crate) fn ids(&self, path: &str, body: &[u8]) -> Option<Arc<[u32]>> {
+        let tokens = self
+            .tokens
+            .as_ref()
+            .filter(|_| path == "/v1/chat/completions")?;
+        tokens.chat_ids(body).ok().map(Arc::from)
+    }
+
     pub(crate) fn tag(&self, mut r: Response<Body>, (len, hash): (usize, u128)) -> Response<Body> {
         let h = r.headers_mut();
         for (k, v) in [
@@ -423,18 +436,20 @@ impl Running {
     pub(crate) fn start(
         sim: &Arc<Sim>,
         text: &[u8],
+        ids: Option<Arc<[u32]>>,
         salt: u64,
         max_tokens: u64,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Event>), String> {
         let id = sim.next_id.fetch_add(1, Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         sim.streams.lock().expect("streams lock").insert(id, tx);
-        if let Err(e) = sim
-            .engine
-            .lock()
-            .expect("engine lock")
-            .submit(id, text, salt, max_tokens)
-        {
+        let mut engine = sim.engine.lock().expect("engine lock");
+        let submitted = match ids {
+            Some(ids) => engine.submit_ids(id, ids, salt, max_tokens),
+            None => engine.submit(id, text, salt, max_tokens),
+        };
+        drop(engine);
+        if let Err(e) = submitted {
             sim.streams.lock().expect("streams lock").remove(&id);
             return Err(e);
         }

@@ -28,8 +28,8 @@ pub struct Arm<'a> {
     /// `POLICY` or `POLICY+KEY=VALUE+...`: the router's `policy` and more
     /// top-level config keys (e.g. `shape+kv_room=pack`), keys of a block
     /// (`shape+fleet.mode=rendezvous`), or keys of every replica's entry
-    /// (`shape+replica.prompt_cache=last`); `smg`: the peer; `oracle`: no
-    /// router (see [`ORACLE`]).
+    /// (`shape+replica.prompt_cache=last`); `+kv_events` (see [`KV_EVENTS`]);
+    /// `smg`: the peer; `oracle`: no router (see [`ORACLE`]).
     pub policy: &'a str,
     /// Existing replicas; when empty, `sims` simulators are started.
     pub external: &'a [SocketAddr],
@@ -61,6 +61,9 @@ pub const SMG: &str = "smg";
 /// The arm with no router: each request sent straight to the card holding
 /// the longest prefix of its prompt (simulated cards only).
 pub const ORACLE: &str = "oracle";
+/// The setting (`shape+kv_events`) that has the cards publish their KV
+/// events and the router follow them, token for token.
+pub const KV_EVENTS: &str = "kv_events";
 /// The release measured in this project's results (pinned for reproducibility).
 const SMG_VERSION: &str = "smg==1.13.0";
 
@@ -162,23 +165,43 @@ impl Fleet {
     pub fn start(arm: &Arm) -> Result<Fleet> {
         let mut children = Vec::new();
         let mut replicas = arm.external.to_vec();
+        // `+kv_events`: the cards publish their KV events, the router follows
+        // them with the cards' tokenizer (`--sim-arg=--tokenizer=DIR`).
+        let events = arm.policy.split('+').any(|p| p == KV_EVENTS);
+        let tokenizer = (arm.sim_args.iter()).find_map(|a| a.strip_prefix("--tokenizer="));
+        if events && (tokenizer.is_none() || !arm.external.is_empty()) {
+            bail!("+{KV_EVENTS} needs simulated cards with --sim-arg=--tokenizer=DIR");
+        }
+        let mut event_ports = Vec::new();
         for i in 0..if arm.external.is_empty() { arm.sims } else { 0 } {
             let mut child = Command::new(sibling("replica-sim")?)
                 .args(["--listen", "127.0.0.1:0", "--name", &format!("gpu{i}")])
                 .args(["--kv-tokens", &arm.kv_tokens.to_string()])
                 .args(["--time-scale", &arm.time_scale.to_string()])
                 .args(arm.sim_args)
+                .args(if events {
+                    &["--kv-events-port", "0"][..]
+                } else {
+                    &[]
+                })
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
                 .spawn()
                 .context("start replica-sim")?;
+            let mut out = BufReader::new(child.stdout.take().context("sim stdout")?);
             let mut line = String::new();
-            BufReader::new(child.stdout.take().context("sim stdout")?).read_line(&mut line)?;
+            out.read_line(&mut line)?;
             let addr = line
                 .trim()
                 .trim_start_matches("listening on ")
                 .parse()
                 .context("sim address")?;
+            if events {
+                line.clear();
+                out.read_line(&mut line)?;
+                let ports = line.trim().trim_start_matches("kv events on ").to_owned();
+                event_ports.push(ports.replace(' ', ":"));
+            }
             replicas.push(addr);
             children.push(child);
         }
@@ -209,7 +232,7 @@ impl Fleet {
         // into a block (`fleet.mode=rendezvous+fleet.singles=root`).
         let mut each = String::new();
         let mut blocks: Vec<(&str, Vec<String>)> = Vec::new();
-        for setting in parts {
+        for setting in parts.filter(|p| *p != KV_EVENTS) {
             let (key, value) = setting
                 .split_once('=')
                 .with_context(|| format!("{setting:?}: expected KEY=VALUE"))?;
@@ -228,10 +251,20 @@ impl Fleet {
         for (block, entries) in blocks {
             settings.push_str(&format!("{block}: {{{}}}\n", entries.join(", ")));
         }
+        if let (true, Some(dir)) = (events, tokenizer) {
+            settings.push_str(&format!("tokenizers: {{{}: \"{dir}\"}}\n", arm.model));
+        }
         settings.push_str("replicas:\n");
         for (i, r) in replicas.iter().enumerate() {
+            let follow = match event_ports.get(i).and_then(|p| p.split_once(':')) {
+                Some((publish, replay)) => format!(
+                    ", kv_events: {{endpoint: \"tcp://127.0.0.1:{publish}\", topic: kv-events, \
+                     replay_endpoint: \"tcp://127.0.0.1:{replay}\"}}"
+                ),
+                None => String::new(),
+            };
             settings.push_str(&format!(
-                "  - {{name: gpu{i}, addr: \"{r}\", kv_tokens: {}{each}}}\n",
+                "  - {{name: gpu{i}, addr: \"{r}\", kv_tokens: {}{each}{follow}}}\n",
                 arm.kv_tokens
             ));
         }

@@ -110,7 +110,9 @@ enum Cmd {
         /// Arms: a policy, or a policy with more router settings joined by
         /// `+` (`shape+kv_room=pack`; `BLOCK.KEY=VALUE` a key of a block,
         /// `shape+fleet.mode=rendezvous`; `replica.KEY=VALUE` a key of every
-        /// replica, `shape+replica.prompt_cache=last`).
+        /// replica, `shape+replica.prompt_cache=last`; `shape+kv_events`:
+        /// the cards publish their KV events and the router places by them,
+        /// with `--sim-arg=--tokenizer=DIR`).
         #[arg(
             long,
             value_delimiter = ',',
@@ -292,9 +294,10 @@ fn check_arm(arm: &str) -> Result<()> {
         if base == fleet::SMG || base == fleet::ORACLE {
             bail!("arm {arm}: the peer and the oracle take no router settings");
         }
-        if !setting
-            .split_once('=')
-            .is_some_and(|(k, v)| !k.is_empty() && !v.is_empty())
+        if setting != fleet::KV_EVENTS
+            && !setting
+                .split_once('=')
+                .is_some_and(|(k, v)| !k.is_empty() && !v.is_empty())
         {
             bail!("arm {arm}: {setting:?} is not KEY=VALUE");
         }

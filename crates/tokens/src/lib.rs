@@ -19,7 +19,7 @@ pub mod template;
 
 use std::path::Path;
 
-pub use pieces::Pieces;
+pub use pieces::{Partial, Pieces};
 pub use template::ChatTemplate;
 
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +60,43 @@ impl ModelTokens {
     /// The token ids of a chat request's prompt (its JSON body: `messages`,
     /// `tools`, `chat_template_kwargs`), the generation prompt added.
     pub fn chat_ids(&self, body: &[u8]) -> Result<Vec<u32>, TokensError> {
-        let text = self.template.render_body(body)?;
-        self.pieces.encode(&text)
+        Ok(self.chat(body)?.ids)
     }
+
+    /// As [`ModelTokens::chat_ids`], with the body's `cache_salt` (engines
+    /// key its blocks by it beside the tokens).
+    pub fn chat(&self, body: &[u8]) -> Result<Chat, TokensError> {
+        let prompt = self.render(body)?;
+        let ids = self.pieces.encode(&prompt.text)?;
+        Ok(Chat {
+            total: ids.len(),
+            ids,
+            salt: prompt.salt,
+        })
+    }
+
+    /// A chat request's prompt text and `cache_salt`.
+    pub fn render(&self, body: &[u8]) -> Result<Rendered, TokensError> {
+        let body = template::parse_body(body)?;
+        let salt = (body.get_attr("cache_salt").ok()).and_then(|v| v.as_str().map(str::to_owned));
+        let text = self.template.render_value(&body)?;
+        Ok(Rendered { text, salt })
+    }
+}
+
+/// A chat request's prompt, rendered by its template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    pub text: String,
+    pub salt: Option<String>,
+}
+
+/// A chat request's prompt as its engine tokenizes it: its first `ids`
+/// (all of them unless tokenizing stopped early, see
+/// [`Pieces::encode_while`]), of about `total`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chat {
+    pub ids: Vec<u32>,
+    pub total: usize,
+    pub salt: Option<String>,
 }

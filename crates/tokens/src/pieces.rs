@@ -23,6 +23,34 @@ const PROBES: [&str; 4] = [
     " leading and trailing {s}  ",
 ];
 
+/// A piece longer than this is probed before it is encoded (see
+/// [`Pieces::encode_while`]).
+pub const PROBE_BYTES: usize = 2048;
+/// Ids at the end of a probe's encoding that are left out: a word at the
+/// cut may end otherwise in the whole piece.
+const PROBE_MARGIN: usize = 4;
+
+/// Ids of the start of a text, and the bytes of the text they cover.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partial {
+    pub ids: Vec<u32>,
+    pub covered: usize,
+}
+
+/// The piece's start up to a space (before a non-space) at or before
+/// `max` bytes, when the piece is longer than `max` and has one past its
+/// first quarter (a shorter cut would probe too little).
+fn word_start_before(piece: &str, max: usize) -> Option<&str> {
+    if piece.len() <= max {
+        return None;
+    }
+    let b = piece.as_bytes();
+    let cut = (max / 4..max).rev().find(|&i| {
+        b[i] == b' ' && !b[i - 1].is_ascii_whitespace() && !b[i + 1].is_ascii_whitespace()
+    })?;
+    Some(&piece[..cut])
+}
+
 pub struct Pieces {
     tokenizer: Tokenizer,
     /// Added tokens and their ids; `None`: encode whole.
@@ -120,33 +148,78 @@ impl Pieces {
 
     /// The ids of `text`, by pieces where the tokenizer allows.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokensError> {
+        Ok(self.encode_while(text, |_, _| true)?.ids)
+    }
+
+    /// The ids of `text` as [`Pieces::encode`] gives them, as far as
+    /// `go_on` wants them. Before a piece longer than [`PROBE_BYTES`] that
+    /// is not in the cache is encoded, `go_on(ids, next)` is asked with the
+    /// ids so far and the piece's first ids (its first bytes encoded, up to
+    /// a space that starts a word, less the last few ids); when it says no,
+    /// the ids so far are returned with the bytes of text they cover. A
+    /// caller matching a prompt against what caches hold stops where no
+    /// cache can hold more, without encoding the rest (a new document).
+    pub fn encode_while(
+        &self,
+        text: &str,
+        mut go_on: impl FnMut(&[u32], &[u32]) -> bool,
+    ) -> Result<Partial, TokensError> {
         let Some((matcher, ids)) = &self.split else {
-            return self.whole(text);
+            let ids = self.whole(text)?;
+            return Ok(Partial {
+                ids,
+                covered: text.len(),
+            });
         };
         let mut out = Vec::with_capacity(text.len() / 3);
         let mut at = 0;
-        for m in matcher.find_iter(text) {
-            self.piece(&text[at..m.start()], &mut out)?;
-            out.push(ids[m.pattern().as_usize()]);
-            at = m.end();
+        let ends = (matcher.find_iter(text).map(|m| (m.start(), Some(m))))
+            .chain(std::iter::once((text.len(), None)));
+        for (end, special) in ends {
+            let piece = &text[at..end];
+            if !self.piece(piece, &mut out, &mut go_on)? {
+                return Ok(Partial {
+                    ids: out,
+                    covered: at,
+                });
+            }
+            if let Some(m) = special {
+                out.push(ids[m.pattern().as_usize()]);
+                at = m.end();
+            }
         }
-        self.piece(&text[at..], &mut out)?;
-        Ok(out)
+        Ok(Partial {
+            ids: out,
+            covered: text.len(),
+        })
     }
 
-    fn piece(&self, piece: &str, out: &mut Vec<u32>) -> Result<(), TokensError> {
+    /// Appends the piece's ids; false when `go_on` stopped before it.
+    fn piece(
+        &self,
+        piece: &str,
+        out: &mut Vec<u32>,
+        go_on: &mut impl FnMut(&[u32], &[u32]) -> bool,
+    ) -> Result<bool, TokensError> {
         if piece.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         let key = xxhash_rust::xxh3::xxh3_64(piece.as_bytes());
         if let Some(ids) = self.lock().get(key) {
             out.extend_from_slice(&ids);
-            return Ok(());
+            return Ok(true);
+        }
+        if let Some(head) = word_start_before(piece, PROBE_BYTES) {
+            let mut next = self.whole(head)?;
+            next.truncate(next.len().saturating_sub(PROBE_MARGIN));
+            if !go_on(out, &next) {
+                return Ok(false);
+            }
         }
         let ids: Arc<[u32]> = self.whole(piece)?.into();
         out.extend_from_slice(&ids);
         self.lock().put(key, ids);
-        Ok(())
+        Ok(true)
     }
 
     /// Pieces found in the cache, and encoded, since the start.

@@ -82,8 +82,11 @@ impl ChatTemplate {
     /// parts is joined by newlines, as vLLM does for templates that expect
     /// a string.
     pub fn render_body(&self, body: &[u8]) -> Result<String, TokensError> {
-        let body: Value =
-            serde_json::from_slice(body).map_err(|e| TokensError::Template(e.to_string()))?;
+        self.render_value(&parse_body(body)?)
+    }
+
+    /// As [`ChatTemplate::render_body`], the body parsed.
+    pub fn render_value(&self, body: &Value) -> Result<String, TokensError> {
         let get = |key: &str| {
             body.get_attr(key)
                 .ok()
@@ -293,6 +296,11 @@ impl Dumps {
         }
         Ok(())
     }
+}
+
+/// A request body as the template reads it (its keys in their order).
+pub fn parse_body(body: &[u8]) -> Result<Value, TokensError> {
+    serde_json::from_slice(body).map_err(|e| TokensError::Template(e.to_string()))
 }
 
 #[cfg(test)]

@@ -99,3 +99,43 @@ proptest::proptest! {
 thread_local! {
     static MODEL: std::sync::Arc<ModelTokens> = std::sync::Arc::new(model());
 }
+
+#[test]
+fn a_long_new_piece_is_probed_by_its_first_words_and_encoded_only_if_wanted() {
+    let m = model();
+    let doc = "The quarterly report on the harbour's cranes, and what they lift. ".repeat(200);
+    let text =
+        format!("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{doc}<|im_end|>\n");
+    let whole = m.pieces.whole(&text).expect("whole");
+    // Wanted all the way: as `encode`, and the probe's ids are the start
+    // of the document's own.
+    let mut probes = Vec::new();
+    let all = (m.pieces)
+        .encode_while(&text, |ids, next| {
+            probes.push((ids.len(), next.to_vec()));
+            true
+        })
+        .expect("ids");
+    assert_eq!(
+        (all.ids.as_slice(), all.covered),
+        (whole.as_slice(), text.len())
+    );
+    assert_eq!(probes.len(), 1, "one piece is long: the document's");
+    let (before, next) = &probes[0];
+    assert!(next.len() > 100, "about 2 KiB of words: {}", next.len());
+    assert_eq!(&whole[*before..before + next.len()], next.as_slice());
+    // Not wanted: the ids stop before the document, which is not encoded.
+    let (_, encoded) = m.pieces.cache_counts();
+    let other = text.replace("harbour", "airport");
+    let part = m.pieces.encode_while(&other, |_, _| false).expect("ids");
+    assert_eq!(part.ids.as_slice(), &whole[..*before]);
+    assert_eq!(
+        &other[..part.covered],
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>"
+    );
+    assert_eq!(
+        m.pieces.cache_counts().1,
+        encoded + 1,
+        "the probe's lookup only"
+    );
+}

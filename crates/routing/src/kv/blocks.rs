@@ -229,6 +229,11 @@ impl EngineBlocks {
         }
     }
 
+    /// Whether the engine holds the block of this key.
+    pub fn holds(&self, key: u64) -> bool {
+        self.held.contains_key(&key)
+    }
+
     /// How many leading keys of `keys` the engine holds, by binary search:
     /// engines evict a sequence's blocks from its end, so what is held of
     /// a chain is taken as a prefix of it.

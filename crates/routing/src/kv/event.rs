@@ -372,16 +372,22 @@ impl Fields {
             (None, Some(id)) => id as u64 ^ 0x4c6f_5241,
             (None, None) => 0,
         };
-        let salt =
-            (self.cache_salt.as_deref()).map_or(0, |s| xxhash_rust::xxh3::xxh3_64(s.as_bytes()));
         Some(Event::Stored {
             hashes,
             parent: self.parent,
             tokens,
             block_size,
-            namespace: adapter ^ salt.rotate_left(17),
+            namespace: namespace(adapter, self.cache_salt.as_deref()),
         })
     }
+}
+
+/// The namespace a block's key is chained in: its adapter (0: the base
+/// model; else a hash of its name or id, as the event gives it) and the
+/// request's `cache_salt`, which engines key blocks by beside the tokens.
+pub fn namespace(adapter: u64, salt: Option<&str>) -> u64 {
+    let salt = salt.map_or(0, |s| xxhash_rust::xxh3::xxh3_64(s.as_bytes()));
+    adapter ^ salt.rotate_left(17)
 }
 
 impl<'de> Deserialize<'de> for Event {

@@ -5,7 +5,7 @@ pub mod blocks;
 pub mod event;
 
 pub use blocks::{chain_keys, Applied, CacheState, EngineBlocks};
-pub use event::{Batch, EngineHash, Event};
+pub use event::{namespace, Batch, EngineHash, Event};
 
 #[cfg(test)]
 mod tests {

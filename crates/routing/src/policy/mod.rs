@@ -74,6 +74,12 @@
 //!                 counts queued requests, not requests in flight: on a batching engine
 //!                 steady traffic keeps several decoding on the holder, which delay a
 //!                 cached prefill little, while each miss costs a whole cold prefill.
+//!   held          a replica's prefix of the prompt is what this index recorded there,
+//!                 except on a replica whose engine reports its cache (KV events read, its
+//!                 state known: the replica's `reported`, tokens turned into bytes of
+//!                 text): there it is what the engine holds, and only that, but for
+//!                 prefixes placed there in the last `UNREPORTED_S` (2) seconds while
+//!                 requests still wait there (queued, in prefill: not reported yet).
 //! MODES
 //!   roundrobin    counter for everything
 //!   affinity      everything by prefix: longest live match, else a rendezvous
@@ -177,6 +183,11 @@ pub struct Policy {
     /// Distinct prompt bytes placed recently, on all replicas together.
     recent_bytes: AtomicU64,
 }
+
+/// Seconds a placement may go unreported by its engine's KV events (queued,
+/// or in its prefill): the router's own record of it stands meanwhile, while
+/// requests wait there.
+pub const UNREPORTED_S: u32 = 2;
 
 /// Spread counters kept (sets hashing alike share one).
 const COUNTERS: usize = 1024;
@@ -320,6 +331,27 @@ impl Policy {
             }
         }
         let shape = self.shape_of(req, matches.iter().any(|m| m.end));
+        if live.iter().any(|s| s.reported.is_some()) {
+            // What an engine says it holds replaces the guess for it, but
+            // for what was placed there moments ago while requests still
+            // wait there (queued, in prefill: not reported yet).
+            let touched = self.clock();
+            let state = |r: ReplicaId| live.iter().find(|s| s.id == r);
+            let fresh = |m: &Match| {
+                m.touched.saturating_add(UNREPORTED_S) >= touched
+                    && state(m.replica).is_some_and(|s| s.waiting > 0)
+            };
+            matches.retain(|m| state(m.replica).is_none_or(|s| s.reported.is_none()) || fresh(m));
+            for s in live.iter().filter(|s| s.reported.is_some_and(|p| p > 0)) {
+                matches.push(Match {
+                    pos: s.reported.unwrap_or(0).min(req.chain.len()),
+                    replica: s.id,
+                    end: false,
+                    touched,
+                });
+            }
+            matches.sort_by_key(|m| std::cmp::Reverse(m.pos));
+        }
         let key = req.key.as_deref().map(|k| req.chain.key_hash(k));
         let mut d = Decision {
             replica: None,

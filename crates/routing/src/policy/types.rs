@@ -90,6 +90,10 @@ pub struct ReplicaState {
     pub engine: Option<EngineLoad>,
     /// KV headroom in bytes of canonical prompt, when its capacity is declared.
     pub room: Option<Room>,
+    /// What its engine reports holding of this request's prompt (its KV
+    /// events read, its state known), in bytes of canonical text; it
+    /// replaces the index's guess. `None`: not reported.
+    pub reported: Option<usize>,
 }
 
 impl ReplicaState {

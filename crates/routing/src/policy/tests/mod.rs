@@ -29,6 +29,7 @@ fn replicas(live: &[bool]) -> Vec<ReplicaState> {
             waiting: 0,
             engine: None,
             room: None,
+            reported: None,
         })
         .collect()
 }
@@ -304,3 +305,54 @@ fn with_room(free: &[(i64, u64)]) -> Vec<ReplicaState> {
 
 mod kv_room;
 mod singles;
+
+#[test]
+fn an_engines_report_replaces_the_index_guess_for_its_replica() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let rs = replicas(&[true, true, true]);
+    let told = |reports: &[(u32, usize)]| {
+        let mut rs = rs.clone();
+        for (i, pos) in reports {
+            rs[*i as usize].reported = Some(*pos);
+        }
+        rs
+    };
+    let first = p.place(&req("conversation A: hello", true), &rs);
+    let guessed = first.replica.expect("placed").0;
+    let other = (guessed + 1) % 3;
+    let next = req("conversation A: hello / reply / more", true);
+    // Moments later, while a request waits there, its engine has not
+    // reported it yet: the record stands.
+    p.set_clock(UNREPORTED_S);
+    let mut queued = told(&[(guessed, 0), (other, 20)]);
+    queued[guessed as usize].waiting = 1;
+    let d = p.place(&next, &queued);
+    assert_eq!(
+        (d.replica, d.reason),
+        (Some(ReplicaId(guessed)), Reason::Pin)
+    );
+    // Nothing waits there, or later: the engine says it holds nothing
+    // (evicted), and another's says it holds most of it.
+    let d = p.place(&next, &told(&[(guessed, 0), (other, 20)]));
+    assert_eq!((d.replica, d.reason), (Some(ReplicaId(other)), Reason::Pin));
+    p.set_clock(2 * UNREPORTED_S + 1);
+    let d = p.place(&next, &queued);
+    assert_eq!((d.replica, d.reason), (Some(ReplicaId(other)), Reason::Pin));
+    assert_eq!(d.matched_bytes, 20);
+    // Held nowhere by every engine's report: no pin, a cold placement.
+    p.set_clock(5 * UNREPORTED_S);
+    let r = req("conversation A: hello / reply / more / and more", true);
+    let d = p.place(&r, &told(&[(0, 0), (1, 0), (2, 0)]));
+    assert_eq!((d.reason, d.matched_bytes), (Reason::Spread, 0));
+    // A replica without a report keeps the index's guess.
+    let b = p
+        .place(&req("conversation B: hi", true), &rs)
+        .replica
+        .expect("placed")
+        .0;
+    p.set_clock(10 * UNREPORTED_S);
+    let r = req("conversation B: hi / reply / more", true);
+    let others: Vec<(u32, usize)> = (0..3).filter(|i| *i != b).map(|i| (i, 0)).collect();
+    let d = p.place(&r, &told(&others));
+    assert_eq!((d.replica, d.reason), (Some(ReplicaId(b)), Reason::Pin));
+}

@@ -21,12 +21,17 @@
 //!            cached blocks first, then preempts the newest running sequence,
 //!            which restarts from the queue head (recompute, as vLLM does).
 //! TOKENS     bytes / bytes_per_token of the canonical prompt text (4: close to
-//!            BPE tokenizers on English and code).
+//!            BPE tokenizers on English and code); or, with the model's tokenizer
+//!            (`submit_ids`), the prompt's token ids, blocks chained over them.
+//! EVENTS     with `record_kv`, what the pool's cache gains and loses, as vLLM's
+//!            KV events say it: blocks newly cached at admission (their tokens,
+//!            after their parent), blocks evicted or dropped by a reset.
 //! ```
 //! Calibration (docs/simulator.md): prefill_tps 33,300 and reuse 1.2e-5 s/token
 //! give a 90k-token prompt 2.7 s cold and ~1.1 s warm, the seed's figures.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -70,6 +75,8 @@ struct Seq {
     id: SeqId,
     /// Hash of each full prompt block.
     blocks: Vec<u64>,
+    /// Its token ids, when submitted by them (for the KV events).
+    ids: Option<Arc<[u32]>>,
     prompt_tokens: u64,
     max_tokens: u64,
     cached_tokens: u64,
@@ -102,6 +109,21 @@ pub struct Engine {
     stamp: u64,
     private_in_use: u64,
     pub counters: Counters,
+    /// The cache's changes since last taken (`record_kv`), else `None`.
+    kv_log: Option<Vec<KvChange>>,
+}
+
+/// A change to the cached blocks, as a KV event reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvChange {
+    /// Blocks newly cached, in chain order after `parent` (`None`: the
+    /// prompt's start), with their tokens.
+    Stored {
+        hashes: Vec<u64>,
+        parent: Option<u64>,
+        tokens: Vec<u32>,
+    },
+    Removed(Vec<u64>),
 }
 
 /// Lifetime counters, named after vLLM's metrics.
@@ -127,6 +149,23 @@ impl Engine {
             stamp: 0,
             private_in_use: 0,
             counters: Counters::default(),
+            kv_log: None,
+        }
+    }
+
+    /// Records the cache's changes from now on ([`Engine::take_kv`]).
+    pub fn record_kv(&mut self) {
+        self.kv_log.get_or_insert_with(Vec::new);
+    }
+
+    /// The cache's changes recorded since the last call.
+    pub fn take_kv(&mut self) -> Vec<KvChange> {
+        self.kv_log.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn log_removed(&mut self, hashes: Vec<u64>) {
+        if let (Some(log), false) = (&mut self.kv_log, hashes.is_empty()) {
+            log.push(KvChange::Removed(hashes));
         }
     }
 
@@ -173,7 +212,30 @@ impl Engine {
         salt: u64,
         max_tokens: u64,
     ) -> Result<(), String> {
-        let prompt_tokens = self.tokens(text);
+        let blocks = self.blocks_of(text, salt);
+        self.enqueue(id, blocks, self.tokens(text), None, max_tokens)
+    }
+
+    /// As [`Engine::submit`], the prompt given by its token ids.
+    pub fn submit_ids(
+        &mut self,
+        id: SeqId,
+        ids: Arc<[u32]>,
+        salt: u64,
+        max_tokens: u64,
+    ) -> Result<(), String> {
+        let blocks = self.blocks_of_ids(&ids, salt);
+        self.enqueue(id, blocks, ids.len().max(1) as u64, Some(ids), max_tokens)
+    }
+
+    fn enqueue(
+        &mut self,
+        id: SeqId,
+        blocks: Vec<u64>,
+        prompt_tokens: u64,
+        ids: Option<Arc<[u32]>>,
+        max_tokens: u64,
+    ) -> Result<(), String> {
         let limit = self.capacity() * self.cfg.block_tokens - 2 * self.cfg.block_tokens;
         if prompt_tokens + max_tokens > limit {
             return Err(format!(
@@ -182,10 +244,10 @@ impl Engine {
                 prompt_tokens + max_tokens
             ));
         }
-        let blocks = self.blocks_of(text, salt);
         self.waiting.push_back(Seq {
             id,
             blocks,
+            ids,
             prompt_tokens,
             max_tokens: max_tokens.max(1),
             cached_tokens: 0,
@@ -198,28 +260,44 @@ impl Engine {
         Ok(())
     }
 
+    /// The hash of each full block of token ids, chained from `salt`.
+    fn blocks_of_ids(&self, ids: &[u32], salt: u64) -> Vec<u64> {
+        let bytes: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
+        self.chain(&bytes, (self.cfg.block_tokens * 4).max(4) as usize, salt)
+    }
+
     /// The hash of each full block of a prompt text, chained from `salt`.
     fn blocks_of(&self, text: &[u8], salt: u64) -> Vec<u64> {
         let block_bytes = (self.cfg.block_tokens * self.cfg.bytes_per_token).max(1) as usize;
+        self.chain(text, block_bytes, salt)
+    }
+
+    fn chain(&self, bytes: &[u8], block_bytes: usize, salt: u64) -> Vec<u64> {
         let chain = |h: &mut u64, b: &[u8]| {
             *h = xxh3_64_with_seed(b, *h);
             Some(*h)
         };
-        text.chunks_exact(block_bytes).scan(salt, chain).collect()
+        bytes.chunks_exact(block_bytes).scan(salt, chain).collect()
     }
 
-    /// Tokens of a prompt's longest prefix held now (an oracle's view).
-    pub fn cached_tokens(&self, text: &[u8], salt: u64) -> u64 {
+    /// Tokens of a prompt's longest prefix held now (an oracle's view): its
+    /// text, or its token ids when given.
+    pub fn cached_tokens(&self, text: &[u8], ids: Option<&[u32]>, salt: u64) -> u64 {
         let held = |h: &&u64| self.refs.contains_key(h) || self.released.contains_key(h);
-        self.blocks_of(text, salt).iter().take_while(held).count() as u64 * self.cfg.block_tokens
+        let blocks = match ids {
+            Some(ids) => self.blocks_of_ids(ids, salt),
+            None => self.blocks_of(text, salt),
+        };
+        blocks.iter().take_while(held).count() as u64 * self.cfg.block_tokens
     }
 
     /// Empties the prefix cache (a restart): unheld cached blocks dropped.
     pub fn reset_cache(&mut self) -> usize {
-        let dropped = self.released.len();
-        self.released.clear();
+        let dropped: Vec<u64> = self.released.drain().map(|(h, _)| h).collect();
         self.lru.clear();
-        dropped
+        let n = dropped.len();
+        self.log_removed(dropped);
+        n
     }
 
     /// Drops a request wherever it is (the client left); its blocks are released.
@@ -349,7 +427,11 @@ impl Engine {
                 self.reference(*h);
             }
             while self.capacity() < self.used() + need && self.evict_one() {}
-            for h in &s.blocks[cached as usize..] {
+            for (k, h) in s.blocks.iter().enumerate().skip(cached as usize) {
+                let known = self.refs.contains_key(h) || self.released.contains_key(h);
+                if self.kv_log.is_some() && !known {
+                    self.log_stored(&s, k);
+                }
                 self.reference(*h);
             }
             s.private_blocks = partial + 1;
@@ -433,167 +515,39 @@ impl Engine {
         while let Some((h, stamp)) = self.lru.pop_front() {
             if self.released.get(&h) == Some(&stamp) {
                 self.released.remove(&h);
+                self.log_removed(vec![h]);
                 return true;
             }
         }
         false
     }
+
+    /// Logs block `k` of `s` as newly cached: into the last event when it
+    /// continues it, else a new one after its parent.
+    fn log_stored(&mut self, s: &Seq, k: usize) {
+        let (Some(log), Some(ids)) = (&mut self.kv_log, &s.ids) else {
+            return;
+        };
+        let bt = self.cfg.block_tokens as usize;
+        let tokens = &ids[k * bt..(k + 1) * bt];
+        let parent = k.checked_sub(1).map(|p| s.blocks[p]);
+        if let Some(KvChange::Stored {
+            hashes, tokens: t, ..
+        }) = log.last_mut()
+        {
+            if hashes.last().copied() == parent && parent.is_some() {
+                hashes.push(s.blocks[k]);
+                t.extend_from_slice(tokens);
+                return;
+            }
+        }
+        log.push(KvChange::Stored {
+            hashes: vec![s.blocks[k]],
+            parent,
+            tokens: tokens.to_vec(),
+        });
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The calibrated card (the binary's defaults).
-    fn card(kv_tokens: u64) -> Engine {
-        Engine::new(EngineConfig {
-            kv_tokens,
-            block_tokens: 16,
-            bytes_per_token: 4,
-            prefill_tps: 33_300.0,
-            decode_tps: 50.0,
-            reuse_s_per_token: 1.2e-5,
-            chunk_tokens: 8192,
-            max_num_seqs: None,
-        })
-    }
-
-    /// Runs until idle; returns (model time, TTFT and finish time per sequence).
-    fn run(e: &mut Engine) -> (f64, HashMap<SeqId, (f64, f64, u64)>) {
-        let mut t = 0.0;
-        let mut out: HashMap<SeqId, (f64, f64, u64)> = HashMap::new();
-        while !e.idle() {
-            let (dt, events) = e.step();
-            t += dt;
-            for (id, ev) in events {
-                match ev {
-                    Event::First { cached_tokens, .. } => {
-                        out.insert(id, (t, 0.0, cached_tokens));
-                    }
-                    Event::Done => out.get_mut(&id).expect("first").1 = t,
-                    Event::Token => {}
-                }
-            }
-        }
-        (t, out)
-    }
-
-    fn text(salt: u64, tokens: u64) -> Vec<u8> {
-        let line = format!("document {salt}: some words about the topic at hand. ");
-        line.repeat((tokens * 4) as usize / line.len() + 1)
-            .into_bytes()[..(tokens * 4) as usize]
-            .to_vec()
-    }
-
-    #[test]
-    fn ninety_k_tokens_prefill_cold_in_2_7_s_and_warm_in_about_1_1_s() {
-        let mut e = card(122_636);
-        let prompt = text(1, 90_000);
-        e.submit(1, &prompt, 0, 1).unwrap();
-        let (_, cold) = run(&mut e);
-        let mut longer = prompt.clone();
-        longer.extend_from_slice(&text(2, 1_000));
-        e.submit(2, &longer, 0, 1).unwrap();
-        let (_, warm) = run(&mut e);
-        let (cold, warm) = (cold[&1].0, warm[&2].0);
-        assert!((cold - 2.7).abs() < 0.1, "cold {cold}");
-        assert!((warm - 1.1).abs() < 0.1, "warm {warm}");
-    }
-
-    #[test]
-    fn max_num_seqs_admits_the_next_request_when_one_finishes() {
-        // 30k-token prompts (~0.9 s of prefill each), 100 output tokens (2 s).
-        let pair = |max_num_seqs| {
-            let mut e = card(122_636);
-            e.cfg.max_num_seqs = max_num_seqs;
-            e.submit(1, &text(1, 30_000), 0, 100).unwrap();
-            e.submit(2, &text(2, 30_000), 0, 100).unwrap();
-            let (_, out) = run(&mut e);
-            (out[&1], out[&2])
-        };
-        let (first, second) = pair(Some(1));
-        assert!(
-            second.0 > first.1,
-            "started after the first ended: {first:?} {second:?}"
-        );
-        let (first, second) = pair(None);
-        assert!(second.0 < first.1, "ran beside it: {first:?} {second:?}");
-    }
-
-    #[test]
-    fn a_running_sequence_and_cached_prefixes_share_the_pool() {
-        let mut e = card(16 * 100); // 100 blocks
-        e.submit(1, &text(1, 16 * 60), 0, 1).unwrap();
-        run(&mut e);
-        e.submit(2, &text(2, 16 * 60), 0, 1).unwrap();
-        run(&mut e);
-        // Only 100 blocks: the second prompt (60 blocks and one for its
-        // output) evicted 21 of the first's; as in vLLM, a prefix loses its
-        // tail first, so its first 39 blocks still hit.
-        e.submit(3, &text(1, 16 * 60), 0, 1).unwrap();
-        let (_, out) = run(&mut e);
-        assert_eq!(out[&3].2, 16 * 39);
-    }
-
-    #[test]
-    fn decode_waits_for_nothing_but_its_batch() {
-        let mut e = card(122_636);
-        e.submit(1, &text(1, 100), 0, 50).unwrap();
-        let (t, out) = run(&mut e);
-        // 49 decode steps at 50 steps/s after a tiny prefill.
-        assert!((out[&1].1 - 0.98).abs() < 0.02 && t == out[&1].1, "{out:?}");
-    }
-
-    /// Makespan of `n` distinct cold prompts of `tokens` tokens submitted at once.
-    fn burst(n: u64, tokens: u64, max_tokens: u64) -> f64 {
-        let mut e = card(122_636);
-        for i in 0..n {
-            e.submit(i, &text(i + 100, tokens), 0, max_tokens).unwrap();
-        }
-        run(&mut e).0
-    }
-
-    #[test]
-    fn sixteen_cold_20k_prompts_take_about_30_s_on_one_card_and_18_6_on_two() {
-        let one_card = burst(16, 20_000, 350);
-        let two_cards = burst(8, 20_000, 350); // each card takes half
-        assert!((one_card - 30.1).abs() < 1.5, "one card {one_card}");
-        assert!((two_cards - 18.6).abs() < 1.0, "two cards {two_cards}");
-    }
-
-    #[test]
-    fn only_requests_of_one_salt_share_cached_blocks() {
-        let mut e = card(122_636);
-        let prompt = text(1, 10_000);
-        e.submit(1, &prompt, 7, 1).unwrap();
-        run(&mut e);
-        e.submit(2, &prompt, 8, 1).unwrap();
-        e.submit(3, &prompt, 0, 1).unwrap();
-        let (_, other) = run(&mut e);
-        assert_eq!((other[&2].2, other[&3].2), (0, 0), "other salts, or none");
-        e.submit(4, &prompt, 7, 1).unwrap();
-        let (_, same) = run(&mut e);
-        assert!(same[&4].2 > 9_000, "same salt: {same:?}");
-    }
-
-    #[test]
-    fn a_request_larger_than_the_card_is_refused() {
-        let mut e = card(1_000);
-        assert!(e
-            .submit(1, &text(1, 2_000), 0, 1)
-            .unwrap_err()
-            .contains("maximum context length"));
-    }
-
-    #[test]
-    fn preemption_frees_room_and_everything_still_finishes() {
-        let mut e = card(16 * 40);
-        for i in 0..3 {
-            e.submit(i, &text(i + 10, 16 * 10), 0, 200).unwrap();
-        }
-        let (_, out) = run(&mut e);
-        assert_eq!(out.len(), 3);
-        assert!(out.values().all(|(_, done, _)| *done > 0.0));
-        assert!(e.counters.preemptions > 0);
-    }
-}
+mod tests;
