@@ -38,7 +38,7 @@ fn fleet(n: u32) -> Vec<ReplicaState> {
             waiting: 0,
             engine: None,
             room: None,
-            reported: None,
+            engine_held: None,
         })
         .collect()
 }

@@ -156,6 +156,13 @@ pub async fn parse(
     if inline {
         return parse();
     }
+    on_pool(parse).await
+}
+
+/// Runs `job` on the blocking pool, at most one per core at a time.
+pub async fn on_pool<T: Send + 'static>(
+    job: impl FnOnce() -> Option<T> + Send + 'static,
+) -> Option<T> {
     let _permit = PARSERS.acquire().await.ok()?;
-    tokio::task::spawn_blocking(parse).await.ok().flatten()
+    tokio::task::spawn_blocking(job).await.ok().flatten()
 }

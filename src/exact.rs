@@ -1,19 +1,21 @@
 //! Token-exact placement: each model's tokenizer (`tokenizers` in the
 //! config), a chat request's prompt as its engine tokenizes it, and what
 //! the replicas whose engines publish KV events (`kv_events`, their state
-//! known) hold of it, for the policy (`ReplicaState::reported`).
+//! known) hold of it, for the policy (`ReplicaState::engine_held`).
 //!
-//! A prompt is tokenized only while some engine's state is known, and only
-//! as far as some engine may hold it: the chat template rendered, then the
-//! text tokenized piece by piece (the pieces cached, see the `tokens`
-//! crate), and before a long piece not in the cache, its first words are
-//! tokenized and the rest only when some engine holds the chain of blocks
-//! through them. A new document or a new tenant's prompt costs its first
-//! words, not its whole length. A request the template refuses, for a model
-//! without a tokenizer, or not a chat completion is placed by the router's
-//! own index alone, as are the replicas whose engines' state is not known.
-//! Adapters' blocks are keyed apart by the engines (their names are not a
-//! model's here), so requests naming an adapter are not matched.
+//! A prompt is tokenized only while some engine that may serve it has a
+//! known state, and only as far as some engine may hold it: the chat
+//! template rendered, then the text tokenized piece by piece (the pieces
+//! cached, see the `tokens` crate); before a long piece not in the cache
+//! (over 2 KiB, with a space to cut at), its first words are tokenized, and
+//! the rest only when some engine holds the chain of blocks through them. A
+//! new tenant's prompt or a new document costs its first words, not its
+//! length. Not matched (placed by the router's own index): requests the
+//! `tokens` crate does not render as the engine does (a salt, another
+//! template, images, ...), for a model without a tokenizer, prompts past
+//! `max_prompt_bytes`, other paths than chat completions, and replicas
+//! whose engines' state is not known. Adapters' blocks are keyed apart by
+//! the engines, so an adapter named in `tokenizers` never matches.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -21,8 +23,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokens::{Chat, ModelTokens};
 
-use crate::body::INLINE_PARSE_BYTES;
-use crate::kv::{chain_keys, namespace, CacheState, EngineBlocks};
+use crate::body::on_pool;
+use crate::kv::{chain_keys, CacheState, EngineBlocks};
 use crate::policy::ReplicaState;
 use crate::replicas::View;
 
@@ -42,122 +44,245 @@ impl Exact {
             .iter()
             .map(|(model, dir)| {
                 let tokens = ModelTokens::load(Path::new(dir), CACHE_IDS)?;
+                if !tokens.pieces.by_pieces() {
+                    log::warn!(
+                        "tokenizers.{model}: its special tokens do not split its text \
+                         cleanly: every prompt is tokenized whole, without the piece cache"
+                    );
+                }
                 Ok((model.clone(), Arc::new(tokens)))
             })
             .collect::<Result<_, tokens::TokensError>>()?;
         Ok(Self { models })
     }
 
-    /// The prompt's tokens as far as some engine may hold them, when some
-    /// replica's engine state is known and the request names a model with
-    /// a tokenizer (or names none and only one has one). Long bodies are
-    /// rendered on the blocking pool.
+    /// The prompt's tokens as far as some engine may hold them, when the
+    /// request names a model with a tokenizer (or names none and only one
+    /// has one) and some replica that may serve it has an engine whose
+    /// state is known; `None` for a prompt past `max_bytes` rendered or one
+    /// not rendered here (see `tokens::ModelTokens::render`). Bodies past
+    /// [`INLINE_BYTES`] are read on the blocking pool.
     pub async fn chat(
         &self,
         body: &bytes::Bytes,
         model: Option<&str>,
         list: &View,
+        max_bytes: usize,
     ) -> Option<Arc<Chat>> {
         let tokens = match model {
             Some(m) => self.models.get(m)?,
             None if self.models.len() == 1 => self.models.values().next()?,
             None => return None,
         };
-        let known: Vec<_> = (list.iter())
-            .filter_map(|r| r.engine_blocks())
+        let offered = model.map(|m| list.offers(m));
+        let known: Vec<_> = (list.iter().enumerate())
+            .filter(|(i, _)| offered.is_none_or(|o| o.get(*i).copied().unwrap_or(false)))
+            .filter_map(|(_, r)| r.engine_blocks())
             .filter(|b| lock(b).sync() == CacheState::Known)
             .collect();
         if known.is_empty() {
             return None;
         }
-        let inline = body.len() <= INLINE_PARSE_BYTES;
+        let inline = body.len() <= INLINE_BYTES;
         let (tokens, body) = (Arc::clone(tokens), body.clone());
-        let job = move || tokenize(&tokens, &body, &known).map(Arc::new);
+        let job = move || tokenize(&tokens, &body, &known, max_bytes).map(Arc::new);
         if inline {
             return job();
         }
-        tokio::task::spawn_blocking(job).await.ok().flatten()
+        on_pool(job).await
     }
 }
+
+/// Bodies up to this size are tokenized on the async worker (a few
+/// thousand tokens: a millisecond or two when none is cached).
+const INLINE_BYTES: usize = 8 << 10;
 
 fn lock(blocks: &Mutex<EngineBlocks>) -> MutexGuard<'_, EngineBlocks> {
     blocks.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The prompt's ids as far as one of `known` holds their blocks.
-fn tokenize(tokens: &ModelTokens, body: &[u8], known: &[Arc<Mutex<EngineBlocks>>]) -> Option<Chat> {
-    let prompt = tokens.render(body).ok()?;
-    let ns = namespace(0, prompt.salt.as_deref());
-    // Per block size, the keys of the whole blocks of the ids so far.
-    let mut chains: Vec<(u32, Vec<u64>)> = Vec::new();
-    let mut held_somewhere = |ids: &[u32], next: &[u32]| {
-        known.iter().any(|b| {
-            let blocks = lock(b);
-            let Some(size) = blocks.block_size() else {
-                return false;
-            };
+/// The block size of each engine, and the keys of a prompt's whole blocks
+/// in each size met, extended as its ids are.
+struct Chains {
+    engines: Vec<(Arc<Mutex<EngineBlocks>>, Option<u32>)>,
+    keys: Vec<(u32, Vec<u64>)>,
+}
+
+impl Chains {
+    fn new(known: &[Arc<Mutex<EngineBlocks>>]) -> Self {
+        let engines = known
+            .iter()
+            .map(|b| (Arc::clone(b), lock(b).block_size()))
+            .collect();
+        Self {
+            engines,
+            keys: Vec::new(),
+        }
+    }
+
+    /// Whether some engine holds the blocks through `ids` then `next`
+    /// (only the last whole block is asked: engines evict a chain from its
+    /// end); true while there is no whole block yet.
+    fn held(&mut self, ids: &[u32], next: &[u32]) -> bool {
+        let sizes: Vec<u32> = self.engines.iter().filter_map(|(_, s)| *s).collect();
+        let mut last = Vec::with_capacity(sizes.len());
+        for size in sizes {
             let bs = size as usize;
-            let i = match chains.iter().position(|(s, _)| *s == size) {
+            let i = match self.keys.iter().position(|(s, _)| *s == size) {
                 Some(i) => i,
                 None => {
-                    chains.push((size, Vec::new()));
-                    chains.len() - 1
+                    self.keys.push((size, Vec::new()));
+                    self.keys.len() - 1
                 }
             };
-            let keys = &mut chains[i].1;
-            let done = keys.len() * bs;
-            let whole = ids.len() / bs * bs;
+            let keys = &mut self.keys[i].1;
+            let (done, whole) = (keys.len() * bs, ids.len() / bs * bs);
             if whole > done {
-                keys.extend(chain_keys(ns, keys.last().copied(), &ids[done..whole], bs));
+                keys.extend(chain_keys(0, keys.last().copied(), &ids[done..whole], bs));
             }
             let tail: Vec<u32> = ids[whole..].iter().chain(next).copied().collect();
-            let last = chain_keys(ns, keys.last().copied(), &tail, bs)
+            let ahead = chain_keys(0, keys.last().copied(), &tail, bs)
                 .last()
                 .copied();
-            last.or(keys.last().copied())
-                .is_none_or(|k| blocks.holds(k))
+            last.push((size, ahead.or(keys.last().copied())));
+        }
+        self.engines.iter().any(|(b, size)| {
+            let key = last
+                .iter()
+                .find(|(s, _)| Some(*s) == *size)
+                .map(|(_, k)| *k);
+            match key {
+                Some(Some(k)) => lock(b).holds(k),
+                Some(None) => true,
+                None => false,
+            }
         })
-    };
+    }
+}
+
+/// The prompt's ids as far as one of `known` holds their blocks.
+fn tokenize(
+    tokens: &ModelTokens,
+    body: &[u8],
+    known: &[Arc<Mutex<EngineBlocks>>],
+    max_bytes: usize,
+) -> Option<Chat> {
+    let text = tokens.render(body).ok().filter(|t| t.len() <= max_bytes)?;
+    let mut chains = Chains::new(known);
     let partial = (tokens.pieces)
-        .encode_while(&prompt.text, &mut held_somewhere)
+        .encode_while(&text, |ids, next| chains.held(ids, next))
         .ok()?;
-    let len = prompt.text.len();
     let total = match partial.covered {
-        c if c >= len => partial.ids.len(),
-        0 => len / 4,
-        c => partial.ids.len() * len / c,
+        c if c >= text.len() => partial.ids.len(),
+        0 => text.len() / 4,
+        c => partial.ids.len() * text.len() / c,
     };
     Some(Chat {
         ids: partial.ids,
         total,
-        salt: prompt.salt,
     })
 }
 
-/// Sets `reported` on each offered replica whose engine's state is known:
-/// what it holds of the prompt (`text_len` bytes of canonical text,
+/// Sets `engine_held` on each offered replica whose engine's state is
+/// known: what it holds of the prompt (`text_len` bytes of canonical text,
 /// tokenized as `chat`), in bytes of that text (its tokens held, scaled).
+/// The keys are computed outside the engines' locks.
 pub fn report(chat: &Chat, text_len: usize, list: &View, offered: &mut [ReplicaState]) {
-    let ns = namespace(0, chat.salt.as_deref());
     let mut keys: Vec<(u32, Vec<u64>)> = Vec::new();
     for s in offered.iter_mut().filter(|s| s.live) {
         let r = list.iter().find(|r| r.id == s.id);
         let Some(blocks) = r.and_then(|r| r.engine_blocks()) else {
             continue;
         };
-        let blocks = lock(&blocks);
-        let (CacheState::Known, Some(size)) = (blocks.sync(), blocks.block_size()) else {
+        let Some(size) = lock(&blocks).block_size() else {
             continue;
         };
         let i = match keys.iter().position(|(b, _)| *b == size) {
             Some(i) => i,
             None => {
-                keys.push((size, chain_keys(ns, None, &chat.ids, size as usize)));
+                keys.push((size, chain_keys(0, None, &chat.ids, size as usize)));
                 keys.len() - 1
             }
         };
+        let blocks = lock(&blocks);
+        if blocks.sync() != CacheState::Known || blocks.block_size() != Some(size) {
+            continue;
+        }
         let held = blocks.matched(&keys[i].1) * size as usize;
         let bytes = held as u128 * text_len as u128 / chat.total.max(1) as u128;
-        s.reported = Some((bytes as usize).min(text_len));
+        s.engine_held = Some((bytes as usize).min(text_len));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{EngineHash, Event};
+
+    /// SmolLM2's tokenizer (`scripts/real-engine.sh prepare` makes it).
+    fn model() -> ModelTokens {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/.real-engine/tokenizer");
+        ModelTokens::load(Path::new(dir), 1 << 20).expect("scripts/real-engine.sh prepare")
+    }
+
+    /// An engine holding the whole 16-token blocks of `ids`.
+    fn engine_holding(ids: &[u32]) -> Arc<Mutex<EngineBlocks>> {
+        let mut b = EngineBlocks::new(1 << 16);
+        b.start_empty();
+        let n = ids.len() / 16;
+        b.apply(&Event::Stored {
+            hashes: (1..=n as u64).map(EngineHash).collect(),
+            parent: None,
+            tokens: ids[..n * 16].to_vec(),
+            block_size: 16,
+            namespace: 0,
+        });
+        Arc::new(Mutex::new(b))
+    }
+
+    fn body(doc: &str) -> Vec<u8> {
+        serde_json::json!({"messages": [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": doc}]})
+        .to_string()
+        .into_bytes()
+    }
+
+    #[test]
+    fn a_prompt_is_tokenized_as_far_as_some_engine_holds_it() {
+        let m = model();
+        let held = "The harbour cranes lift containers all day long. ".repeat(100);
+        let ids = m.chat_ids(&body(&held)).expect("ids");
+        let engine = [engine_holding(&ids)];
+        let chat = tokenize(&m, &body(&held), &engine, usize::MAX).expect("tokens");
+        assert_eq!(
+            (chat.ids.as_slice(), chat.total),
+            (ids.as_slice(), ids.len())
+        );
+        // Another document after the same system prompt: its first words
+        // are held nowhere, so the rest is not tokenized.
+        let other = "Airport gates open at dawn for the first flights out. ".repeat(100);
+        let chat = tokenize(&m, &body(&other), &engine, usize::MAX).expect("tokens");
+        assert!(
+            chat.ids.len() < 16,
+            "stopped before the document: {}",
+            chat.ids.len()
+        );
+        let whole = m.chat_ids(&body(&other)).expect("ids").len();
+        assert!(
+            chat.total > whole / 2 && chat.total < whole * 2,
+            "{} ~ {whole}",
+            chat.total
+        );
+        // No engine with a block size yet (nothing heard): none holds it.
+        let none = [Arc::new(Mutex::new(EngineBlocks::new(16)))];
+        let third = "Weather reports for the northern coast this week. ".repeat(100);
+        let chat = tokenize(&m, &body(&third), &none, usize::MAX).expect("tokens");
+        assert!(chat.ids.len() < 16, "{}", chat.ids.len());
+        // Not matched: a prompt past the bound, or one with a salt.
+        assert!(tokenize(&m, &body(&held), &engine, 1000).is_none());
+        let mut salted: serde_json::Value = serde_json::from_slice(&body(&held)).expect("json");
+        salted["cache_salt"] = "tenant-a".into();
+        let salted = salted.to_string().into_bytes();
+        assert!(tokenize(&m, &salted, &engine, usize::MAX).is_none());
     }
 }

@@ -48,7 +48,7 @@ fn fleet(live: &[bool]) -> Vec<ReplicaState> {
             waiting: 0,
             engine: None,
             room: None,
-            reported: None,
+            engine_held: None,
         })
         .collect()
 }

@@ -50,8 +50,8 @@ pub struct Read {
     pub(super) prompt: Prompt,
     /// The body's `model`: only replicas serving it are offered.
     pub(super) model: Option<String>,
-    /// A chat prompt's tokens, when some replica's KV events are followed
-    /// (see `exact`); computed once, kept over retries.
+    /// A chat prompt's tokens, when some engine's KV state is known (see
+    /// `exact`); read with the prompt, dropped with it once placed.
     pub(super) chat: Option<Arc<tokens::Chat>>,
     /// A generation answered whole (no `stream: true`): its head comes at
     /// the end of the generation, so waiting for it long is no fault of the
@@ -60,6 +60,11 @@ pub struct Read {
     /// Who sent it, as a hash: its API key when keys are checked, else its
     /// client address (a lost pin repairs others' only when two agree).
     pub(super) source: u64,
+}
+
+/// Bytes a prompt's token ids hold (counted against the request's budget).
+pub(super) fn chat_bytes(chat: &tokens::Chat) -> usize {
+    chat.ids.len() * std::mem::size_of::<u32>()
 }
 
 /// The attempts to place the request: the current one and those before it.
@@ -123,8 +128,9 @@ impl Read {
     /// the request's budget.
     pub(super) fn placed(&mut self) {
         if let Prompt::Parsed(r) = std::mem::replace(&mut self.prompt, Prompt::Placed) {
+            let chat = self.chat.take().map_or(0, |c| chat_bytes(&c));
             if let Some(t) = self.ticket.as_mut() {
-                t.release(r.chain.heap_bytes());
+                t.release(r.chain.heap_bytes() + chat);
             }
         } else {
             self.prompt = Prompt::None;

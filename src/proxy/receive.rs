@@ -153,7 +153,7 @@ impl Router {
         let key = header(session, SESSION_HEADER).map(str::to_owned);
         let s = self.settings.load();
         let checkpoints = Arc::clone(&self.checkpoints);
-        let request = body::parse(body.clone(), route, &s, checkpoints, key, &self.metrics).await;
+        let request = body::parse(body, route, &s, checkpoints, key, &self.metrics).await;
         if let Some(err) = request.as_ref().and_then(too_long) {
             return Err(err);
         }
@@ -177,14 +177,6 @@ impl Router {
             if route == Route::Responses && r.store {
                 ctx.answer.learn_id = Some(IdScan::default());
             }
-        }
-        let chat = matches!(route, Route::Prompt(p) if p.ends_with("chat/completions"));
-        if chat && request.is_some() && ctx.read.chat.is_none() {
-            let list = self.replicas.snapshot();
-            ctx.read.chat = self
-                .exact
-                .chat(&body, ctx.read.model.as_deref(), &list)
-                .await;
         }
         ctx.read.prompt = request.map_or(Prompt::None, Prompt::Parsed);
         // A response's holder places the request alone: no pins to look up

@@ -430,7 +430,7 @@ impl Replica {
             waiting: self.waiting.load(Relaxed),
             engine,
             room,
-            reported: None,
+            engine_held: None,
         }
     }
 }

@@ -6,7 +6,9 @@
 //! `["", start_seq]` with every batch it keeps from there
 //! (`["", topic, seq, payload]`) and an end marker whose seq is -1. The
 //! engine's changes are gathered every [`TICK`] into one batch; the last
-//! [`KEPT`] batches are kept for replay (vLLM's default buffer).
+//! [`KEPT`] batches are kept for replay (vLLM's default buffer). Prompts the
+//! `tokens` crate does not render as the engine would (a `cache_salt`,
+//! images) are cached by their text, not their tokens, and not published.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -29,15 +31,19 @@ const KEPT: usize = 10_000;
 
 type Kept = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
 
-/// Binds both sockets on `addr`'s host (`port`, `port + 1`; 0: any two),
+/// Binds both sockets on `addr`'s host (its port and the next; 0: any two),
 /// prints `kv events on PUB_PORT REPLAY_PORT`, and serves them for ever.
 pub(crate) async fn serve(sim: Arc<Sim>, addr: SocketAddr) -> zeromq::ZmqResult<()> {
     let host = addr.ip();
-    let next = |p: u16| if p == 0 { 0 } else { p + 1 };
     let mut publisher = PubSocket::new();
     let bound = publisher.bind(&format!("tcp://{addr}")).await?;
     let mut replay = RouterSocket::new();
-    let replay_port = next(port(&bound));
+    let replay_port = match addr.port() {
+        0 => 0,
+        p => p
+            .checked_add(1)
+            .ok_or(zeromq::ZmqError::Other("no port after 65535"))?,
+    };
     let replay_bound = replay.bind(&format!("tcp://{host}:{replay_port}")).await?;
     println!("kv events on {} {}", port(&bound), port(&replay_bound));
     let kept: Kept = Arc::default();

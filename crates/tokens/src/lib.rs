@@ -30,7 +30,21 @@ pub enum TokensError {
     Template(String),
     #[error("tokenizer: {0}")]
     Tokenize(String),
+    /// The engine builds this request's prompt in a way not rendered here.
+    #[error("not rendered here: {0}")]
+    Unsupported(&'static str),
 }
+
+/// Request fields that make the engine's prompt (or its cache keys) other
+/// than this crate renders: another template, a salt engines key blocks by
+/// apart from the tokens, a continued final message, RAG documents.
+const NOT_RENDERED: [&str; 5] = [
+    "chat_template",
+    "cache_salt",
+    "continue_final_message",
+    "documents",
+    "mm_processor_kwargs",
+];
 
 /// One model's template and tokenizer.
 pub struct ModelTokens {
@@ -63,32 +77,36 @@ impl ModelTokens {
         Ok(self.chat(body)?.ids)
     }
 
-    /// As [`ModelTokens::chat_ids`], with the body's `cache_salt` (engines
-    /// key its blocks by it beside the tokens).
+    /// As [`ModelTokens::chat_ids`], with the ids' count.
     pub fn chat(&self, body: &[u8]) -> Result<Chat, TokensError> {
-        let prompt = self.render(body)?;
-        let ids = self.pieces.encode(&prompt.text)?;
+        let text = self.render(body)?;
+        let ids = self.pieces.encode(&text)?;
         Ok(Chat {
             total: ids.len(),
             ids,
-            salt: prompt.salt,
         })
     }
 
-    /// A chat request's prompt text and `cache_salt`.
-    pub fn render(&self, body: &[u8]) -> Result<Rendered, TokensError> {
+    /// A chat request's prompt text, as the engine builds it. A request
+    /// naming a field this crate does not render (see [`NOT_RENDERED`]), or
+    /// `add_generation_prompt: false`, or with a content part other than
+    /// text (an image: the engine adds its own placeholder tokens) is
+    /// [`TokensError::Unsupported`].
+    pub fn render(&self, body: &[u8]) -> Result<String, TokensError> {
         let body = template::parse_body(body)?;
-        let salt = (body.get_attr("cache_salt").ok()).and_then(|v| v.as_str().map(str::to_owned));
-        let text = self.template.render_value(&body)?;
-        Ok(Rendered { text, salt })
+        let set = |k: &str| {
+            body.get_attr(k)
+                .is_ok_and(|v| !v.is_undefined() && !v.is_none())
+        };
+        if let Some(field) = NOT_RENDERED.into_iter().find(|k| set(k)) {
+            return Err(TokensError::Unsupported(field));
+        }
+        let generation = body.get_attr("add_generation_prompt").unwrap_or_default();
+        if generation.kind() == minijinja::value::ValueKind::Bool && !generation.is_true() {
+            return Err(TokensError::Unsupported("add_generation_prompt"));
+        }
+        self.template.render_value(&body)
     }
-}
-
-/// A chat request's prompt, rendered by its template.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rendered {
-    pub text: String,
-    pub salt: Option<String>,
 }
 
 /// A chat request's prompt as its engine tokenizes it: its first `ids`
@@ -98,5 +116,4 @@ pub struct Rendered {
 pub struct Chat {
     pub ids: Vec<u32>,
     pub total: usize,
-    pub salt: Option<String>,
 }

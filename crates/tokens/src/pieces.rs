@@ -1,8 +1,8 @@
 //! Text to token ids, piece by piece: the text is cut at the tokenizer's
 //! added tokens (leftmost-longest, as `tokenizers` cuts it), each added
 //! token is its id, and each piece between them is encoded alone, its ids
-//! kept in a cache keyed by the piece's hash (bounded in ids, oldest out
-//! first). A tokenizer whose pieces would not encode as the whole text does
+//! kept in a cache keyed by the piece's hash (bounded in ids, each entry
+//! charged 16 more for its slots, oldest out first). A tokenizer whose pieces would not encode as the whole text does
 //! (see the crate's header) is used whole, without the cache.
 
 use std::collections::{HashMap, VecDeque};
@@ -30,6 +30,10 @@ pub const PROBE_BYTES: usize = 2048;
 /// cut may end otherwise in the whole piece.
 const PROBE_MARGIN: usize = 4;
 
+/// What an entry of the cache costs beside its ids, counted in ids (its
+/// map slot, order slot and allocation header: about 64 bytes).
+const ENTRY_IDS: usize = 16;
+
 /// Ids of the start of a text, and the bytes of the text they cover.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Partial {
@@ -37,8 +41,8 @@ pub struct Partial {
     pub covered: usize,
 }
 
-/// The piece's start up to a space (before a non-space) at or before
-/// `max` bytes, when the piece is longer than `max` and has one past its
+/// The piece's start up to a space (before a non-space) before `max`
+/// bytes, when the piece is longer than `max` and has one past its
 /// first quarter (a shorter cut would probe too little).
 fn word_start_before(piece: &str, max: usize) -> Option<&str> {
     if piece.len() <= max {
@@ -244,12 +248,13 @@ impl Cache {
     }
 
     fn put(&mut self, key: u64, ids: Arc<[u32]>) {
-        if ids.len() > self.max {
+        let charge = |ids: &[u32]| ids.len() + ENTRY_IDS;
+        if charge(&ids) > self.max {
             return;
         }
-        self.held += ids.len();
+        self.held += charge(&ids);
         match self.ids.insert(key, ids) {
-            Some(was) => self.held -= was.len(),
+            Some(was) => self.held -= charge(&was),
             None => self.order.push_back(key),
         }
         while self.held > self.max {
@@ -257,7 +262,7 @@ impl Cache {
                 break;
             };
             if let Some(ids) = self.ids.remove(&old) {
-                self.held -= ids.len();
+                self.held -= charge(&ids);
             }
         }
     }

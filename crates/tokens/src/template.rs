@@ -150,7 +150,9 @@ fn flatten(messages: &Value) -> Result<Value, TokensError> {
                         .then(|| text.as_str().map(str::to_owned))
                         .flatten()
                 })
-                .collect(),
+                .collect::<Option<Vec<String>>>()
+                .map(Some)
+                .ok_or(TokensError::Unsupported("a content part other than text"))?,
             _ => None,
         };
         let Some(texts) = texts else {

@@ -139,3 +139,34 @@ fn a_long_new_piece_is_probed_by_its_first_words_and_encoded_only_if_wanted() {
         "the probe's lookup only"
     );
 }
+
+#[test]
+fn prompts_the_engine_builds_otherwise_are_not_rendered() {
+    let m = model();
+    let user = json!({"role": "user", "content": "Hi"});
+    let image = json!({"role": "user", "content": [{"type": "text", "text": "What is it?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]});
+    for (body, why) in [
+        (json!({"messages": [user], "cache_salt": "t"}), "cache_salt"),
+        (
+            json!({"messages": [user], "chat_template": "{{ 1 }}"}),
+            "chat_template",
+        ),
+        (
+            json!({"messages": [user], "add_generation_prompt": false}),
+            "add_generation_prompt",
+        ),
+        (
+            json!({"messages": [image]}),
+            "a content part other than text",
+        ),
+    ] {
+        match m.render(body.to_string().as_bytes()) {
+            Err(tokens::TokensError::Unsupported(field)) => assert_eq!(field, why),
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+    let texts = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+        "add_generation_prompt": true, "cache_salt": null});
+    assert!(m.render(texts.to_string().as_bytes()).is_ok());
+}

@@ -76,9 +76,9 @@
 //!                 cached prefill little, while each miss costs a whole cold prefill.
 //!   held          a replica's prefix of the prompt is what this index recorded there,
 //!                 except on a replica whose engine reports its cache (KV events read, its
-//!                 state known: the replica's `reported`, tokens turned into bytes of
+//!                 state known: the replica's `engine_held`, tokens turned into bytes of
 //!                 text): there it is what the engine holds, and only that, but for
-//!                 prefixes placed there in the last `UNREPORTED_S` (2) seconds while
+//!                 prefixes placed there in the last `UNREPORTED_S` (10) seconds while
 //!                 requests still wait there (queued, in prefill: not reported yet).
 //! MODES
 //!   roundrobin    counter for everything
@@ -187,7 +187,7 @@ pub struct Policy {
 /// Seconds a placement may go unreported by its engine's KV events (queued,
 /// or in its prefill): the router's own record of it stands meanwhile, while
 /// requests wait there.
-pub const UNREPORTED_S: u32 = 2;
+pub const UNREPORTED_S: u32 = 10;
 
 /// Spread counters kept (sets hashing alike share one).
 const COUNTERS: usize = 1024;
@@ -331,27 +331,7 @@ impl Policy {
             }
         }
         let shape = self.shape_of(req, matches.iter().any(|m| m.end));
-        if live.iter().any(|s| s.reported.is_some()) {
-            // What an engine says it holds replaces the guess for it, but
-            // for what was placed there moments ago while requests still
-            // wait there (queued, in prefill: not reported yet).
-            let touched = self.clock();
-            let state = |r: ReplicaId| live.iter().find(|s| s.id == r);
-            let fresh = |m: &Match| {
-                m.touched.saturating_add(UNREPORTED_S) >= touched
-                    && state(m.replica).is_some_and(|s| s.waiting > 0)
-            };
-            matches.retain(|m| state(m.replica).is_none_or(|s| s.reported.is_none()) || fresh(m));
-            for s in live.iter().filter(|s| s.reported.is_some_and(|p| p > 0)) {
-                matches.push(Match {
-                    pos: s.reported.unwrap_or(0).min(req.chain.len()),
-                    replica: s.id,
-                    end: false,
-                    touched,
-                });
-            }
-            matches.sort_by_key(|m| std::cmp::Reverse(m.pos));
-        }
+        self.apply_reports(req, &live, &mut matches);
         let key = req.key.as_deref().map(|k| req.chain.key_hash(k));
         let mut d = Decision {
             replica: None,
@@ -395,6 +375,36 @@ impl Policy {
             self.record(&req.chain, key, r, shape == Shape::Continuation);
         }
         d
+    }
+
+    /// What an engine says it holds (`engine_held`) replaces the index's
+    /// guesses for its replica, but for prefixes placed there in the last
+    /// [`UNREPORTED_S`] while requests wait there (queued, in prefill: not
+    /// reported yet).
+    fn apply_reports(&self, req: &Request, live: &[ReplicaState], matches: &mut Vec<Match>) {
+        if live.iter().all(|s| s.engine_held.is_none()) {
+            return;
+        }
+        let now = self.clock();
+        let state = |r: ReplicaId| live.iter().find(|s| s.id == r);
+        let guess_stands = |m: &Match| {
+            state(m.replica).is_none_or(|s| {
+                s.engine_held.is_none()
+                    || (s.waiting > 0 && m.touched.saturating_add(UNREPORTED_S) >= now)
+            })
+        };
+        matches.retain(guess_stands);
+        for s in live {
+            if let Some(pos) = s.engine_held.filter(|p| *p > 0) {
+                matches.push(Match {
+                    pos: pos.min(req.chain.len()),
+                    replica: s.id,
+                    end: false,
+                    touched: now,
+                });
+            }
+        }
+        matches.sort_by_key(|m| std::cmp::Reverse(m.pos));
     }
 
     /// Drops everything the index holds for a replica (it left the set, or

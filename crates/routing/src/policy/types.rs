@@ -93,7 +93,7 @@ pub struct ReplicaState {
     /// What its engine reports holding of this request's prompt (its KV
     /// events read, its state known), in bytes of canonical text; it
     /// replaces the index's guess. `None`: not reported.
-    pub reported: Option<usize>,
+    pub engine_held: Option<usize>,
 }
 
 impl ReplicaState {

@@ -29,7 +29,7 @@ fn replicas(live: &[bool]) -> Vec<ReplicaState> {
             waiting: 0,
             engine: None,
             room: None,
-            reported: None,
+            engine_held: None,
         })
         .collect()
 }
@@ -313,7 +313,7 @@ fn an_engines_report_replaces_the_index_guess_for_its_replica() {
     let told = |reports: &[(u32, usize)]| {
         let mut rs = rs.clone();
         for (i, pos) in reports {
-            rs[*i as usize].reported = Some(*pos);
+            rs[*i as usize].engine_held = Some(*pos);
         }
         rs
     };
