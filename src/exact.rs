@@ -8,9 +8,9 @@
 //! template rendered, then the text tokenized piece by piece (the pieces
 //! cached, see the `tokens` crate); before a long piece not in the cache
 //! (over 2 KiB, with a space to cut at), its first words are tokenized, and
-//! the rest only when some engine holds the chain of blocks through them. A
-//! new tenant's prompt or a new document costs its first words, not its
-//! length. Not matched (placed by the router's own index): requests the
+//! the rest only when some engine holds the chain of blocks through them,
+//! and then off the request's path (see `tokenize`). A new tenant's prompt
+//! or a new document costs its first words, not its length. Not matched (placed by the router's own index): requests the
 //! `tokens` crate does not render as the engine does (a salt, another
 //! template, images, ...), for a model without a tokenizer, prompts past
 //! `max_prompt_bytes`, other paths than chat completions, and replicas
@@ -25,7 +25,7 @@ use tokens::{Chat, ModelTokens};
 
 use crate::body::on_pool;
 use crate::kv::{chain_keys, CacheState, EngineBlocks};
-use crate::policy::ReplicaState;
+use crate::policy::{ReplicaState, BYTES_PER_TOKEN};
 use crate::replicas::View;
 
 /// Token ids each model's piece cache holds at most.
@@ -160,9 +160,14 @@ impl Chains {
     }
 }
 
-/// The prompt's ids as far as one of `known` holds their blocks.
+/// The prompt's ids as far as one of `known` holds their blocks. A long
+/// piece some engine holds that the piece cache does not have yet (another
+/// router placed it, a client sent it straight there) is not tokenized on
+/// the request's path: its first words place the request (an engine holding
+/// them all is taken to hold the piece) and the piece is tokenized on the
+/// blocking pool for the next request.
 fn tokenize(
-    tokens: &ModelTokens,
+    tokens: &Arc<ModelTokens>,
     body: &[u8],
     known: &[Arc<Mutex<EngineBlocks>>],
     max_bytes: usize,
@@ -170,17 +175,39 @@ fn tokenize(
     let text = tokens.render(body).ok().filter(|t| t.len() <= max_bytes)?;
     let mut chains = Chains::new(known);
     let partial = (tokens.pieces)
-        .encode_while(&text, |ids, next| chains.held(ids, next))
+        .encode_while(&text, true, |ids, next| chains.held(ids, next))
         .ok()?;
+    let (assumed, rest) = match &partial.deferred {
+        Some(d) => {
+            learn_later(tokens, &text[d.piece.clone()]);
+            // The rest at the probe's bytes per token.
+            let tokens_in = |bytes: usize| bytes * d.probed_ids / d.probed.max(1);
+            let assumed = tokens_in(d.piece.len().saturating_sub(d.probed));
+            (assumed, tokens_in(text.len() - d.piece.end))
+        }
+        None => (0, 0),
+    };
     let total = match partial.covered {
         c if c >= text.len() => partial.ids.len(),
-        0 => text.len() / 4,
+        _ if partial.deferred.is_some() => partial.ids.len() + assumed + rest,
+        0 => text.len() / BYTES_PER_TOKEN as usize,
         c => partial.ids.len() * text.len() / c,
     };
     Some(Chat {
         ids: partial.ids,
         total,
+        assumed,
     })
+}
+
+/// Tokenizes `piece` into the cache on the blocking pool, when called on
+/// the runtime (dropped if the pool is busy past one per core).
+fn learn_later(tokens: &Arc<ModelTokens>, piece: &str) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let (tokens, piece) = (Arc::clone(tokens), piece.to_owned());
+    runtime.spawn(on_pool(move || tokens.pieces.learn(&piece).ok()));
 }
 
 /// Sets `engine_held` on each offered replica whose engine's state is
@@ -208,7 +235,13 @@ pub fn report(chat: &Chat, text_len: usize, list: &View, offered: &mut [ReplicaS
         if blocks.sync() != CacheState::Known || blocks.block_size() != Some(size) {
             continue;
         }
-        let held = blocks.matched(&keys[i].1) * size as usize;
+        let matched = blocks.matched(&keys[i].1);
+        // Holding every whole block of the ids: the rest of a deferred
+        // piece too (see `tokenize`).
+        let held = match matched == keys[i].1.len() && chat.assumed > 0 {
+            true => chat.ids.len() + chat.assumed,
+            false => matched * size as usize,
+        };
         let bytes = held as u128 * text_len as u128 / chat.total.max(1) as u128;
         s.engine_held = Some((bytes as usize).min(text_len));
     }
@@ -249,7 +282,7 @@ mod tests {
 
     #[test]
     fn a_prompt_is_tokenized_as_far_as_some_engine_holds_it() {
-        let m = model();
+        let m = Arc::new(model());
         let held = "The harbour cranes lift containers all day long. ".repeat(100);
         let ids = m.chat_ids(&body(&held)).expect("ids");
         let engine = [engine_holding(&ids)];
@@ -272,6 +305,26 @@ mod tests {
             chat.total > whole / 2 && chat.total < whole * 2,
             "{} ~ {whole}",
             chat.total
+        );
+        // Held by an engine, not in this router's cache (another router
+        // placed it): its first words place it, an engine holding them all
+        // is taken to hold the rest of the piece (`assumed`).
+        let elsewhere = "Rail timetables for the coming winter season. ".repeat(100);
+        let ids = model().chat_ids(&body(&elsewhere)).expect("ids");
+        let engine = [engine_holding(&ids)];
+        let chat = tokenize(&m, &body(&elsewhere), &engine, usize::MAX).expect("tokens");
+        assert!(
+            chat.ids.len() < ids.len() / 2,
+            "{} of {}",
+            chat.ids.len(),
+            ids.len()
+        );
+        assert_eq!(chat.ids.as_slice(), &ids[..chat.ids.len()]);
+        let whole = chat.ids.len() + chat.assumed;
+        assert!(
+            whole > ids.len() * 3 / 4 && whole < ids.len() * 5 / 4,
+            "{whole} ~ {}",
+            ids.len()
         );
         // No engine with a block size yet (nothing heard): none holds it.
         let none = [Arc::new(Mutex::new(EngineBlocks::new(16)))];

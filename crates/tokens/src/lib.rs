@@ -19,7 +19,7 @@ pub mod template;
 
 use std::path::Path;
 
-pub use pieces::{Partial, Pieces};
+pub use pieces::{Deferred, Partial, Pieces};
 pub use template::ChatTemplate;
 
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +84,7 @@ impl ModelTokens {
         Ok(Chat {
             total: ids.len(),
             ids,
+            assumed: 0,
         })
     }
 
@@ -111,9 +112,11 @@ impl ModelTokens {
 
 /// A chat request's prompt as its engine tokenizes it: its first `ids`
 /// (all of them unless tokenizing stopped early, see
-/// [`Pieces::encode_while`]), of about `total`.
+/// [`Pieces::encode_while`]), of about `total`; a cache holding all of
+/// them holds about `assumed` more (the rest of a piece not tokenized).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chat {
     pub ids: Vec<u32>,
     pub total: usize,
+    pub assumed: usize,
 }

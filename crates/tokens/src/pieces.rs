@@ -34,11 +34,44 @@ const PROBE_MARGIN: usize = 4;
 /// map slot, order slot and allocation header: about 64 bytes).
 const ENTRY_IDS: usize = 16;
 
-/// Ids of the start of a text, and the bytes of the text they cover.
+/// Ids of the start of a text, and the bytes of the text they cover
+/// (whole pieces); `deferred`: the piece after them was not encoded, but
+/// for its first bytes, whose ids end `ids`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Partial {
     pub ids: Vec<u32>,
     pub covered: usize,
+    pub deferred: Option<Deferred>,
+}
+
+/// A piece not encoded but for its first `probed` bytes, into `probed_ids`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deferred {
+    pub piece: std::ops::Range<usize>,
+    pub probed: usize,
+    pub probed_ids: usize,
+}
+
+impl Partial {
+    fn whole(ids: Vec<u32>, covered: usize) -> Self {
+        Self {
+            ids,
+            covered,
+            deferred: None,
+        }
+    }
+}
+
+/// What became of a piece.
+enum Step {
+    Encoded,
+    /// `go_on` said no: not encoded, nothing appended.
+    Stopped,
+    /// Wanted, not encoded: the ids of its first `probed` bytes appended.
+    Deferred {
+        probed: usize,
+        probed_ids: usize,
+    },
 }
 
 /// The piece's start up to a space (before a non-space) before `max`
@@ -152,7 +185,7 @@ impl Pieces {
 
     /// The ids of `text`, by pieces where the tokenizer allows.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokensError> {
-        Ok(self.encode_while(text, |_, _| true)?.ids)
+        Ok(self.encode_while(text, false, |_, _| true)?.ids)
     }
 
     /// The ids of `text` as [`Pieces::encode`] gives them, as far as
@@ -163,17 +196,18 @@ impl Pieces {
     /// the ids so far are returned with the bytes of text they cover. A
     /// caller matching a prompt against what caches hold stops where no
     /// cache can hold more, without encoding the rest (a new document).
+    /// With `defer`, a piece it wants is not encoded either: the ids end
+    /// with its first ones, and [`Partial::deferred`] names it, for the
+    /// caller to [`Pieces::learn`] off its path.
     pub fn encode_while(
         &self,
         text: &str,
+        defer: bool,
         mut go_on: impl FnMut(&[u32], &[u32]) -> bool,
     ) -> Result<Partial, TokensError> {
         let Some((matcher, ids)) = &self.split else {
             let ids = self.whole(text)?;
-            return Ok(Partial {
-                ids,
-                covered: text.len(),
-            });
+            return Ok(Partial::whole(ids, text.len()));
         };
         let mut out = Vec::with_capacity(text.len() / 3);
         let mut at = 0;
@@ -181,49 +215,67 @@ impl Pieces {
             .chain(std::iter::once((text.len(), None)));
         for (end, special) in ends {
             let piece = &text[at..end];
-            if !self.piece(piece, &mut out, &mut go_on)? {
-                return Ok(Partial {
-                    ids: out,
-                    covered: at,
-                });
+            match self.piece(piece, &mut out, defer, &mut go_on)? {
+                Step::Encoded => {}
+                Step::Stopped => return Ok(Partial::whole(out, at)),
+                Step::Deferred { probed, probed_ids } => {
+                    return Ok(Partial {
+                        ids: out,
+                        covered: at,
+                        deferred: Some(Deferred {
+                            piece: at..end,
+                            probed,
+                            probed_ids,
+                        }),
+                    })
+                }
             }
             if let Some(m) = special {
                 out.push(ids[m.pattern().as_usize()]);
                 at = m.end();
             }
         }
-        Ok(Partial {
-            ids: out,
-            covered: text.len(),
-        })
+        Ok(Partial::whole(out, text.len()))
     }
 
-    /// Appends the piece's ids; false when `go_on` stopped before it.
+    /// Encodes a piece into the cache (one a [`Partial`] deferred).
+    pub fn learn(&self, piece: &str) -> Result<(), TokensError> {
+        self.piece(piece, &mut Vec::new(), false, &mut |_, _| true)
+            .map(|_| ())
+    }
+
+    /// Appends the piece's ids (or, deferred, its first ones).
     fn piece(
         &self,
         piece: &str,
         out: &mut Vec<u32>,
+        defer: bool,
         go_on: &mut impl FnMut(&[u32], &[u32]) -> bool,
-    ) -> Result<bool, TokensError> {
+    ) -> Result<Step, TokensError> {
         if piece.is_empty() {
-            return Ok(true);
+            return Ok(Step::Encoded);
         }
         let key = xxhash_rust::xxh3::xxh3_64(piece.as_bytes());
         if let Some(ids) = self.lock().get(key) {
             out.extend_from_slice(&ids);
-            return Ok(true);
+            return Ok(Step::Encoded);
         }
         if let Some(head) = word_start_before(piece, PROBE_BYTES) {
             let mut next = self.whole(head)?;
             next.truncate(next.len().saturating_sub(PROBE_MARGIN));
             if !go_on(out, &next) {
-                return Ok(false);
+                return Ok(Step::Stopped);
+            }
+            if defer {
+                out.extend_from_slice(&next);
+                let (probed, probed_ids) = (head.len(), next.len());
+                return Ok(Step::Deferred { probed, probed_ids });
             }
         }
         let ids: Arc<[u32]> = self.whole(piece)?.into();
         out.extend_from_slice(&ids);
         self.lock().put(key, ids);
-        Ok(true)
+        Ok(Step::Encoded)
     }
 
     /// Pieces found in the cache, and encoded, since the start.

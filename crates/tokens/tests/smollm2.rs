@@ -111,7 +111,7 @@ fn a_long_new_piece_is_probed_by_its_first_words_and_encoded_only_if_wanted() {
     // of the document's own.
     let mut probes = Vec::new();
     let all = (m.pieces)
-        .encode_while(&text, |ids, next| {
+        .encode_while(&text, false, |ids, next| {
             probes.push((ids.len(), next.to_vec()));
             true
         })
@@ -127,7 +127,10 @@ fn a_long_new_piece_is_probed_by_its_first_words_and_encoded_only_if_wanted() {
     // Not wanted: the ids stop before the document, which is not encoded.
     let (_, encoded) = m.pieces.cache_counts();
     let other = text.replace("harbour", "airport");
-    let part = m.pieces.encode_while(&other, |_, _| false).expect("ids");
+    let part = m
+        .pieces
+        .encode_while(&other, false, |_, _| false)
+        .expect("ids");
     assert_eq!(part.ids.as_slice(), &whole[..*before]);
     assert_eq!(
         &other[..part.covered],

@@ -80,6 +80,8 @@
 //!                 text): there it is what the engine holds, and only that, but for
 //!                 prefixes placed there in the last `UNREPORTED_S` (10) seconds while
 //!                 requests still wait there (queued, in prefill: not reported yet).
+//!                 Replicas holding a prefix alike rank least queued, then least loaded,
+//!                 first.
 //! MODES
 //!   roundrobin    counter for everything
 //!   affinity      everything by prefix: longest live match, else a rendezvous
@@ -380,7 +382,7 @@ impl Policy {
     /// What an engine says it holds (`engine_held`) replaces the index's
     /// guesses for its replica, but for prefixes placed there in the last
     /// [`UNREPORTED_S`] while requests wait there (queued, in prefill: not
-    /// reported yet).
+    /// reported yet). Equal prefixes go least loaded first.
     fn apply_reports(&self, req: &Request, live: &[ReplicaState], matches: &mut Vec<Match>) {
         if live.iter().all(|s| s.engine_held.is_none()) {
             return;
@@ -404,7 +406,10 @@ impl Policy {
                 });
             }
         }
-        matches.sort_by_key(|m| std::cmp::Reverse(m.pos));
+        // Engines holding a prefix alike (a shared prompt on several
+        // cards): the least loaded first, not always the same card.
+        let load = |m: &Match| state(m.replica).map_or((0, 0), |s| (s.queued(), s.load()));
+        matches.sort_by_key(|m| (std::cmp::Reverse(m.pos), load(m)));
     }
 
     /// Drops everything the index holds for a replica (it left the set, or

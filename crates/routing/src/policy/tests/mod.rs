@@ -356,3 +356,16 @@ fn an_engines_report_replaces_the_index_guess_for_its_replica() {
     let d = p.place(&r, &told(&others));
     assert_eq!((d.replica, d.reason), (Some(ReplicaId(b)), Reason::Pin));
 }
+
+#[test]
+fn engines_holding_a_prefix_alike_take_it_least_loaded_first() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let mut rs = replicas(&[true, true, true]);
+    for (i, s) in rs.iter_mut().enumerate() {
+        s.engine_held = Some(20);
+        s.waiting = [3, 1, 2][i];
+        s.in_flight = s.waiting;
+    }
+    let d = p.place(&req("conversation C: hello / reply / more", true), &rs);
+    assert_eq!((d.replica, d.reason), (Some(ReplicaId(1)), Reason::Pin));
+}
