@@ -10,9 +10,11 @@
 //! (over 2 KiB, with a space to cut at), its first words are tokenized, and
 //! the rest only when some engine holds the chain of blocks through them,
 //! and then off the request's path (see `tokenize`). A new tenant's prompt
-//! or a new document costs its first words, not its length. Not matched (placed by the router's own index): requests the
-//! `tokens` crate does not render as the engine does (a salt, another
-//! template, images, ...), for a model without a tokenizer, prompts past
+//! or a new document costs its first words, not its length.
+//!
+//! Not matched (placed by the router's own index): requests the `tokens`
+//! crate does not render as the engine does (a salt, another template,
+//! images, ...), for a model without a tokenizer, prompts past
 //! `max_prompt_bytes`, other paths than chat completions, and replicas
 //! whose engines' state is not known. Adapters' blocks are keyed apart by
 //! the engines, so an adapter named in `tokenizers` never matches.
@@ -124,7 +126,9 @@ impl Chains {
     /// (only the last whole block is asked: engines evict a chain from its
     /// end); true while there is no whole block yet.
     fn held(&mut self, ids: &[u32], next: &[u32]) -> bool {
-        let sizes: Vec<u32> = self.engines.iter().filter_map(|(_, s)| *s).collect();
+        let mut sizes: Vec<u32> = self.engines.iter().filter_map(|(_, s)| *s).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
         let mut last = Vec::with_capacity(sizes.len());
         for size in sizes {
             let bs = size as usize;
