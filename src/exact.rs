@@ -132,14 +132,7 @@ impl Chains {
         let mut last = Vec::with_capacity(sizes.len());
         for size in sizes {
             let bs = size as usize;
-            let i = match self.keys.iter().position(|(s, _)| *s == size) {
-                Some(i) => i,
-                None => {
-                    self.keys.push((size, Vec::new()));
-                    self.keys.len() - 1
-                }
-            };
-            let keys = &mut self.keys[i].1;
+            let keys = keys_of(&mut self.keys, size, Vec::new);
             let (done, whole) = (keys.len() * bs, ids.len() / bs * bs);
             if whole > done {
                 keys.extend(chain_keys(0, keys.last().copied(), &ids[done..whole], bs));
@@ -214,12 +207,28 @@ fn learn_later(tokens: &Arc<ModelTokens>, piece: &str) {
     runtime.spawn(on_pool(move || tokens.pieces.learn(&piece).ok()));
 }
 
+/// The keys kept for block size `size`, made by `make` the first time.
+fn keys_of(
+    all: &mut Vec<(u32, Vec<u64>)>,
+    size: u32,
+    make: impl FnOnce() -> Vec<u64>,
+) -> &mut Vec<u64> {
+    let i = match all.iter().position(|(s, _)| *s == size) {
+        Some(i) => i,
+        None => {
+            all.push((size, make()));
+            all.len() - 1
+        }
+    };
+    &mut all[i].1
+}
+
 /// Sets `engine_held` on each offered replica whose engine's state is
 /// known: what it holds of the prompt (`text_len` bytes of canonical text,
 /// tokenized as `chat`), in bytes of that text (its tokens held, scaled).
 /// The keys are computed outside the engines' locks.
 pub fn report(chat: &Chat, text_len: usize, list: &View, offered: &mut [ReplicaState]) {
-    let mut keys: Vec<(u32, Vec<u64>)> = Vec::new();
+    let mut by_size: Vec<(u32, Vec<u64>)> = Vec::new();
     for s in offered.iter_mut().filter(|s| s.live) {
         let r = list.iter().find(|r| r.id == s.id);
         let Some(blocks) = r.and_then(|r| r.engine_blocks()) else {
@@ -228,21 +237,17 @@ pub fn report(chat: &Chat, text_len: usize, list: &View, offered: &mut [ReplicaS
         let Some(size) = lock(&blocks).block_size() else {
             continue;
         };
-        let i = match keys.iter().position(|(b, _)| *b == size) {
-            Some(i) => i,
-            None => {
-                keys.push((size, chain_keys(0, None, &chat.ids, size as usize)));
-                keys.len() - 1
-            }
-        };
+        let keys = keys_of(&mut by_size, size, || {
+            chain_keys(0, None, &chat.ids, size as usize)
+        });
         let blocks = lock(&blocks);
         if blocks.sync() != CacheState::Known || blocks.block_size() != Some(size) {
             continue;
         }
-        let matched = blocks.matched(&keys[i].1);
+        let matched = blocks.matched(keys);
         // Holding every whole block of the ids: the rest of a deferred
         // piece too (see `tokenize`).
-        let held = match matched == keys[i].1.len() && chat.assumed > 0 {
+        let held = match matched == keys.len() && chat.assumed > 0 {
             true => chat.ids.len() + chat.assumed,
             false => matched * size as usize,
         };
