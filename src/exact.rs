@@ -23,12 +23,30 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokens::{Chat, ModelTokens};
+use tokens::ModelTokens;
 
 use crate::body::on_pool;
 use crate::kv::{chain_keys, CacheState, EngineBlocks};
 use crate::policy::{ReplicaState, BYTES_PER_TOKEN};
 use crate::replicas::View;
+
+/// A chat request's prompt as its engine tokenizes it: its first `ids`
+/// (all of them unless tokenizing stopped early, see `tokenize`), of about
+/// `total`; an engine holding all of them holds about `assumed` more (the
+/// rest of a piece not tokenized yet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chat {
+    pub ids: Vec<u32>,
+    pub total: usize,
+    pub assumed: usize,
+}
+
+impl Chat {
+    /// Bytes its ids hold (counted against the request's budget).
+    pub fn heap_bytes(&self) -> usize {
+        self.ids.len() * std::mem::size_of::<u32>()
+    }
+}
 
 /// Token ids each model's piece cache holds at most.
 const CACHE_IDS: usize = 4 << 20;
@@ -40,6 +58,11 @@ pub struct Exact {
 }
 
 impl Exact {
+    /// No model has a tokenizer: nothing is matched token for token.
+    pub fn is_empty(&self) -> bool {
+        self.models.is_empty()
+    }
+
     /// Loads each model's tokenizer files (`model: directory`).
     pub fn load(dirs: &BTreeMap<String, String>) -> Result<Self, tokens::TokensError> {
         let models = dirs

@@ -195,7 +195,7 @@ impl Drop for Traffic {
 #[test]
 fn every_panel_and_alert_query_returns_data_in_a_real_prometheus() {
     // The cards publish their KV events, which the router follows.
-    let dir = format!("{}/.real-engine/tokenizer", env!("CARGO_MANIFEST_DIR"));
+    let dir = common::tokenizer_dir();
     let args = [
         "--kv-tokens",
         "100000",

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::kv::{stored, Publisher};
-use common::{agent, wait_for, Router, Sim};
+use common::{agent, tokenizer_dir, wait_for, Router, Sim};
 use serde_json::json;
 
 /// Sims `a` (its engine's events from `publisher`; `replay`: with its
@@ -315,11 +315,6 @@ fn a_malformed_event_or_another_topic_costs_nothing_else() {
         1.0
     );
     assert_eq!(kv(&router, "kv_synced", "replica=\"a\""), 1.0);
-}
-
-/// SmolLM2's tokenizer files (`scripts/real-engine.sh prepare` makes them).
-fn tokenizer_dir() -> String {
-    format!("{}/.real-engine/tokenizer", env!("CARGO_MANIFEST_DIR"))
 }
 
 /// `BlockStored` of the whole 16-token blocks of `ids`, hashed `1..`.

@@ -10,6 +10,7 @@ use bytes::Bytes;
 
 use crate::admission::{Arrival, Ticket};
 use crate::errors::RouterError;
+use crate::exact::Chat;
 use crate::paths::Route;
 use crate::policy::{Decision, ReplicaId, Request};
 use crate::replicas::InFlight;
@@ -52,7 +53,7 @@ pub struct Read {
     pub(super) model: Option<String>,
     /// A chat prompt's tokens, when some engine's KV state is known (see
     /// `exact`); read with the prompt, dropped with it once placed.
-    pub(super) chat: Option<Arc<tokens::Chat>>,
+    pub(super) chat: Option<Arc<Chat>>,
     /// A generation answered whole (no `stream: true`): its head comes at
     /// the end of the generation, so waiting for it long is no fault of the
     /// replica's.
@@ -60,11 +61,6 @@ pub struct Read {
     /// Who sent it, as a hash: its API key when keys are checked, else its
     /// client address (a lost pin repairs others' only when two agree).
     pub(super) source: u64,
-}
-
-/// Bytes a prompt's token ids hold (counted against the request's budget).
-pub(super) fn chat_bytes(chat: &tokens::Chat) -> usize {
-    chat.ids.len() * std::mem::size_of::<u32>()
 }
 
 /// The attempts to place the request: the current one and those before it.
@@ -128,7 +124,7 @@ impl Read {
     /// the request's budget.
     pub(super) fn placed(&mut self) {
         if let Prompt::Parsed(r) = std::mem::replace(&mut self.prompt, Prompt::Placed) {
-            let chat = self.chat.take().map_or(0, |c| chat_bytes(&c));
+            let chat = self.chat.take().map_or(0, |c| c.heap_bytes());
             if let Some(t) = self.ticket.as_mut() {
                 t.release(r.chain.heap_bytes() + chat);
             }

@@ -16,7 +16,7 @@ use pingora_proxy::Session;
 use super::{Ctx, Prompt, Router};
 use crate::balancer::addr_key;
 use crate::errors::RouterError;
-use crate::exact;
+use crate::exact::{self, Chat};
 use crate::paths::Route;
 use crate::policy::{Decision, Hint, Reason, ReplicaId, Shape};
 use crate::replicas::{Replica, Replicas, View};
@@ -45,8 +45,8 @@ impl Router {
         if matches!(ctx.read.prompt, Prompt::Placed) {
             let _ = self.read_prompt(session, ctx).await;
         }
-        ctx.read.chat = self.chat_tokens(ctx).await;
         let list = self.replicas.snapshot();
+        ctx.read.chat = self.chat_tokens(ctx, &list).await;
         // A known response's replica, and no other: the state is there (a
         // replica that left the set took it along: the id is forgotten).
         let mut holder = ctx.response.as_ref().and_then(|(_, h)| *h);
@@ -91,22 +91,18 @@ impl Router {
     /// A chat prompt's tokens as far as some engine may hold them (see
     /// `exact`), their bytes reserved on the request's budget (none when
     /// the budget cannot hold them: placed by the index then).
-    async fn chat_tokens(&self, ctx: &mut Ctx) -> Option<Arc<tokens::Chat>> {
+    async fn chat_tokens(&self, ctx: &mut Ctx, list: &View) -> Option<Arc<Chat>> {
+        if self.exact.is_empty() || ctx.read.request().is_none() {
+            return None;
+        }
         let chat =
             matches!(ctx.read.route, Some(Route::Prompt(p)) if p.ends_with("chat/completions"));
-        let body = ctx
-            .read
-            .body
-            .clone()
-            .filter(|_| chat && ctx.read.request().is_some())?;
-        let list = self.replicas.snapshot();
+        let body = ctx.read.body.clone().filter(|_| chat)?;
         let max = self.settings.load().max_prompt_bytes;
         let model = ctx.read.model.as_deref();
-        let chat = self.exact.chat(&body, model, &list, max).await?;
+        let chat = self.exact.chat(&body, model, list, max).await?;
         let ticket = ctx.read.ticket.as_mut()?;
-        ticket
-            .reserve(super::ctx::chat_bytes(&chat))
-            .then_some(chat)
+        ticket.reserve(chat.heap_bytes()).then_some(chat)
     }
 
     /// The replica for this attempt, the decision that chose it and whether

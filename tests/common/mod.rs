@@ -575,3 +575,8 @@ impl Drop for RedisServer {
         self.kill();
     }
 }
+
+/// SmolLM2's tokenizer files (`scripts/real-engine.sh prepare` makes them).
+pub fn tokenizer_dir() -> String {
+    format!("{}/.real-engine/tokenizer", env!("CARGO_MANIFEST_DIR"))
+}

@@ -74,18 +74,7 @@ impl ModelTokens {
     /// The token ids of a chat request's prompt (its JSON body: `messages`,
     /// `tools`, `chat_template_kwargs`), the generation prompt added.
     pub fn chat_ids(&self, body: &[u8]) -> Result<Vec<u32>, TokensError> {
-        Ok(self.chat(body)?.ids)
-    }
-
-    /// As [`ModelTokens::chat_ids`], with the ids' count.
-    pub fn chat(&self, body: &[u8]) -> Result<Chat, TokensError> {
-        let text = self.render(body)?;
-        let ids = self.pieces.encode(&text)?;
-        Ok(Chat {
-            total: ids.len(),
-            ids,
-            assumed: 0,
-        })
+        self.pieces.encode(&self.render(body)?)
     }
 
     /// A chat request's prompt text, as the engine builds it. A request
@@ -108,15 +97,4 @@ impl ModelTokens {
         }
         self.template.render_value(&body)
     }
-}
-
-/// A chat request's prompt as its engine tokenizes it: its first `ids`
-/// (all of them unless tokenizing stopped early, see
-/// [`Pieces::encode_while`]), of about `total`; a cache holding all of
-/// them holds about `assumed` more (the rest of a piece not tokenized).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Chat {
-    pub ids: Vec<u32>,
-    pub total: usize,
-    pub assumed: usize,
 }
