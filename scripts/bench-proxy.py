@@ -673,21 +673,42 @@ def case_table(rows, case, concs, arms):
     return "\n".join(out)
 
 
-def ratio_table(rows, cases, concs):
-    def ratio(key, k, other):
-        r, o = rows.get(f"{key}/router"), rows.get(f"{key}/{other}")
-        if not r or not o or not r.get(k) or not o.get(k):
-            return "—"
-        return f"{r[k] / o[k]:.2f}"
+def round_ratios(runs, case, conc, other, key):
+    """The router's figure over `other`'s, one per round both ran in: arms of
+    one round run back to back, so each ratio sees the same machine."""
+    def figure(r):
+        if key == "cpu":
+            return r["proxy_cpu_s"] / r["good"] if r["proxy_cpu_s"] and r["good"] else None
+        return r["rps"] or None
+    by = {}
+    for r in runs:
+        if (r["case"], r["conc"]) == (case, conc) and r["arm"] in ("router", other):
+            by.setdefault(r["round"], {})[r["arm"]] = figure(r)
+    return [v["router"] / v[other] for v in by.values() if v.get("router") and v.get(other)]
+
+
+def fmt_ratio(xs):
+    if not xs:
+        return "—"
+    if len(xs) == 1:
+        return f"{xs[0]:.2f}"
+    return f"{median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})"
+
+
+def ratio_table(runs, cases, concs):
+    baseline = any(r["arm"] == "baseline" for r in runs)
     out = ["| case | conns | router ÷ router at `warn` | router ÷ plain Pingora | router ÷ SMG | router ÷ nginx | "
-           "router ÷ HAProxy | router CPU-µs/req ÷ plain Pingora | ÷ SMG |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "router ÷ HAProxy | router CPU-µs/req ÷ plain Pingora | ÷ SMG |" +
+           (" router ÷ baseline | CPU-µs/req ÷ baseline |" if baseline else ""),
+           "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if baseline else "")]
     for case in cases:
         for conc in concs:
-            key = f"{case}/{conc}"
-            out.append(f"| {case} | {conc} | {ratio(key, 'rps', 'router-warn')} | {ratio(key, 'rps', 'pingora')} | "
-                       f"{ratio(key, 'rps', 'smg')} | {ratio(key, 'rps', 'nginx')} | {ratio(key, 'rps', 'haproxy')} | "
-                       f"{ratio(key, 'cpu_us_per_req', 'pingora')} | {ratio(key, 'cpu_us_per_req', 'smg')} |")
+            cells = [fmt_ratio(round_ratios(runs, case, conc, o, "rps"))
+                     for o in ("router-warn", "pingora", "smg", "nginx", "haproxy")]
+            cells += [fmt_ratio(round_ratios(runs, case, conc, o, "cpu")) for o in ("pingora", "smg")]
+            if baseline:
+                cells += [fmt_ratio(round_ratios(runs, case, conc, "baseline", k)) for k in ("rps", "cpu")]
+            out.append(f"| {case} | {conc} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
@@ -777,9 +798,13 @@ answers that were not 200 with the expected body.
 
 {not_run}{tables}
 
-### Ratios (median req/s, and CPU-µs per request)
+### Ratios (req/s, and CPU-µs per request)
 
-{ratio_table(rows, a['cases'], a['concs'])}
+Each round's router figure over the other arm's in the same round (arms of a
+round run back to back, so a ratio sees one state of the machine): the median
+over rounds, then the lowest and highest in brackets.
+
+{ratio_table(runs, a['cases'], a['concs'])}
 
 ### Per proxy
 
@@ -815,8 +840,8 @@ def machine(a):
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--duration", type=int, default=5, help="seconds per wrk run (whole seconds)")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=int, default=3, help="seconds per wrk run (whole seconds)")
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"subset of {','.join(CASES)} or 'all'")
     ap.add_argument("--conc", default="1,16,64", help="connection counts")
     ap.add_argument("--arms", default=",".join(ARMS[:-1]), help=f"subset of {','.join(ARMS)}")

@@ -1,12 +1,11 @@
-//! Pingora's side of the replica set: service discovery from [`Replicas`],
-//! active HTTP health checks that feed each replica's liveness, and the
-//! `BackendSelection` that resolves a policy decision to Pingora's `Backend`.
+//! Pingora's side of the replica set: service discovery from [`Replicas`]
+//! and active HTTP health checks that feed each replica's liveness.
 //!
-//! Pingora runs both loops as one background service (`LoadBalancer`), and
-//! rebuilds the selection when the set changes; policy state lives outside it.
+//! Pingora runs both loops as one background service (`LoadBalancer`);
+//! placement does not ask it (the policy places over the router's own view).
 //! A replica's health is recorded once, on the [`Replica`](crate::replicas::Replica)
 //! (active checks and the request path's ejections together): Pingora is told
-//! every backend is healthy, so its selection confirms membership only.
+//! every backend is healthy.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -17,7 +16,7 @@ use async_trait::async_trait;
 use pingora_core::{ErrorType, Result};
 use pingora_load_balancing::discovery::ServiceDiscovery;
 use pingora_load_balancing::health_check::{HealthCheck, HttpHealthCheck};
-use pingora_load_balancing::selection::{BackendIter, BackendSelection};
+use pingora_load_balancing::selection::RoundRobin;
 use pingora_load_balancing::{Backend, LoadBalancer};
 
 use crate::config::{self, ReplicaTls};
@@ -27,7 +26,10 @@ use crate::policy::Policy;
 use crate::replicas::{HealthRules, Replicas, CHECK_DEADLINE};
 
 /// The load balancer type the router runs.
-pub type Balancer = LoadBalancer<PolicySelection>;
+/// Pingora's own selection is never asked: the policy places over the
+/// router's view of the set (`proxy/place`); the type is only what
+/// `LoadBalancer` needs to run discovery and the health checks.
+pub type Balancer = LoadBalancer<RoundRobin>;
 
 /// Builds the background service: discovery every 200 ms (so reloads join fast)
 /// and a health check of every replica every `interval`, by `probe`.
@@ -235,93 +237,5 @@ impl HealthCheck for ReplicaHealth {
     /// Pingora's own record never changes (every check returns `Ok`).
     fn health_threshold(&self, _success: bool) -> usize {
         1
-    }
-}
-
-/// Resolves the policy's decision (the key is [`addr_key`] of the replica's
-/// address) to the Pingora backend, so `select_with` applies Pingora's
-/// membership and health to it: a replica just removed by reload is never
-/// returned.
-pub struct PolicySelection {
-    by_addr: HashMap<AddrKey, Backend>,
-}
-
-/// An address as a fixed-size key, built without allocating on the request
-/// path: family, IP (IPv4 as IPv6-mapped), port, IPv6 scope id.
-pub type AddrKey = [u8; 23];
-
-pub fn addr_key(addr: &std::net::SocketAddr) -> AddrKey {
-    let (family, ip, scope) = match addr {
-        std::net::SocketAddr::V4(a) => (4, a.ip().to_ipv6_mapped(), 0),
-        std::net::SocketAddr::V6(a) => (6, *a.ip(), a.scope_id()),
-    };
-    let mut key = [0; 23];
-    key[0] = family;
-    key[1..17].copy_from_slice(&ip.octets());
-    key[17..19].copy_from_slice(&addr.port().to_be_bytes());
-    key[19..].copy_from_slice(&scope.to_be_bytes());
-    key
-}
-
-impl BackendSelection for PolicySelection {
-    type Iter = Once;
-    type Config = ();
-
-    fn build(backends: &BTreeSet<Backend>) -> Self {
-        Self {
-            by_addr: backends
-                .iter()
-                .filter_map(|b| Some((addr_key(b.addr.as_inet()?), b.clone())))
-                .collect(),
-        }
-    }
-
-    fn iter(self: &Arc<Self>, key: &[u8]) -> Once {
-        let found = AddrKey::try_from(key)
-            .ok()
-            .and_then(|k| self.by_addr.get(&k))
-            .cloned();
-        Once {
-            backend: found,
-            taken: false,
-        }
-    }
-}
-
-/// Yields the chosen backend once.
-pub struct Once {
-    backend: Option<Backend>,
-    taken: bool,
-}
-
-impl BackendIter for Once {
-    fn next(&mut self) -> Option<&Backend> {
-        if std::mem::replace(&mut self.taken, true) {
-            None
-        } else {
-            self.backend.as_ref()
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn different_addresses_have_different_keys() {
-        let addrs = [
-            "10.0.0.1:8000",
-            "10.0.0.1:8001",
-            "10.0.0.2:8000",
-            "[::ffff:10.0.0.1]:8000",
-            "[fe80::1%1]:8000",
-            "[fe80::1%2]:8000",
-        ];
-        let keys: std::collections::HashSet<AddrKey> = addrs
-            .iter()
-            .map(|a| addr_key(&a.parse().expect("an address")))
-            .collect();
-        assert_eq!(keys.len(), addrs.len());
     }
 }

@@ -277,7 +277,6 @@ fn main() -> anyhow::Result<()> {
         settings: Arc::clone(&settings),
         policy: Arc::clone(&policy),
         replicas: Arc::clone(&replicas),
-        balancer: balancer_service.task(),
         admission: Arc::clone(&admission),
         keys: keys.clone(),
         responses: Arc::clone(&responses),

@@ -11,8 +11,8 @@
 //!   its body was read has the body drained, so a client that sends before
 //!   it reads gets the answer.
 //! - `upstream_peer` (again on every retry): the slot under `limits` (once),
-//!   then the policy places the request among live replicas not yet tried;
-//!   Pingora's selection confirms membership.
+//!   then the policy places the request among live replicas not yet tried
+//!   (a replica a reload removed meanwhile is passed over).
 //! - `request_body_filter`: hands the buffered body to Pingora at end of stream.
 //!   With `patches/pingora-proxy-0.9.1.diff` this happens on every attempt and
 //!   for any size (stock Pingora forwards only from its 64 KiB retry buffer).
@@ -60,7 +60,6 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::admission::Admission;
 use crate::auth::KeyFile;
-use crate::balancer::Balancer;
 use crate::exact::Exact;
 use crate::metrics::Metrics;
 use crate::paths::Route;
@@ -84,7 +83,6 @@ pub struct Router {
     pub settings: Arc<ArcSwap<Settings>>,
     pub policy: Arc<Policy>,
     pub replicas: Arc<Replicas>,
-    pub balancer: Arc<Balancer>,
     pub admission: Arc<Admission>,
     /// Client API keys, when `api_keys_file` is set.
     pub keys: Option<Arc<KeyFile>>,
@@ -120,11 +118,12 @@ impl ProxyHttp for Router {
     }
 
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
+        let s = self.settings.load();
         // Pingora keeps an HTTP/1.1 connection open without limit by default.
         if session.get_keepalive().is_some() {
-            session.set_keepalive(Some(self.settings.load().client_keepalive_s));
+            session.set_keepalive(Some(s.client_keepalive_s));
         }
-        session.set_write_timeout(Some(self.settings.load().client_write_timeout));
+        session.set_write_timeout(Some(s.client_write_timeout));
         Ok(())
     }
 

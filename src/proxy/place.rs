@@ -1,7 +1,7 @@
 //! Placement of one attempt (`upstream_peer`, again on every retry): the
 //! policy's choice among the replicas not yet tried (a Responses API id's
-//! holder only), confirmed a member by Pingora's selection (a replica
-//! removed by a reload since is passed over); the peer it is sent to; the
+//! holder only), still in the set (a replica removed by a reload since
+//! is passed over); the peer it is sent to; the
 //! answer when no replica is left; and what other state names a replica for
 //! a request (a response's holder, shared pins).
 
@@ -14,7 +14,6 @@ use pingora_core::{Error, ErrorType, Result};
 use pingora_proxy::Session;
 
 use super::{Ctx, Prompt, Router};
-use crate::balancer::addr_key;
 use crate::errors::RouterError;
 use crate::exact::{self, Chat};
 use crate::paths::Route;
@@ -45,8 +44,12 @@ impl Router {
         if matches!(ctx.read.prompt, Prompt::Placed) {
             let _ = self.read_prompt(session, ctx).await;
         }
-        let list = self.replicas.snapshot();
+        let mut list = self.replicas.snapshot();
         ctx.read.chat = self.chat_tokens(ctx, &list).await;
+        if ctx.read.chat.is_some() {
+            // Placed over the set as it is after the wait.
+            list = self.replicas.snapshot();
+        }
         // A known response's replica, and no other: the state is there (a
         // replica that left the set took it along: the id is forgotten).
         let mut holder = ctx.response.as_ref().and_then(|(_, h)| *h);
@@ -106,13 +109,13 @@ impl Router {
     }
 
     /// The replica for this attempt, the decision that chose it and whether
-    /// it was chosen in panic mode; `None` when no replica is left. Replicas
-    /// Pingora no longer counts as members are added to the tried ones and
+    /// it was chosen in panic mode; `None` when no replica is left. A replica
+    /// a reload removed since `list` was read is added to the tried ones and
     /// passed over.
     fn choose(
         &self,
         ctx: &mut Ctx,
-        list: &View,
+        list: &Arc<View>,
         holder: Option<ReplicaId>,
     ) -> Option<(Arc<Replica>, Decision, bool)> {
         let tried = &mut ctx.attempts.tried;
@@ -143,19 +146,15 @@ impl Router {
                 decision.reason = Reason::Key;
                 decision.shape = Shape::Continuation;
             }
-            let replica = decision
+            let chosen = decision
                 .replica
                 .and_then(|id| list.iter().find(|r| r.id == id))?;
-            // Pingora's own view: still a member (not removed by reload).
-            if self
-                .balancer
-                .select_with(&addr_key(&replica.addr), 1, |_, _| true)
-                .is_none()
-            {
-                tried.push(replica.id);
+            // Still in the set (not removed by a reload since `list`).
+            let Some(replica) = self.replicas.current_of(list, chosen) else {
+                tried.push(chosen.id);
                 continue;
-            }
-            return Some((Arc::clone(replica), decision, panic));
+            };
+            return Some((replica, decision, panic));
         }
         None
     }

@@ -41,7 +41,8 @@ impl Router {
         ctx.read.answered();
         if self.settings.load().placement_headers {
             head.insert_header(REPLICA_HEADER, r.name.as_str())?;
-            head.insert_header(DECISION_HEADER, d.reason.as_str())?;
+            let reason = http::HeaderValue::from_static(d.reason.as_str());
+            head.insert_header(DECISION_HEADER, reason)?;
         }
         r.counters.routed(d.reason, d.shape);
         let model = ctx.read.model.as_deref();

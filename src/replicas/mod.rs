@@ -270,6 +270,17 @@ impl Replicas {
             .any(|r| std::ptr::eq(r.as_ref(), replica))
     }
 
+    /// `replica`, looked up in `seen`, as the set holds it now (a rename
+    /// since gives it anew, its id kept); `None` when it left. At once when
+    /// the set has not changed since.
+    pub fn current_of(&self, seen: &Arc<View>, replica: &Arc<Replica>) -> Option<Arc<Replica>> {
+        let now = self.current.load();
+        if Arc::ptr_eq(&now, seen) {
+            return Some(Arc::clone(replica));
+        }
+        now.iter().find(|r| r.id == replica.id).cloned()
+    }
+
     pub fn by_addr(&self, addr: &SocketAddr) -> Option<Arc<Replica>> {
         self.snapshot().iter().find(|r| r.addr == *addr).cloned()
     }

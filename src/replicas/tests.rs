@@ -291,3 +291,20 @@ fn only_a_name_the_file_gives_is_a_rename() {
     assert!(change.added.is_empty() && change.removed.is_empty());
     assert_eq!(set.snapshot()[0].id, now, "the same id: its pins stay");
 }
+
+#[test]
+fn a_chosen_replica_is_found_in_the_set_as_it_is_now() {
+    let set = Replicas::new(
+        &cfg(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")]),
+        Metrics::standalone(),
+    );
+    let seen = set.snapshot();
+    let (a, b) = (&seen[0], &seen[1]);
+    // Unchanged: itself.
+    assert!(Arc::ptr_eq(&set.current_of(&seen, a).expect("held"), a));
+    // Renamed since (same address, same id): found anew; removed: gone.
+    set.apply_renaming(&cfg(&[("a2", "127.0.0.1:1")]), |n| n == "a2");
+    let now = set.current_of(&seen, a).expect("renamed, still held");
+    assert_eq!((now.id, now.name.as_str()), (a.id, "a2"));
+    assert!(set.current_of(&seen, b).is_none());
+}
