@@ -1,6 +1,7 @@
 //! A long agent conversation's prompt through the chat template and the
-//! tokenizer (SmolLM2's, from `scripts/real-engine.sh prepare`): whole, and
-//! the next turn with every earlier piece in the cache.
+//! tokenizer (SmolLM2's, from `scripts/real-engine.sh prepare`): whole, the
+//! next turn's new messages alone, and the next turn with every earlier
+//! piece in the cache.
 //!   cargo bench -p tokens
 
 use std::path::PathBuf;
@@ -56,6 +57,21 @@ fn bench(c: &mut Criterion) {
     c.bench_function("tokenize the whole prompt (tokenizers, no cache)", |b| {
         b.iter(|| model.pieces.whole(black_box(&text)).expect("ids"))
     });
+    let messages: Vec<minijinja::Value> = (turns.iter())
+        .map(minijinja::Value::from_serialize)
+        .collect();
+    let n = messages.len();
+    assert!(model.template.windowed());
+    c.bench_function(
+        "the next turn's new messages rendered after the last earlier one",
+        |b| {
+            b.iter(|| {
+                (model.template)
+                    .render_after(black_box(&messages[n - 3]), &messages[n - 2..], None, None)
+                    .expect("renders")
+            })
+        },
+    );
     model.chat_ids(&earlier).expect("warms the cache");
     model.chat_ids(&next).expect("and the new pieces");
     c.bench_function("the next turn: render, split, every piece cached", |b| {

@@ -21,6 +21,8 @@ pub struct ChatTemplate {
     /// Named templates besides `default` (`tool_use`).
     tool_use: bool,
     tokens: Vec<(&'static str, String)>,
+    /// See [`ChatTemplate::windowed`].
+    windowed: bool,
 }
 
 impl ChatTemplate {
@@ -69,11 +71,90 @@ impl ChatTemplate {
             .into_iter()
             .filter_map(|k| token(k).map(|v| (k, v)))
             .collect();
-        Ok(Self {
+        let mut template = Self {
             env,
             tool_use,
             tokens,
-        })
+            windowed: false,
+        };
+        template.windowed = template.renders_windows();
+        Ok(template)
+    }
+
+    /// Whether a conversation's next turn can be rendered from its new
+    /// messages alone ([`ChatTemplate::render_after`]) and come out as the
+    /// whole render would: found at load by rendering probe conversations
+    /// (with and without a system prompt, tools, tool calls and their
+    /// results, an assistant's reasoning) whole and split at every message.
+    /// A template that renders earlier messages otherwise as the
+    /// conversation grows (one that drops earlier reasoning, one that
+    /// checks roles alternate from the first) is not.
+    pub fn windowed(&self) -> bool {
+        self.windowed
+    }
+
+    /// What the messages `new` add to the render of a conversation whose
+    /// last message is `last` (rendered without the generation prompt),
+    /// the generation prompt included: the render of `[last, new..]` past
+    /// that of `[last]` alone. The whole conversation's render is the
+    /// earlier messages' (without the generation prompt) and this, for a
+    /// template found [`windowed`](ChatTemplate::windowed).
+    pub fn render_after(
+        &self,
+        last: &Value,
+        new: &[Value],
+        tools: Option<Value>,
+        kwargs: Option<Value>,
+    ) -> Result<String, TokensError> {
+        let alone = self.render_with(
+            Value::from(vec![last.clone()]),
+            tools.clone(),
+            kwargs.clone(),
+            false,
+        )?;
+        let window: Vec<Value> = std::iter::once(last.clone())
+            .chain(new.iter().cloned())
+            .collect();
+        let with = self.render_with(Value::from(window), tools, kwargs, true)?;
+        with.strip_prefix(alone.as_str())
+            .map(str::to_owned)
+            .ok_or(TokensError::Unsupported(
+                "a template that renders earlier messages again",
+            ))
+    }
+
+    /// Every probe conversation renders the same whole and as its first
+    /// messages (no generation prompt) followed by the rest rendered after
+    /// them; at least one renders.
+    fn renders_windows(&self) -> bool {
+        let mut rendered = 0;
+        for conversation in probe_conversations() {
+            for tools in [None, Some(probe_tools())] {
+                let messages: Vec<Value> = conversation.iter().map(Value::from_serialize).collect();
+                let Ok(whole) =
+                    self.render_with(Value::from(messages.clone()), tools.clone(), None, true)
+                else {
+                    continue;
+                };
+                for k in 1..messages.len() {
+                    let head = self.render_with(
+                        Value::from(messages[..k].to_vec()),
+                        tools.clone(),
+                        None,
+                        false,
+                    );
+                    let after =
+                        self.render_after(&messages[k - 1], &messages[k..], tools.clone(), None);
+                    match (head, after) {
+                        (Ok(head), Ok(after))
+                            if whole.strip_prefix(head.as_str()) == Some(after.as_str()) => {}
+                        _ => return false,
+                    }
+                }
+                rendered += 1;
+            }
+        }
+        rendered > 0
     }
 
     /// The prompt text of a chat request `body` (its JSON: `messages`,
@@ -104,6 +185,17 @@ impl ChatTemplate {
         tools: Option<Value>,
         kwargs: Option<Value>,
     ) -> Result<String, TokensError> {
+        self.render_with(messages, tools, kwargs, true)
+    }
+
+    /// As [`ChatTemplate::render`]; `generation`: the generation prompt added.
+    pub fn render_with(
+        &self,
+        messages: Value,
+        tools: Option<Value>,
+        kwargs: Option<Value>,
+        generation: bool,
+    ) -> Result<String, TokensError> {
         let name = if tools.is_some() && self.tool_use {
             "tool_use"
         } else {
@@ -118,7 +210,7 @@ impl ChatTemplate {
         if let Some(tools) = tools {
             ctx.push(("tools".into(), tools));
         }
-        ctx.push(("add_generation_prompt".into(), Value::from(true)));
+        ctx.push(("add_generation_prompt".into(), Value::from(generation)));
         if let Some(kwargs) = kwargs {
             for k in kwargs
                 .try_iter()
@@ -132,6 +224,37 @@ impl ChatTemplate {
             .render(Value::from_iter(ctx))
             .map_err(|e| TokensError::Template(e.to_string()))
     }
+}
+
+/// Conversations a template's windows are checked on: with and without a
+/// system prompt, a tool call and its result, an assistant's reasoning
+/// before a later user turn, text parts.
+fn probe_conversations() -> Vec<Vec<serde_json::Value>> {
+    use serde_json::json;
+    let user = |n: u32| json!({"role": "user", "content": format!("question {n}")});
+    let assistant = |n: u32| json!({"role": "assistant", "content": format!("answer {n}")});
+    let system = json!({"role": "system", "content": "Be terse."});
+    let call = json!({"role": "assistant", "content": "", "tool_calls": [{"id": "call_1",
+        "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": \"x\"}"}}]});
+    let result = json!({"role": "tool", "tool_call_id": "call_1", "content": "found x"});
+    let reasoning = json!({"role": "assistant", "content": "<think>\nweigh it\n</think>\n\nanswer",
+        "reasoning_content": "weigh it"});
+    let parts = json!({"role": "user", "content": [{"type": "text", "text": "part a"},
+        {"type": "text", "text": "part b"}]});
+    vec![
+        vec![system.clone(), user(1), assistant(1), user(2)],
+        vec![user(1), assistant(1), user(2), assistant(2), user(3)],
+        vec![system, user(1), call, result, assistant(1), user(2)],
+        vec![user(1), reasoning, user(2), assistant(2), parts],
+    ]
+}
+
+fn probe_tools() -> Value {
+    Value::from_serialize(
+        serde_json::json!([{"type": "function", "function": {"name": "lookup",
+        "description": "Looks a word up.", "parameters": {"type": "object",
+        "properties": {"q": {"type": "string"}}, "required": ["q"]}}}]),
+    )
 }
 
 /// Messages with text-part contents joined into one string.
@@ -359,5 +482,42 @@ mod tests {
         let runaway = json!({"chat_template": "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"});
         let t = ChatTemplate::from_config(&runaway).expect("loads");
         assert!(t.render(messages, None, None).is_err(), "fuel ran out");
+    }
+
+    #[test]
+    fn templates_that_render_a_turn_from_its_new_messages_alone_are_found() {
+        let chatml = "{% for m in messages %}{% if loop.first and m.role != 'system' %}<|im_start|>system\nDefault.<|im_end|>\n{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+        let t = ChatTemplate::from_config(&json!({"chat_template": chatml})).expect("loads");
+        assert!(t.windowed());
+        let m = |role: &str, content: &str| {
+            Value::from_serialize(json!({"role": role, "content": content}))
+        };
+        let conversation = [m("user", "a"), m("assistant", "b"), m("user", "c")];
+        let whole = t
+            .render(Value::from(conversation.to_vec()), None, None)
+            .expect("renders");
+        let head = (t.render_with(Value::from(conversation[..2].to_vec()), None, None, false))
+            .expect("renders");
+        let after =
+            (t.render_after(&conversation[1], &conversation[2..], None, None)).expect("renders");
+        assert_eq!(
+            after,
+            "<|im_start|>user\nc<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(head + &after, whole);
+
+        // Earlier reasoning dropped once a later turn comes: not windowed.
+        let drops = "{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}{% endif %}\n{% endfor %}";
+        let t = ChatTemplate::from_config(&json!({"chat_template": drops})).expect("loads");
+        assert!(!t.windowed());
+        // Roles checked from the first message: a window starting at an
+        // answer raises, so not windowed.
+        let alternates = "{% for m in messages %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('roles must alternate') }}{% endif %}[{{ m.role }}] {{ m.content }}\n{% endfor %}";
+        let t = ChatTemplate::from_config(&json!({"chat_template": alternates})).expect("loads");
+        assert!(!t.windowed());
+        // Tools written after the messages: an earlier render is no prefix.
+        let tools_last = "{% for m in messages %}{{ m.content }}\n{% endfor %}{% if tools %}{{ tools|tojson }}{% endif %}";
+        let t = ChatTemplate::from_config(&json!({"chat_template": tools_last})).expect("loads");
+        assert!(!t.windowed());
     }
 }

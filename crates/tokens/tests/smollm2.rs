@@ -72,6 +72,40 @@ fn a_conversation_s_next_turn_tokenizes_only_its_new_pieces() {
     );
 }
 
+#[test]
+fn smollm2_s_next_turn_renders_from_its_new_messages_alone() {
+    let m = model();
+    assert!(m.template.windowed());
+    let message = |v: serde_json::Value| minijinja::Value::from_serialize(v);
+    let conversation: Vec<minijinja::Value> = [
+        json!({"role": "user", "content": "step 0: run the tests"}),
+        json!({"role": "assistant", "content": "ok 0"}),
+        json!({"role": "user", "content": "step 1: fix what fails"}),
+    ]
+    .into_iter()
+    .map(message)
+    .collect();
+    let whole = (m.template)
+        .render(minijinja::Value::from(conversation.clone()), None, None)
+        .expect("renders");
+    let head = (m.template)
+        .render_with(
+            minijinja::Value::from(conversation[..2].to_vec()),
+            None,
+            None,
+            false,
+        )
+        .expect("renders");
+    let after = (m.template)
+        .render_after(&conversation[1], &conversation[2..], None, None)
+        .expect("renders");
+    assert_eq!(
+        after,
+        "<|im_start|>user\nstep 1: fix what fails<|im_end|>\n<|im_start|>assistant\n"
+    );
+    assert_eq!(head + &after, whole);
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
     /// Any text: by pieces as whole (special tokens, spaces, newlines,
