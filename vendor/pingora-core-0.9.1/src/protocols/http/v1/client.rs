@@ -319,9 +319,11 @@ impl HttpSession {
                         // while header_refs doesn't as it is still empty
                         let _num_headers = populate_headers(base, &mut header_refs, resp.headers);
 
+                        // prefix-router patch: room for the few headers a proxy adds
+                        // (`response_filter`), so adding them does not grow the maps.
                         let mut response_header = match ResponseHeader::build(
                             resp.code.unwrap(),
-                            Some(resp.headers.len()),
+                            Some(resp.headers.len() + 4),
                         ) {
                             Ok(header) => Box::new(header),
                             Err(e) => return self.fail_response_header_read(e),
