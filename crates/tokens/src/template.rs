@@ -15,6 +15,10 @@ use crate::TokensError;
 
 /// Template instructions one rendering may run.
 const FUEL: u64 = 50_000_000;
+/// ... and one rendering of a probe conversation at load (a few messages:
+/// a template that needs more is taken as not windowed, at a fiftieth of
+/// a full rendering's cost).
+const PROBE_FUEL: u64 = 1_000_000;
 
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -77,7 +81,9 @@ impl ChatTemplate {
             tokens,
             windowed: false,
         };
+        template.env.set_fuel(Some(PROBE_FUEL));
         template.windowed = template.renders_windows();
+        template.env.set_fuel(Some(FUEL));
         Ok(template)
     }
 
