@@ -5,12 +5,16 @@
 
 use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
+use prefix_router::exact::{Continuity, Work};
+use prefix_router::kv::{EngineBlocks, EngineHash, Event};
 use prefix_router::policy::{
     ContinuationRule, Fleet, KvRoom, Mode, Policy, PolicyConfig, PrefixChain, ReplicaId,
     ReplicaState,
 };
-use prefix_router::request::{Checkpoints, Prompt};
+use prefix_router::request::{Checkpoints, Prompt, Turns};
 use serde_json::json;
+use std::sync::{Arc, Mutex};
+use tokens::ModelTokens;
 
 const BLOCK: usize = 1024;
 
@@ -101,7 +105,7 @@ fn decision_path(c: &mut Criterion) {
     let resumed = checkpoints()
         .parse(&next, 8 << 20, BLOCK, 1 << 30, None)
         .unwrap();
-    assert!(resumed.resumed);
+    assert!(resumed.resumed());
     p.place(&resumed.request, &rs);
     // A first turn through the checkpoints: the parse, and the checkpoint it leaves.
     g.bench_function(BenchmarkId::new("agent_first_turn_kib", 400), |b| {
@@ -253,5 +257,111 @@ fn shared_policy(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decision_path, lookup_vs_tracked, shared_policy);
+/// A 400 KiB agent turn's tokens as the engines key them (SmolLM2's
+/// template and tokenizer, from `scripts/real-engine.sh prepare`), an
+/// engine holding the earlier turn: continued from the earlier turn's
+/// tokens kept with its checkpoint, and rendered and tokenized whole.
+fn exact_turn(c: &mut Criterion) {
+    let dir = std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/.real-engine/tokenizer"
+    ));
+    if !dir.exists() {
+        eprintln!("exact_400kib skipped: no tokenizer (scripts/real-engine.sh prepare)");
+        return;
+    }
+    let model = |cache| Arc::new(ModelTokens::load(dir, cache).expect("tokenizer"));
+    // SmolLM2's template writes a content as a string: the tool calls'
+    // null contents as empty ones.
+    let rendered = |b: Vec<u8>| {
+        let b = String::from_utf8(b)
+            .unwrap()
+            .replace(r#""content":null"#, r#""content":"""#);
+        Bytes::from(b)
+    };
+    let (turn, next) = agent_turns(400 * 1024, 3);
+    let (turn, next) = (rendered(turn), rendered(next));
+    let cached = model(1 << 24);
+    let ids = cached.chat_ids(&next).expect("tokens");
+    let earlier = cached.chat_ids(&turn).expect("tokens");
+    println!(
+        "exact_400kib: {} bytes, {} tokens ({} new)",
+        next.len(),
+        ids.len(),
+        ids.len() - earlier.len()
+    );
+    let mut engine = EngineBlocks::new(1 << 20);
+    engine.start_empty();
+    let n = earlier.len() / 16;
+    engine.apply(&Event::Stored {
+        hashes: (1..=n as u64).map(EngineHash).collect(),
+        parent: None,
+        tokens: earlier[..n * 16].to_vec(),
+        block_size: 16,
+        namespace: 0,
+    });
+    let known = [Arc::new(Mutex::new(engine))];
+    let work = |m: &Arc<ModelTokens>, body: &Bytes, turns, store: &Arc<Checkpoints>| Work {
+        tokens: Arc::clone(m),
+        body: body.clone(),
+        known: known.to_vec(),
+        max_bytes: usize::MAX,
+        continuity: Continuity {
+            turns,
+            checkpoints: Arc::clone(store),
+            budget: 1 << 30,
+        },
+    };
+    // The first turn through a store of checkpoints, its tokens kept with
+    // its checkpoint; the next turn's checkpoints (resumed from, left).
+    let next_turns = |m: &Arc<ModelTokens>| {
+        let store = Arc::new(Checkpoints::new());
+        let parse = |body: &Bytes| store.parse(body, 8 << 20, BLOCK, 1 << 30, None).unwrap();
+        let kept = work(m, &turn, parse(&turn).turns, &store).tokenize(true);
+        assert!(kept.is_ok_and(|t| t.is_some()));
+        let next = parse(&next);
+        assert!(next.resumed());
+        (next.turns, store)
+    };
+    let mut g = c.benchmark_group("exact_400kib");
+    let go = |m: &Arc<ModelTokens>, (turns, store): &(Turns, Arc<Checkpoints>)| {
+        let tokenized = work(m, black_box(&next), turns.clone(), store).tokenize(true);
+        let (chat, _) = tokenized.ok().flatten().expect("tokens");
+        assert_eq!(chat.len, ids.len());
+        chat
+    };
+    let second = next_turns(&cached);
+    assert!(go(&cached, &second).continued);
+    g.bench_function("next_turn_continued", |b| b.iter(|| go(&cached, &second)));
+    // No piece cache: the new messages' text through `tokenizers` each time
+    // (the earlier turn kept by the same model: another's is not continued).
+    let uncached = model(0);
+    let second_uncached = next_turns(&uncached);
+    assert!(go(&uncached, &second_uncached).continued);
+    g.bench_function("next_turn_continued_new_text_uncached", |b| {
+        b.iter(|| go(&uncached, &second_uncached))
+    });
+    let new_text = {
+        let (a, b) = (cached.render(&turn).unwrap(), cached.render(&next).unwrap());
+        let common = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+        b[common..].to_owned()
+    };
+    g.bench_function("tokenizers_on_the_new_text", |b| {
+        b.iter(|| cached.pieces.whole(black_box(&new_text)).unwrap())
+    });
+    g.sample_size(20);
+    let alone = (Turns::default(), Arc::new(Checkpoints::new()));
+    g.bench_function("next_turn_whole_every_piece_cached", |b| {
+        b.iter(|| go(&cached, &alone))
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    decision_path,
+    lookup_vs_tracked,
+    shared_policy,
+    exact_turn
+);
 criterion_main!(benches);

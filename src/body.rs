@@ -16,7 +16,7 @@ use crate::errors::RouterError;
 use crate::metrics::Metrics;
 use crate::paths::Route;
 use crate::policy::Request;
-use crate::request::{Checkpoints, Prompt, CHECKPOINT_MIN_BODY};
+use crate::request::{Checkpoints, Prompt, Turns, CHECKPOINT_MIN_BODY};
 use crate::settings::Settings;
 
 /// Bodies up to this size are parsed on the async worker (tens of µs);
@@ -108,7 +108,8 @@ pub async fn drain(session: &mut Session, max_bytes: usize) {
 
 /// The policy's view of a body, or `None` when it is not a prompt (it is then
 /// forwarded as is and spread). Chat and messages bodies are read through
-/// `checkpoints` (see `request::Checkpoints`).
+/// `checkpoints` (see `request::Checkpoints`): the checkpoints it was read
+/// from and left come with it.
 pub async fn parse(
     body: Bytes,
     route: Route,
@@ -116,7 +117,7 @@ pub async fn parse(
     checkpoints: Arc<Checkpoints>,
     header_key: Option<String>,
     metrics: &Arc<Metrics>,
-) -> Option<Request> {
+) -> Option<(Request, Turns)> {
     let metrics = Arc::clone(metrics);
     let (max_prompt_bytes, block_bytes) = (settings.max_prompt_bytes, settings.block_bytes);
     let budget = settings.max_checkpoint_bytes;
@@ -140,23 +141,32 @@ pub async fn parse(
                 checkpoints.parse_from(start, &body, max_prompt_bytes, block_bytes, budget, key);
             let parsed = parsed.ok()?;
             if body.len() >= CHECKPOINT_MIN_BODY {
-                metrics.long_parse(parsed.resumed, checkpoints.bytes());
+                metrics
+                    .prompts
+                    .long_parse(parsed.resumed(), checkpoints.bytes());
             }
-            return Some(parsed.request);
+            return Some((parsed.request, parsed.turns));
         }
         let prompt = match route {
             Route::Responses => Prompt::parse_responses(&body, max_prompt_bytes),
             Route::Form(_) => Ok(Prompt::parse_form_model(&body)),
             Route::Prompt(_) | Route::Model(_) => Prompt::parse_model(&body),
         };
-        prompt
-            .ok()
-            .map(|p| p.into_request(block_bytes, header_key.as_deref()))
+        prompt.ok().map(|p| {
+            let request = p.into_request(block_bytes, header_key.as_deref());
+            (request, Turns::default())
+        })
     };
     if inline {
         return parse();
     }
     on_pool(parse).await
+}
+
+/// A place on the blocking pool, when one is free now (for work that may
+/// be dropped, run with `spawn_blocking` while it is held).
+pub fn try_pool_slot() -> Option<tokio::sync::SemaphorePermit<'static>> {
+    PARSERS.try_acquire().ok()
 }
 
 /// Runs `job` on the blocking pool, at most one per core at a time.

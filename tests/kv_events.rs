@@ -391,3 +391,61 @@ fn a_cards_own_events_draw_a_conversation_sent_straight_to_it_and_release_it_whe
         "spread"
     );
 }
+
+/// A long agent conversation (past the checkpoints' 32 KiB) of short
+/// messages, `turns` tool rounds in: each turn's body is the last one's
+/// and two more messages.
+fn long_agent(turns: usize) -> serde_json::Value {
+    let mut m = vec![json!({"role": "system", "content": "You are a coding agent."})];
+    let output = |t: usize| format!("test_{t} FAILED: expected {t}, got {}\n", t + 1).repeat(20);
+    for t in 0..60 + turns {
+        m.push(json!({"role": "user", "content": format!("step {t}: run the tests")}));
+        m.push(json!({"role": "assistant", "content": output(t)}));
+    }
+    m.push(json!({"role": "user", "content": format!("step {}: run the tests", 60 + turns)}));
+    json!({"model": "sim", "max_tokens": 2, "messages": m, "stream": false})
+}
+
+#[test]
+fn a_long_conversation_s_turns_are_tokenized_from_the_turn_before_and_stay_where_the_engine_holds_them(
+) {
+    let dir = tokenizer_dir();
+    let args = ["--tokenizer", dir.as_str(), "--kv-events-port", "0"];
+    let (a, b) = (Sim::start("a", &args), Sim::start("b", &args));
+    let router = Router::start(&[&a, &b], &format!("tokenizers: {{sim: \"{dir}\"}}\n"));
+    let tokenized = |from: &str| {
+        kv(
+            &router,
+            "chat_prompts_tokenized_total",
+            &format!("from=\"{from}\""),
+        )
+    };
+    let blocks = |replica: &str| kv(&router, "kv_blocks", &format!("replica=\"{replica}\""));
+    let mut on: Option<String> = None;
+    for turn in 0..4 {
+        let body = long_agent(turn);
+        assert!(body.to_string().len() > 40 << 10);
+        let before = [blocks("a"), blocks("b")];
+        let r = router.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        if let Some(on) = &on {
+            assert_eq!(
+                (r.replica(), r.decision()),
+                (on.as_str(), "pin"),
+                "turn {turn}"
+            );
+        }
+        // Its engine's events say it holds the turn before the next comes.
+        let held = before[usize::from(r.replica() == "b")];
+        wait_for(
+            &format!("turn {turn}: blocks past {held}"),
+            Duration::from_secs(10),
+            || (blocks(r.replica()) > held).then_some(()),
+        );
+        on = Some(r.replica().to_owned());
+    }
+    // The first turn: no engine's state known yet (none has told what it
+    // holds), nothing tokenized. The second rendered and tokenized whole,
+    // each later one from the turn before: only its new messages.
+    assert_eq!((tokenized("start"), tokenized("turn")), (1.0, 2.0));
+}

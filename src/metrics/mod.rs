@@ -16,9 +16,11 @@ use prometheus::{
 
 mod kv_events;
 mod log_drops;
+mod prompts;
 mod replica;
 
 pub use kv_events::{KvEventMetrics, KvOutcome};
+pub use prompts::PromptMetrics;
 pub use replica::{Ejection, Repair, ReplicaCounters};
 
 use crate::policy::{Reason, Shape};
@@ -99,10 +101,8 @@ pub struct Metrics {
     pub engine_kv_used: GaugeVec,
     /// Shared pins (`fleet: redis`): lookups and writes by result.
     pub shared_pins: IntCounterVec,
-    /// Chat and messages bodies of 32 KiB and more read from their first
-    /// byte, and from a checkpoint; bytes the checkpoints hold.
-    long_parses: [IntCounter; 2],
-    pub checkpoint_bytes: IntGauge,
+    /// Long bodies' parses, checkpoints and tokenized chat prompts.
+    pub prompts: PromptMetrics,
     /// The engines' KV events, by replica.
     pub kv: KvEventMetrics,
     registry: Registry,
@@ -336,20 +336,7 @@ impl Metrics {
                 &["op", "result"],
                 registry
             )?,
-            long_parses: {
-                let v = register_int_counter_vec_with_registry!(
-                    "prefix_router_long_body_parses_total",
-                    "Chat and messages bodies of 32 KiB and more read into a prompt, from their first byte (from=start) or from where an earlier turn of the conversation ended (from=checkpoint)",
-                    &["from"],
-                    registry
-                )?;
-                ["start", "checkpoint"].map(|from| v.with_label_values(&[from]))
-            },
-            checkpoint_bytes: register_int_gauge_with_registry!(
-                "prefix_router_checkpoint_bytes",
-                "Bytes held by checkpoints of long conversations' latest turns (bounded by limits.max_checkpoint_bytes)",
-                registry
-            )?,
+            prompts: PromptMetrics::new(registry)?,
             kv: KvEventMetrics::new(registry)?,
             registry: registry.clone(),
         })
@@ -374,13 +361,6 @@ impl Metrics {
         self.registry
             .register(Box::new(log_drops::LogDrops::new(dropped)?))
     }
-    /// Counts a long body read, and what the checkpoints now hold.
-    pub fn long_parse(&self, resumed: bool, checkpoint_bytes: usize) {
-        self.long_parses[usize::from(resumed)].inc();
-        self.checkpoint_bytes
-            .set(i64::try_from(checkpoint_bytes).unwrap_or(i64::MAX));
-    }
-
     /// Creates every label-free series and the error and reload series at 0,
     /// so dashboards and alerts see them before the first event.
     pub fn init(&self) {

@@ -14,6 +14,7 @@ use crate::exact::Chat;
 use crate::paths::Route;
 use crate::policy::{Decision, ReplicaId, Request};
 use crate::replicas::InFlight;
+use crate::request::Turns;
 use crate::response_ids::IdScan;
 use crate::usage::UsageScan;
 
@@ -54,6 +55,10 @@ pub struct Read {
     /// A chat prompt's tokens, when some engine's KV state is known (see
     /// `exact`); read with the prompt, dropped with it once placed.
     pub(super) chat: Option<Arc<Chat>>,
+    /// The checkpoints its body was read from and left (see
+    /// `request::Turn`): a chat turn's tokens continue from the one and are
+    /// kept with the other. Dropped with the prompt.
+    pub(super) turns: Turns,
     /// A generation answered whole (no `stream: true`): its head comes at
     /// the end of the generation, so waiting for it long is no fault of the
     /// replica's.
@@ -123,6 +128,7 @@ impl Read {
     /// Drops the view once it is placed; the bytes it held are returned to
     /// the request's budget.
     pub(super) fn placed(&mut self) {
+        self.turns = Turns::default();
         if let Prompt::Parsed(r) = std::mem::replace(&mut self.prompt, Prompt::Placed) {
             let chat = self.chat.take().map_or(0, |c| c.heap_bytes());
             if let Some(t) = self.ticket.as_mut() {
@@ -138,6 +144,7 @@ impl Read {
     pub(super) fn answered(&mut self) {
         self.body = None;
         self.prompt = Prompt::None;
+        self.turns = Turns::default();
         if let Some(t) = self.ticket.as_mut() {
             t.release_bytes();
         }

@@ -15,7 +15,7 @@ use pingora_proxy::Session;
 
 use super::{Ctx, Prompt, Router};
 use crate::errors::RouterError;
-use crate::exact::{self, Chat};
+use crate::exact::{self, Chat, Continuity};
 use crate::paths::Route;
 use crate::policy::{Decision, Hint, Reason, ReplicaId, Shape};
 use crate::replicas::{Replica, Replicas, View};
@@ -101,9 +101,17 @@ impl Router {
         let chat =
             matches!(ctx.read.route, Some(Route::Prompt(p)) if p.ends_with("chat/completions"));
         let body = ctx.read.body.clone().filter(|_| chat)?;
-        let max = self.settings.load().max_prompt_bytes;
-        let model = ctx.read.model.as_deref();
-        let chat = self.exact.chat(&body, model, list, max).await?;
+        let settings = self.settings.load();
+        let continuity = Continuity {
+            turns: std::mem::take(&mut ctx.read.turns),
+            checkpoints: Arc::clone(&self.checkpoints),
+            budget: settings.max_checkpoint_bytes,
+        };
+        let (max, model) = (settings.max_prompt_bytes, ctx.read.model.as_deref());
+        let chat = (self.exact)
+            .chat(&body, model, list, max, continuity)
+            .await?;
+        self.metrics.prompts.chat_prompt(chat.continued);
         let ticket = ctx.read.ticket.as_mut()?;
         ticket.reserve(chat.heap_bytes()).then_some(chat)
     }

@@ -153,7 +153,9 @@ impl Router {
         let key = header(session, SESSION_HEADER).map(str::to_owned);
         let s = self.settings.load();
         let checkpoints = Arc::clone(&self.checkpoints);
-        let request = body::parse(body, route, &s, checkpoints, key, &self.metrics).await;
+        let parsed = body::parse(body, route, &s, checkpoints, key, &self.metrics).await;
+        let (request, turns) = parsed.unzip();
+        ctx.read.turns = turns.unwrap_or_default();
         if let Some(err) = request.as_ref().and_then(too_long) {
             return Err(err);
         }

@@ -33,7 +33,9 @@ mod walk;
 
 use crate::policy::{PrefixChain, Request};
 
-pub use checkpoint::{Checkpoints, Parsed, Start, MIN_BODY as CHECKPOINT_MIN_BODY};
+pub use checkpoint::{
+    Checkpoints, Kept, Parsed, Start, Turn, Turns, MIN_BODY as CHECKPOINT_MIN_BODY,
+};
 pub use scan::JsonError;
 
 /// Longest model name kept (names are metric label values downstream).

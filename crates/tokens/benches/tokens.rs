@@ -67,7 +67,13 @@ fn bench(c: &mut Criterion) {
         |b| {
             b.iter(|| {
                 (model.template)
-                    .render_after(black_box(&messages[n - 3]), &messages[n - 2..], None, None)
+                    .render_after(
+                        black_box(&messages[n - 3]),
+                        &messages[n - 2..],
+                        None,
+                        None,
+                        "<|im_start|>assistant\n",
+                    )
                     .expect("renders")
             })
         },

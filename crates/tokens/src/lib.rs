@@ -16,11 +16,13 @@
 
 pub mod pieces;
 pub mod template;
+pub mod turn;
 
 use std::path::Path;
 
 pub use pieces::{Deferred, Partial, Pieces};
-pub use template::ChatTemplate;
+pub use template::{ChatTemplate, Window};
+pub use turn::{Earlier, Prompt};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokensError {
@@ -83,6 +85,12 @@ impl ModelTokens {
     /// text (an image: the engine adds its own placeholder tokens) is
     /// [`TokensError::Unsupported`].
     pub fn render(&self, body: &[u8]) -> Result<String, TokensError> {
+        self.template.render_value(&self.checked(body)?)
+    }
+
+    /// A chat request's body parsed, when this crate renders its prompt as
+    /// the engine does (see [`ModelTokens::render`]).
+    fn checked(&self, body: &[u8]) -> Result<minijinja::Value, TokensError> {
         let body = template::parse_body(body)?;
         let set = |k: &str| {
             body.get_attr(k)
@@ -95,6 +103,6 @@ impl ModelTokens {
         if generation.kind() == minijinja::value::ValueKind::Bool && !generation.is_true() {
             return Err(TokensError::Unsupported("add_generation_prompt"));
         }
-        self.template.render_value(&body)
+        Ok(body)
     }
 }

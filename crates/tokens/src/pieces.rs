@@ -175,6 +175,14 @@ impl Pieces {
         self.split.is_some()
     }
 
+    /// Where the last added token of `text` starts (a piece cannot cross
+    /// it: the ids before it are those of the text before it), when the
+    /// text is tokenized by pieces.
+    pub fn last_added(&self, text: &str) -> Option<usize> {
+        let (matcher, _) = self.split.as_ref()?;
+        matcher.find_iter(text).last().map(|m| m.start())
+    }
+
     /// The ids of `text` as the tokenizer gives them (no special tokens
     /// added: a chat template writes its own).
     pub fn whole(&self, text: &str) -> Result<Vec<u32>, TokensError> {

@@ -8,10 +8,13 @@
 //! config names (`bos_token`, `eos_token`, ...) are in the context.
 //! Rendering is metered (minijinja's fuel), so no template runs unbounded.
 
-use minijinja::value::{Kwargs, Value};
+use minijinja::value::Value;
 use minijinja::{Environment, Error, ErrorKind};
 
 use crate::TokensError;
+
+mod tojson;
+use tojson::tojson;
 
 /// Template instructions one rendering may run.
 const FUEL: u64 = 50_000_000;
@@ -19,6 +22,22 @@ const FUEL: u64 = 50_000_000;
 /// a template that needs more is taken as not windowed, at a fiftieth of
 /// a full rendering's cost).
 const PROBE_FUEL: u64 = 1_000_000;
+
+/// What a conversation's next messages add to its render
+/// ([`ChatTemplate::render_after`]): `text`, the generation prompt last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    pub text: String,
+    /// Bytes of `text` before the generation prompt.
+    pub head: usize,
+}
+
+impl Window {
+    /// The text without the generation prompt.
+    pub fn head(&self) -> &str {
+        &self.text[..self.head]
+    }
+}
 
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -81,8 +100,11 @@ impl ChatTemplate {
             tokens,
             windowed: false,
         };
+        // A template that writes the date renders an earlier turn otherwise
+        // the next day: never windowed.
+        let dated = (template.env.templates()).any(|(_, t)| t.source().contains("strftime_now"));
         template.env.set_fuel(Some(PROBE_FUEL));
-        template.windowed = template.renders_windows();
+        template.windowed = !dated && template.renders_windows();
         template.env.set_fuel(Some(FUEL));
         Ok(template)
     }
@@ -94,24 +116,29 @@ impl ChatTemplate {
     /// results, an assistant's reasoning) whole and split at every message.
     /// A template that renders earlier messages otherwise as the
     /// conversation grows (one that drops earlier reasoning, one that
-    /// checks roles alternate from the first) is not.
+    /// checks roles alternate from the first) is not, nor one that writes
+    /// the date (`strftime_now`).
     pub fn windowed(&self) -> bool {
         self.windowed
     }
 
     /// What the messages `new` add to the render of a conversation whose
     /// last message is `last` (rendered without the generation prompt),
-    /// the generation prompt included: the render of `[last, new..]` past
-    /// that of `[last]` alone. The whole conversation's render is the
+    /// the generation prompt `generation` last (see
+    /// [`ChatTemplate::generation_prompt`]): the render of `[last, new..]`
+    /// past that of `[last]` alone. The whole conversation's render is the
     /// earlier messages' (without the generation prompt) and this, for a
-    /// template found [`windowed`](ChatTemplate::windowed).
+    /// template found [`windowed`](ChatTemplate::windowed); without its
+    /// generation prompt (its first [`Window::head`] bytes), it is what the
+    /// conversation's render without one adds.
     pub fn render_after(
         &self,
         last: &Value,
         new: &[Value],
         tools: Option<Value>,
         kwargs: Option<Value>,
-    ) -> Result<String, TokensError> {
+        generation: &str,
+    ) -> Result<Window, TokensError> {
         let alone = self.render_with(
             Value::from(vec![last.clone()]),
             tools.clone(),
@@ -122,39 +149,92 @@ impl ChatTemplate {
             .chain(new.iter().cloned())
             .collect();
         let with = self.render_with(Value::from(window), tools, kwargs, true)?;
-        with.strip_prefix(alone.as_str())
-            .map(str::to_owned)
+        let text = with
+            .strip_prefix(alone.as_str())
             .ok_or(TokensError::Unsupported(
                 "a template that renders earlier messages again",
+            ))?;
+        let head = text
+            .strip_suffix(generation)
+            .ok_or(TokensError::Unsupported(
+                "a generation prompt that changes with the messages",
+            ))?;
+        Ok(Window {
+            head: head.len(),
+            text: text.to_owned(),
+        })
+    }
+
+    /// What the generation prompt adds after a conversation whose last
+    /// message is `last` (the same after any, for a template found
+    /// [`windowed`](ChatTemplate::windowed), given the tools and arguments).
+    pub fn generation_prompt(
+        &self,
+        last: &Value,
+        tools: Option<Value>,
+        kwargs: Option<Value>,
+    ) -> Result<String, TokensError> {
+        let alone = |generation| {
+            let messages = Value::from(vec![last.clone()]);
+            self.render_with(messages, tools.clone(), kwargs.clone(), generation)
+        };
+        let (with, without) = (alone(true)?, alone(false)?);
+        (with.strip_prefix(without.as_str()))
+            .map(str::to_owned)
+            .ok_or(TokensError::Unsupported(
+                "a generation prompt that changes the messages",
             ))
     }
 
-    /// Every probe conversation renders the same whole and as its first
-    /// messages (no generation prompt) followed by the rest rendered after
-    /// them; at least one renders.
+    /// Every probe conversation renders the same whole (with and without
+    /// the generation prompt) and as its first messages (no generation
+    /// prompt) followed by the rest rendered after them, down to none, with
+    /// the same generation prompt after every message; at least one
+    /// renders.
     fn renders_windows(&self) -> bool {
         let mut rendered = 0;
         for conversation in probe_conversations() {
             for tools in [None, Some(probe_tools())] {
                 let messages: Vec<Value> = conversation.iter().map(Value::from_serialize).collect();
-                let Ok(whole) =
-                    self.render_with(Value::from(messages.clone()), tools.clone(), None, true)
-                else {
+                let whole = |generation: bool| {
+                    self.render_with(
+                        Value::from(messages.clone()),
+                        tools.clone(),
+                        None,
+                        generation,
+                    )
+                };
+                let Ok(with) = whole(true) else {
                     continue;
                 };
-                for k in 1..messages.len() {
+                let Ok(without) = whole(false) else {
+                    return false;
+                };
+                let Ok(generation) = self.generation_prompt(&messages[0], tools.clone(), None)
+                else {
+                    return false;
+                };
+                for k in 1..=messages.len() {
+                    let last = &messages[k - 1];
                     let head = self.render_with(
                         Value::from(messages[..k].to_vec()),
                         tools.clone(),
                         None,
                         false,
                     );
+                    let same = self.generation_prompt(last, tools.clone(), None);
                     let after =
-                        self.render_after(&messages[k - 1], &messages[k..], tools.clone(), None);
-                    match (head, after) {
-                        (Ok(head), Ok(after))
-                            if whole.strip_prefix(head.as_str()) == Some(after.as_str()) => {}
-                        _ => return false,
+                        self.render_after(last, &messages[k..], tools.clone(), None, &generation);
+                    let (Ok(head), Ok(same), Ok(after)) = (head, same, after) else {
+                        return false;
+                    };
+                    let rest = with.strip_prefix(head.as_str());
+                    let rest_without = without.strip_prefix(head.as_str());
+                    if same != generation
+                        || rest != Some(after.text.as_str())
+                        || rest_without != Some(after.head())
+                    {
+                        return false;
                     }
                 }
                 rendered += 1;
@@ -174,14 +254,8 @@ impl ChatTemplate {
 
     /// As [`ChatTemplate::render_body`], the body parsed.
     pub fn render_value(&self, body: &Value) -> Result<String, TokensError> {
-        let get = |key: &str| {
-            body.get_attr(key)
-                .ok()
-                .filter(|v| !v.is_undefined() && !v.is_none())
-        };
-        let messages =
-            get("messages").ok_or_else(|| TokensError::Template("no messages".into()))?;
-        self.render(messages, get("tools"), get("chat_template_kwargs"))
+        let (messages, tools, kwargs) = fields(body)?;
+        self.render(messages, tools, kwargs)
     }
 
     /// The prompt text of `messages` (see [`ChatTemplate::render_body`]).
@@ -230,6 +304,17 @@ impl ChatTemplate {
             .render(Value::from_iter(ctx))
             .map_err(|e| TokensError::Template(e.to_string()))
     }
+}
+
+/// A parsed body's messages, tools and template arguments.
+pub(crate) fn fields(body: &Value) -> Result<(Value, Option<Value>, Option<Value>), TokensError> {
+    let get = |key: &str| {
+        body.get_attr(key)
+            .ok()
+            .filter(|v| !v.is_undefined() && !v.is_none())
+    };
+    let messages = get("messages").ok_or_else(|| TokensError::Template("no messages".into()))?;
+    Ok((messages, get("tools"), get("chat_template_kwargs")))
 }
 
 /// Conversations a template's windows are checked on: with and without a
@@ -308,127 +393,6 @@ fn strftime_now(format: String) -> Result<Value, Error> {
     Ok(Value::from(now.strftime(&format).to_string()))
 }
 
-/// transformers' `tojson(x, ensure_ascii=False, indent=None,
-/// separators=None, sort_keys=False)`: `json.dumps` with those, by position
-/// or by name.
-fn tojson(
-    value: Value,
-    ensure_ascii: Option<bool>,
-    indent: Option<usize>,
-    separators: Option<Value>,
-    kwargs: Kwargs,
-) -> Result<Value, Error> {
-    let indent = kwargs.get::<Option<usize>>("indent")?.or(indent);
-    let separators = kwargs.get::<Option<Value>>("separators")?.or(separators);
-    let (item, key) = match separators.filter(|s| !s.is_none()) {
-        Some(s) => {
-            let part = |i: usize| -> Result<String, Error> {
-                Ok(s.get_item(&Value::from(i))?
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned())
-            };
-            (part(0)?, part(1)?)
-        }
-        None if indent.is_some() => (",".to_owned(), ": ".to_owned()),
-        None => (", ".to_owned(), ": ".to_owned()),
-    };
-    let dumps = Dumps {
-        indent,
-        sort: kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false),
-        ascii: kwargs
-            .get::<Option<bool>>("ensure_ascii")?
-            .or(ensure_ascii)
-            .unwrap_or(false),
-        item,
-        key,
-    };
-    kwargs.assert_all_used()?;
-    let mut out = String::new();
-    dumps.write(&value, 0, &mut out)?;
-    Ok(Value::from_safe_string(out))
-}
-
-/// Python's `json.dumps` options.
-struct Dumps {
-    indent: Option<usize>,
-    sort: bool,
-    ascii: bool,
-    item: String,
-    key: String,
-}
-
-impl Dumps {
-    /// `v` into `out`, maps in their order (unless sorted).
-    fn write(&self, v: &Value, depth: usize, out: &mut String) -> Result<(), Error> {
-        use minijinja::value::ValueKind as K;
-        let newline = |out: &mut String, depth: usize| {
-            if let Some(n) = self.indent {
-                out.push('\n');
-                out.extend(std::iter::repeat_n(' ', n * depth));
-            }
-        };
-        let (open, close, keys): (char, char, Option<Vec<Value>>) = match v.kind() {
-            K::Seq | K::Iterable => ('[', ']', None),
-            K::Map => {
-                let mut keys: Vec<Value> = v.try_iter()?.collect();
-                if self.sort {
-                    keys.sort();
-                }
-                ('{', '}', Some(keys))
-            }
-            K::Undefined | K::None => {
-                out.push_str("null");
-                return Ok(());
-            }
-            _ => return self.scalar(v, out),
-        };
-        let items: Vec<(Option<Value>, Value)> = match keys {
-            Some(keys) => (keys.into_iter())
-                .map(|k| Ok((Some(k.clone()), v.get_item(&k)?)))
-                .collect::<Result<_, Error>>()?,
-            None => v.try_iter()?.map(|x| (None, x)).collect(),
-        };
-        out.push(open);
-        for (i, (k, x)) in items.iter().enumerate() {
-            if i > 0 {
-                out.push_str(&self.item);
-            }
-            newline(out, depth + 1);
-            if let Some(k) = k {
-                self.scalar(&Value::from(k.to_string()), out)?;
-                out.push_str(&self.key);
-            }
-            self.write(x, depth + 1, out)?;
-        }
-        if !items.is_empty() {
-            newline(out, depth);
-        }
-        out.push(close);
-        Ok(())
-    }
-
-    /// A string, number or bool as `json.dumps` writes it.
-    fn scalar(&self, v: &Value, out: &mut String) -> Result<(), Error> {
-        let json = serde_json::to_string(v)
-            .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
-        if !self.ascii {
-            out.push_str(&json);
-            return Ok(());
-        }
-        for c in json.chars() {
-            if c.is_ascii() {
-                out.push(c);
-            } else {
-                for unit in c.encode_utf16(&mut [0; 2]) {
-                    out.push_str(&format!("\\u{unit:04x}"));
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
 /// A request body as the template reads it (its keys in their order).
 pub fn parse_body(body: &[u8]) -> Result<Value, TokensError> {
     serde_json::from_slice(body).map_err(|e| TokensError::Template(e.to_string()))
@@ -438,33 +402,6 @@ pub fn parse_body(body: &[u8]) -> Result<Value, TokensError> {
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn tojson_writes_python_s_json_dumps() {
-        let v: Value =
-            serde_json::from_str(r#"{"b": [1, 2.5, "é😀"], "a": {}, "c": null}"#).expect("json");
-        let mut env = Environment::new();
-        env.add_filter("tojson", tojson);
-        let out = env
-            .render_str(
-                "{{ v|tojson }}|{{ v|tojson(indent=2, sort_keys=true) }}|{{ v|tojson(separators=(',', ':')) }}|{{ v|tojson(true) }}|{{ [] |tojson(indent=2) }}",
-                minijinja::context! { v => v },
-            )
-            .expect("renders");
-        let parts: Vec<&str> = out.split('|').collect();
-        // Python: json.dumps(v, ensure_ascii=False), in the client's order.
-        assert_eq!(parts[0], r#"{"b": [1, 2.5, "é😀"], "a": {}, "c": null}"#);
-        assert_eq!(
-            parts[1],
-            "{\n  \"a\": {},\n  \"b\": [\n    1,\n    2.5,\n    \"é😀\"\n  ],\n  \"c\": null\n}"
-        );
-        assert_eq!(parts[2], r#"{"b":[1,2.5,"é😀"],"a":{},"c":null}"#);
-        assert_eq!(
-            parts[3],
-            r#"{"b": [1, 2.5, "\u00e9\ud83d\ude00"], "a": {}, "c": null}"#
-        );
-        assert_eq!(parts[4], "[]");
-    }
 
     #[test]
     fn templates_render_as_transformers_does() {
@@ -504,13 +441,22 @@ mod tests {
             .expect("renders");
         let head = (t.render_with(Value::from(conversation[..2].to_vec()), None, None, false))
             .expect("renders");
-        let after =
-            (t.render_after(&conversation[1], &conversation[2..], None, None)).expect("renders");
+        let generation = (t.generation_prompt(&conversation[1], None, None)).expect("renders");
+        assert_eq!(generation, "<|im_start|>assistant\n");
+        let after = (t.render_after(
+            &conversation[1],
+            &conversation[2..],
+            None,
+            None,
+            &generation,
+        ))
+        .expect("renders");
         assert_eq!(
-            after,
+            after.text,
             "<|im_start|>user\nc<|im_end|>\n<|im_start|>assistant\n"
         );
-        assert_eq!(head + &after, whole);
+        assert_eq!(after.head(), "<|im_start|>user\nc<|im_end|>\n");
+        assert_eq!(head + &after.text, whole);
 
         // Earlier reasoning dropped once a later turn comes: not windowed.
         let drops = "{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}{% endif %}\n{% endfor %}";
@@ -520,6 +466,10 @@ mod tests {
         // answer raises, so not windowed.
         let alternates = "{% for m in messages %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('roles must alternate') }}{% endif %}[{{ m.role }}] {{ m.content }}\n{% endfor %}";
         let t = ChatTemplate::from_config(&json!({"chat_template": alternates})).expect("loads");
+        assert!(!t.windowed());
+        // The date written: an earlier turn renders otherwise the next day.
+        let dated = format!("{{{{ strftime_now('%d %B %Y') }}}}\n{chatml}");
+        let t = ChatTemplate::from_config(&json!({"chat_template": dated})).expect("loads");
         assert!(!t.windowed());
         // Tools written after the messages: an earlier render is no prefix.
         let tools_last = "{% for m in messages %}{{ m.content }}\n{% endfor %}{% if tools %}{{ tools|tojson }}{% endif %}";

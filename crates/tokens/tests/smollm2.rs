@@ -97,13 +97,19 @@ fn smollm2_s_next_turn_renders_from_its_new_messages_alone() {
         )
         .expect("renders");
     let after = (m.template)
-        .render_after(&conversation[1], &conversation[2..], None, None)
+        .render_after(
+            &conversation[1],
+            &conversation[2..],
+            None,
+            None,
+            "<|im_start|>assistant\n",
+        )
         .expect("renders");
     assert_eq!(
-        after,
+        after.text,
         "<|im_start|>user\nstep 1: fix what fails<|im_end|>\n<|im_start|>assistant\n"
     );
-    assert_eq!(head + &after, whole);
+    assert_eq!(head + &after.text, whole);
 }
 
 proptest::proptest! {
@@ -206,4 +212,43 @@ fn prompts_the_engine_builds_otherwise_are_not_rendered() {
     let texts = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
         "add_generation_prompt": true, "cache_salt": null});
     assert!(m.render(texts.to_string().as_bytes()).is_ok());
+}
+
+/// An agent loop's turns, each continued from the one before
+/// (`prompt_after` from what `earlier` left), give the ids of the whole
+/// render; the fields after the list may change where they do not render.
+#[test]
+fn a_turn_continued_from_the_one_before_has_the_whole_s_ids() {
+    let m = model();
+    assert!(m.continues());
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Fix the tests."}),
+    ];
+    let mut earlier: Option<(tokens::Earlier, usize)> = None;
+    for turn in 0..6 {
+        let body =
+            json!({"messages": messages, "model": "smollm2", "user": format!("u{}", turn % 2)});
+        let body = body.to_string().into_bytes();
+        let list_end = body.windows(2).rposition(|w| w == b"}]").expect("list") + 1;
+        let ids = m.chat_ids(&body).expect("ids");
+        let prompt = match &earlier {
+            None => m.prompt(&body, Some(list_end)).expect("renders"),
+            Some((e, at)) => m.prompt_after(e, &body, *at).expect("continues"),
+        };
+        let before = prompt.after_ids;
+        assert_eq!(turn == 0, before == 0);
+        let new = m.pieces.encode(&prompt.text).expect("ids");
+        assert_eq!(&ids[before..], new.as_slice(), "turn {turn}");
+        assert_eq!(prompt.len, m.render(&body).expect("renders").len());
+        let e = m.earlier(prompt, &new).expect("continuable");
+        assert!(e.ids > before && e.ids < ids.len(), "turn {turn}");
+        earlier = Some((e, list_end));
+        messages.push(json!({"role": "assistant", "content": format!("ran {turn}")}));
+        messages.push(json!({"role": "tool", "content": format!("{turn} failed")}));
+    }
+    // Tools given after the list change the render: not continued.
+    let (e, at) = earlier.expect("earlier");
+    let body = json!({"messages": messages, "tools": [{"type": "function"}]}).to_string();
+    assert!(m.prompt_after(&e, body.as_bytes(), at).is_err());
 }

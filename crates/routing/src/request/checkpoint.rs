@@ -25,16 +25,18 @@
 //! answered 404 and would only push others out.
 //!
 //! The store holds at most `limits.max_checkpoint_bytes` (bodies counted by
-//! their length, texts and hashes), least recently used dropped first; the
+//! their length, texts and hashes, and what a layer above keeps with a
+//! checkpoint: see [`Turn`]), least recently used dropped first; the
 //! checkpoint a longer turn resumed from is replaced by that turn's. It is
 //! sharded by the hash of a body's head (every candidate for a body is in
 //! one shard, keyed by that hash): a shard's lock is taken twice per long
 //! body (to pick a candidate, to store), never held while a body is compared
 //! or parsed nor while checkpoints are freed, and never with another's.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use bytes::Bytes;
 use xxhash_rust::xxh3::xxh3_64;
@@ -95,6 +97,42 @@ struct Checkpoint {
     system_text: usize,
     system_ends: usize,
     bytes: usize,
+    /// What a layer above keeps with it, and its bytes (see [`Turn`]).
+    kept: OnceLock<(Kept, usize)>,
+}
+
+/// A value a layer above keeps with a checkpoint.
+pub type Kept = Arc<dyn Any + Send + Sync>;
+
+/// A checkpoint as the layers above see it: where its body's message list
+/// ends, and what they keep with it ([`Checkpoints::keep_with`]; the
+/// `exact` layer keeps the turn's tokens). A later body that resumed from
+/// it has the same bytes up to [`Turn::list_end`].
+#[derive(Clone)]
+pub struct Turn {
+    checkpoint: Arc<Checkpoint>,
+    head: u64,
+}
+
+impl Turn {
+    /// The offset just past its body's last message.
+    pub fn list_end(&self) -> usize {
+        self.checkpoint.mark.raw_len
+    }
+
+    /// What was kept with it, when it is a `T`.
+    pub fn kept<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        let (kept, _) = self.checkpoint.kept.get()?;
+        Arc::clone(kept).downcast().ok()
+    }
+}
+
+impl std::fmt::Debug for Turn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Turn")
+            .field("list_end", &self.list_end())
+            .finish()
+    }
 }
 
 /// Where a body is read from: the hash of its head, and the checkpoint
@@ -136,8 +174,24 @@ struct Keep {
 #[derive(Debug)]
 pub struct Parsed {
     pub request: Request,
+    pub turns: Turns,
+}
+
+/// The checkpoints of a body's parse.
+#[derive(Debug, Clone, Default)]
+pub struct Turns {
+    /// The one it was read from (not from its first byte) ...
+    pub from: Option<Turn>,
+    /// ... and the one it left (none when its list ends where `from`'s did,
+    /// or none was kept: see [`Checkpoints::parse`]).
+    pub left: Option<Turn>,
+}
+
+impl Parsed {
     /// Read from a checkpoint, not from its first byte.
-    pub resumed: bool,
+    pub fn resumed(&self) -> bool {
+        self.turns.from.is_some()
+    }
 }
 
 impl Default for Checkpoints {
@@ -225,7 +279,7 @@ impl Checkpoints {
             let prompt = Prompt::parse(body, max)?;
             return Ok(Parsed {
                 request: prompt.into_request(block_bytes, header_key),
-                resumed: false,
+                turns: Turns::default(),
             });
         };
         let at = Keep {
@@ -249,22 +303,28 @@ impl Checkpoints {
                 let moved = left
                     .as_ref()
                     .is_none_or(|l| l.mark.raw_len != from.mark.raw_len);
-                if moved {
-                    self.keep(at, body, left, &request, Some(&from));
-                }
+                let head = at.head;
+                let left = match moved {
+                    true => self.keep(at, body, left, &request, Some(&from)),
+                    false => None,
+                };
+                let from = Some(Turn {
+                    checkpoint: from,
+                    head,
+                });
                 return Ok(Parsed {
                     request,
-                    resumed: true,
+                    turns: Turns { from, left },
                 });
             }
         }
         let (fields, mark) = walk::read(body, max, true)?;
         let left = Left::of(&fields, mark);
         let request = fields.assemble(max).into_request(block_bytes, header_key);
-        self.keep(at, body, left, &request, None);
+        let left = self.keep(at, body, left, &request, None);
         Ok(Parsed {
             request,
-            resumed: false,
+            turns: Turns { from: None, left },
         })
     }
 
@@ -320,16 +380,14 @@ impl Checkpoints {
         left: Option<Left>,
         request: &Request,
         from: Option<&Arc<Checkpoint>>,
-    ) {
+    ) -> Option<Turn> {
         // A text cut at `max` is not the list's whole text; a list that ends
         // within the head would not be found by it.
         let whole = |l: &Left| request.chain.len() < max && l.mark.raw_len >= HEAD;
-        let Some(left) = left.filter(whole) else {
-            return;
-        };
+        let left = left.filter(whole)?;
         if let (Some(serves), Some(model)) = (&self.serves, &request.model) {
             if !serves(model) {
-                return;
+                return None;
             }
         }
         let chain = request.chain.clone();
@@ -342,9 +400,10 @@ impl Checkpoints {
             system_ends: left.system_ends,
             mark: left.mark,
             bytes,
+            kept: OnceLock::new(),
         });
         if checkpoint.bytes > budget {
-            return;
+            return None;
         }
         let at = checkpoint.mark.raw_len;
         let window = at.saturating_sub(WINDOW)..at;
@@ -366,8 +425,8 @@ impl Checkpoints {
                 i += 1;
             }
         }
-        list.push((checkpoint, tick));
-        let freed: usize = gone.iter().map(|c| c.bytes).sum();
+        list.push((Arc::clone(&checkpoint), tick));
+        let freed: usize = gone.iter().map(|c| c.held()).sum();
         // Under the shard's lock, so a trim never sees this one's bytes
         // before the checkpoint itself; one change, never a passing excess.
         if added >= freed {
@@ -379,6 +438,29 @@ impl Checkpoints {
         // Freed (bodies, texts) after the lock is released.
         drop(gone);
         self.trim(budget);
+        Some(Turn { checkpoint, head })
+    }
+
+    /// Keeps `value` with `turn`'s checkpoint while the store holds it,
+    /// counted as `bytes` more against `budget`: false when it is no longer
+    /// held, something was kept with it already, or the two would not fit
+    /// the budget alone (they would displace every other).
+    pub fn keep_with(&self, turn: &Turn, value: Kept, bytes: usize, budget: usize) -> bool {
+        if turn.checkpoint.bytes + bytes > budget {
+            return false;
+        }
+        let shard = self.lock(turn.head);
+        let held = (shard.0.get(&turn.head))
+            .is_some_and(|list| list.iter().any(|(c, _)| Arc::ptr_eq(c, &turn.checkpoint)));
+        // Under the shard's lock: a checkpoint is dropped under it too, and
+        // its bytes then counted with what it keeps.
+        let kept = held && turn.checkpoint.kept.set((value, bytes)).is_ok();
+        if kept {
+            self.held.fetch_add(bytes, Relaxed);
+        }
+        drop(shard);
+        self.trim(budget);
+        kept
     }
 
     /// Drops the least recently used checkpoints (over every shard) until
@@ -416,7 +498,7 @@ impl Checkpoints {
                 if list.is_empty() {
                     shard.0.remove(&head);
                 }
-                self.held.fetch_sub(gone.bytes, Relaxed);
+                self.held.fetch_sub(gone.held(), Relaxed);
                 drop(shard);
                 drop(gone);
             }
@@ -425,6 +507,11 @@ impl Checkpoints {
 }
 
 impl Checkpoint {
+    /// Bytes it holds, with what is kept with it.
+    fn held(&self) -> usize {
+        self.bytes + self.kept.get().map_or(0, |(_, b)| *b)
+    }
+
     /// The `system` text its chain starts with.
     fn system(&self) -> &[u8] {
         &self.chain.text[..self.system_text]

@@ -156,7 +156,7 @@ proptest! {
             // A turn after one that left a checkpoint at the end of the
             // list it extends resumes from it.
             if fault.is_none() && left {
-                prop_assert!(got.is_some_and(|p| p.resumed), "turn {} did not resume", n);
+                prop_assert!(got.is_some_and(|p| p.resumed()), "turn {} did not resume", n);
             }
             let relisted = t.after[n].iter().any(|f| f.starts_with(r#""messages""#));
             left = !relisted && store.entries().iter().any(|c| c.body == body);
@@ -188,7 +188,7 @@ fn a_conversation_keeps_one_checkpoint_its_latest_turn() {
     let bodies = conversation(5);
     for (n, body) in bodies.iter().enumerate() {
         let parsed = store.parse(body, usize::MAX, 64, 1 << 30, None).unwrap();
-        assert_eq!(parsed.resumed, n > 0);
+        assert_eq!(parsed.resumed(), n > 0);
     }
     let entries = store.entries();
     assert_eq!(entries.len(), 1);
@@ -212,13 +212,16 @@ fn the_budget_drops_the_least_recently_used() {
     parse(&b[0]);
     assert_eq!(store.entries().len(), 2);
     // Using a's makes b's the oldest; a's second turn needs the room.
-    assert!(parse(&a[1]).resumed);
+    assert!(parse(&a[1]).resumed());
     assert!(store.bytes() <= budget);
-    assert!(!parse(&b[1]).resumed);
+    assert!(!parse(&b[1]).resumed());
     // No budget: nothing kept.
     let none = Checkpoints::with_min_body(0);
     none.parse(&a[0], usize::MAX, 64, 0, None).unwrap();
-    assert!(!none.parse(&a[1], usize::MAX, 64, 0, None).unwrap().resumed);
+    assert!(!none
+        .parse(&a[1], usize::MAX, 64, 0, None)
+        .unwrap()
+        .resumed());
     assert_eq!(none.bytes(), 0);
 }
 
@@ -234,7 +237,7 @@ fn a_body_that_differs_before_the_checkpoint_is_read_from_the_start() {
     forged[400] = b'y';
     let forged = Bytes::from(forged);
     let parsed = store.parse(&forged, usize::MAX, 64, 1 << 30, None).unwrap();
-    assert!(!parsed.resumed);
+    assert!(!parsed.resumed());
     let want = whole(&forged, usize::MAX, 64).unwrap();
     assert_eq!(parsed.request.chain.text, want.chain.text);
 }
@@ -248,12 +251,10 @@ fn a_lowered_budget_is_kept_at_the_next_body_and_one_too_large_displaces_none() 
     // b's first turn is larger than the budget: not kept, a's stays.
     store.parse(&b[3], usize::MAX, 64, one + 1, None).unwrap();
     assert_eq!(store.bytes(), one);
-    assert!(
-        store
-            .parse(&a[1], usize::MAX, 64, one * 3, None)
-            .unwrap()
-            .resumed
-    );
+    assert!(store
+        .parse(&a[1], usize::MAX, 64, one * 3, None)
+        .unwrap()
+        .resumed());
     // A reload to 0 frees everything at the next body, short or not.
     store.start(b"{}", usize::MAX, 0);
     assert_eq!((store.bytes(), store.entries().len()), (0, 0));
@@ -295,7 +296,7 @@ fn a_model_nobody_serves_leaves_none() {
     parse(&Bytes::from(other));
     assert_eq!(store.bytes(), 0);
     parse(&ours[0]);
-    assert!(parse(&ours[1]).resumed);
+    assert!(parse(&ours[1]).resumed());
 }
 
 #[test]
@@ -303,12 +304,52 @@ fn short_bodies_leave_no_checkpoint() {
     let store = Checkpoints::new();
     for body in conversation(3) {
         assert!(body.len() < MIN_BODY);
-        assert!(
-            !store
-                .parse(&body, usize::MAX, 64, 1 << 30, None)
-                .unwrap()
-                .resumed
-        );
+        assert!(!store
+            .parse(&body, usize::MAX, 64, 1 << 30, None)
+            .unwrap()
+            .resumed());
     }
+    assert_eq!(store.bytes(), 0);
+}
+
+#[test]
+fn what_is_kept_with_a_checkpoint_is_found_by_the_next_turn_and_counted_until_dropped() {
+    let store = Checkpoints::with_min_body(0);
+    let bodies = conversation(3);
+    let first = store
+        .parse(&bodies[0], usize::MAX, 64, 1 << 30, None)
+        .unwrap();
+    let left = first
+        .turns
+        .left
+        .expect("the first turn leaves a checkpoint");
+    assert_eq!(bodies[0][left.list_end()], b']');
+    let before = store.bytes();
+    assert!(store.keep_with(&left, Arc::new(7_u32), 1000, 1 << 30));
+    assert_eq!(store.bytes(), before + 1000);
+    // Once only.
+    assert!(!store.keep_with(&left, Arc::new(8_u32), 1000, 1 << 30));
+    let next = store
+        .parse(&bodies[1], usize::MAX, 64, 1 << 30, None)
+        .unwrap();
+    let from = next.turns.from.expect("resumed");
+    assert_eq!(from.list_end(), left.list_end());
+    assert_eq!(from.kept::<u32>().as_deref(), Some(&7));
+    assert!(from.kept::<String>().is_none());
+    // The next turn's checkpoint replaced it: its bytes and what it kept are
+    // gone, and nothing is kept with a checkpoint no longer held.
+    let now = next
+        .turns
+        .left
+        .expect("a longer list leaves a new checkpoint");
+    assert!(now.kept::<u32>().is_none());
+    assert_eq!(
+        store.bytes(),
+        store.entries().iter().map(|c| c.held()).sum::<usize>()
+    );
+    assert!(!store.keep_with(&from, Arc::new(9_u32), 10, 1 << 30));
+    assert!(store.keep_with(&now, Arc::new(10_u32), 10, 1 << 30));
+    // A budget that no longer holds it drops it with what it keeps.
+    store.start(b"{}", usize::MAX, 0);
     assert_eq!(store.bytes(), 0);
 }
