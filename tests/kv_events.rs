@@ -386,6 +386,9 @@ fn a_cards_own_events_draw_a_conversation_sent_straight_to_it_and_release_it_whe
     let reset = common::http::post_json(b.addr, "/sim/reset", &json!({}));
     assert_eq!(reset.status, 200);
     wait_kv(&router, "kv_blocks", "replica=\"b\"", 0.0);
+    // Told as vLLM tells an emptied cache: AllBlocksCleared.
+    let resets = "kv_engine_resets_total";
+    assert_eq!(kv(&router, resets, "cause=\"cleared\",replica=\"b\""), 1.0);
     assert_eq!(
         router.post("/v1/chat/completions", &agent(5)).decision(),
         "spread"

@@ -126,6 +126,7 @@ fn batch(changes: &[KvChange], block_tokens: u64) -> Vec<u8> {
             KvChange::Removed(hashes) => {
                 json!({"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU"})
             }
+            KvChange::Cleared => json!({"type": "AllBlocksCleared"}),
         })
         .collect();
     let ts = std::time::SystemTime::now()

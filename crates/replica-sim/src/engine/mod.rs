@@ -124,6 +124,8 @@ pub enum KvChange {
         tokens: Vec<u32>,
     },
     Removed(Vec<u64>),
+    /// Every block dropped (vLLM's `AllBlocksCleared`).
+    Cleared,
 }
 
 /// Lifetime counters, named after vLLM's metrics.
@@ -292,11 +294,17 @@ impl Engine {
     }
 
     /// Empties the prefix cache (a restart): unheld cached blocks dropped.
+    /// With none held (nothing running), every block is: told as vLLM's
+    /// `reset_prefix_cache` tells it, `AllBlocksCleared`; else the blocks
+    /// dropped are told removed.
     pub fn reset_cache(&mut self) -> usize {
         let dropped: Vec<u64> = self.released.drain().map(|(h, _)| h).collect();
         self.lru.clear();
         let n = dropped.len();
-        self.log_removed(dropped);
+        match (&mut self.kv_log, self.refs.is_empty()) {
+            (Some(log), true) => log.push(KvChange::Cleared),
+            _ => self.log_removed(dropped),
+        }
         n
     }
 
