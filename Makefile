@@ -1,5 +1,5 @@
 # The two commands of the README, plus the benchmarks.
-.PHONY: run test bench bench-proxy bench-sse bench-memory results fleet-results soak fuzz prepare container-check
+.PHONY: run test bench bench-proxy bench-sse bench-memory bench-scale results fleet-results soak fuzz prepare container-check
 
 prepare:
 	scripts/prepare.sh
@@ -41,6 +41,15 @@ bench-sse: prepare
 bench-memory: prepare
 	cargo build --release --bins
 	scripts/bench-memory.py --doc docs/performance.md
+
+# How the router's cost grows with its fleet (2 to 1,000 replicas: idle CPU,
+# CPU and latency per request, RSS, a /metrics scrape) and its open SSE
+# streams (100 to 10,000: RSS per stream, CPU per event, a new request's
+# latency), beside SMG's, on `routebench stubs` replicas (~15 min). Rewrites
+# docs/scale.md and its plots.
+bench-scale: prepare
+	cargo build --release --bins
+	scripts/bench-scale.py --doc docs/scale.md
 
 # The policies, singles by the counter (`shape+singles.by=spread`, the seed's
 # rule), `shape` before kv_room (`shape+kv_room=off`) and the peer SMG

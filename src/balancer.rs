@@ -121,7 +121,14 @@ impl HealthProbe {
 
 fn http_check(path: &str, tls: &ReplicaTls) -> Result<HttpHealthCheck> {
     let mut http = HttpHealthCheck::new(own_host(tls), tls.enabled);
-    let (peer, connector) = own_requests(tls);
+    let (mut peer, connector) = own_requests(tls);
+    // One connection per replica, kept between checks: a new TCP (and TLS)
+    // handshake per check and replica cost a thousand-replica fleet a core.
+    // A replica that stops accepting new connections is still seen, by the
+    // request path's connect failures (outlier ejection). Kept below
+    // uvicorn's 5 s keep-alive, so the engine does not close it first.
+    peer.options.idle_timeout = Some(Duration::from_secs(4));
+    http.reuse_connection = true;
     http.peer_template = peer;
     http.set_connector(connector);
     http.req.set_uri(
@@ -171,26 +178,39 @@ impl HealthCheck for ReplicaHealth {
         let http = self.probe.check.load_full();
         // Pingora bounds each read, not the check: a replica trickling its
         // /health body would hold the whole (parallel) round.
-        let result = match tokio::time::timeout(CHECK_DEADLINE, http.check(target)).await {
-            Ok(result) => result,
-            Err(_) => {
-                pingora_core::Error::e_explain(ErrorType::ReadTimedout, "health check deadline")
+        let http = &*http;
+        let check = |within| async move {
+            match tokio::time::timeout(within, http.check(target)).await {
+                Ok(result) => result,
+                Err(_) => {
+                    pingora_core::Error::e_explain(ErrorType::ReadTimedout, "health check deadline")
+                }
             }
         };
-        if let Some(r) = target.addr.as_inet().and_then(|a| self.replicas.by_addr(a)) {
-            let timed_out = result.as_ref().err().is_some_and(|e| {
+        let timed_out = |result: &Result<()>| {
+            result.as_ref().err().is_some_and(|e| {
                 matches!(
                     e.etype(),
                     ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout
                 )
-            });
+            })
+        };
+        let mut result = check(CHECK_DEADLINE).await;
+        if result.is_err() && !timed_out(&result) {
+            // The kept connection may be one the engine had just closed,
+            // which says nothing of the engine: a failure is checked again
+            // on a new connection (the failed one is not kept).
+            result = check(CHECK_DEADLINE.saturating_sub(started.elapsed())).await;
+        }
+        if let Some(r) = target.addr.as_inet().and_then(|a| self.replicas.by_addr(a)) {
+            let timed_out = timed_out(&result);
             if r.came_back(result.is_ok(), timed_out) {
                 let forgotten = self.policy.forget_replica(r.id);
                 if forgotten > 0 {
                     self.metrics.repaired(&r.name, Repair::Restart, forgotten);
                 }
             }
-            if result.is_ok() && !r.declares_models() {
+            if result.is_ok() && !r.declares_models() && r.models_due() {
                 let left = CHECK_DEADLINE.saturating_sub(started.elapsed());
                 if let Some(list) = self.probe.models_of(r.addr, left).await {
                     let shown = list.join(", ");

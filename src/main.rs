@@ -185,6 +185,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(why) = cfg.kv_room_inactive() {
         log::info!("{why}");
     }
+    raise_open_files();
     if cfg.timeouts.idle_ms >= 5_000 {
         log::warn!(
             "timeouts.idle_ms is {} ms: at or above the engines' keep-alive (uvicorn: 5 s), a pooled \
@@ -218,6 +219,7 @@ fn main() -> anyhow::Result<()> {
         // SIGQUIT hands the listeners to a router started with `-u` on this
         // socket, then stops like SIGTERM (after Pingora's 5 s of overlap).
         upgrade_sock: upgrade_sock.display().to_string(),
+        upstream_keepalive_pool_size: prefix_router::engine_client::IDLE_POOL,
         ..ServerConf::default()
     };
     let opt = Opt {
@@ -376,4 +378,21 @@ fn main() -> anyhow::Result<()> {
     server.run(pingora_core::server::RunArgs::default());
     drop(logging);
     Ok(())
+}
+
+/// Raises the soft limit on open descriptors to the hard one (a proxied
+/// request holds two: the client's and the replica's), and says so: the
+/// common soft default of 1,024 caps a router at about 500 open streams.
+fn raise_open_files() {
+    let before = rlimit::Resource::NOFILE.get().map(|(soft, _)| soft);
+    match (before, rlimit::increase_nofile_limit(u64::MAX)) {
+        (Ok(before), Ok(now)) if now > before => log::info!(
+            "open files: soft limit raised from {before} to {now} (the hard limit); \
+             each open request holds two"
+        ),
+        (Ok(_), Ok(now)) => log::info!("open files: up to {now}; each open request holds two"),
+        (_, Err(e)) | (Err(e), _) => {
+            log::warn!("open files: the soft limit could not be raised: {e}")
+        }
+    }
 }

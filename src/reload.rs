@@ -242,8 +242,7 @@ impl Reloader {
             self.live.metrics.forget_replica(old);
         }
         if !change.removed.is_empty() || !change.renamed.is_empty() {
-            live.metrics
-                .sweep_replicas(|name| now.iter().any(|r| r.name == name));
+            sweep(&live.metrics, &now);
         }
         for r in now.iter() {
             self.live
@@ -389,15 +388,20 @@ impl BackgroundService for Reloader {
                     // meets a replica half added.
                     if swept.elapsed() >= SWEEP_EVERY {
                         swept = Instant::now();
-                        let now = self.live.replicas.snapshot();
-                        self.live
-                            .metrics
-                            .sweep_replicas(|name| now.iter().any(|r| r.name == name));
+                        sweep(&self.live.metrics, &self.live.replicas.snapshot());
                     }
                 }
             }
         }
     }
+}
+
+/// Drops the series of replica names no longer in `now` (a name set, not a
+/// scan of the list per series: a thousand replicas export tens of
+/// thousands of series).
+fn sweep(metrics: &crate::metrics::Metrics, now: &crate::replicas::View) {
+    let names: std::collections::HashSet<&str> = now.iter().map(|r| r.name.as_str()).collect();
+    metrics.sweep_replicas(|name| names.contains(name));
 }
 
 #[cfg(test)]

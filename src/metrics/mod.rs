@@ -227,15 +227,15 @@ impl Metrics {
             )?,
             first_byte_seconds: register_histogram_vec_with_registry!(
                 "prefix_router_first_byte_seconds",
-                "Time from request arrival to the first response body bytes from the replica (the router's view of time to first token), by replica and decision",
-                &["replica", "decision"],
+                "Time from request arrival to the first response body bytes from the replica (the router's view of time to first token), by decision (not by replica: a fleet of a thousand would export a million series)",
+                &["decision"],
                 LATENCY_BUCKETS.to_vec(),
                 registry
             )?,
             duration_seconds: register_histogram_vec_with_registry!(
                 "prefix_router_request_duration_seconds",
-                "Time from request arrival to the end of the replica's response, by replica and decision",
-                &["replica", "decision"],
+                "Time from request arrival to the end of the replica's response, by decision",
+                &["decision"],
                 LATENCY_BUCKETS.to_vec(),
                 registry
             )?,
@@ -541,9 +541,6 @@ impl Metrics {
                 let _ = self
                     .requests
                     .remove_label_values(&[replica, reason, shape.as_str()]);
-            }
-            for h in [&self.first_byte_seconds, &self.duration_seconds] {
-                let _ = h.remove_label_values(&[replica, reason]);
             }
             for c in [
                 &self.predicted_cached,

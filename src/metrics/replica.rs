@@ -63,7 +63,8 @@ pub struct ReplicaCounters {
     usage: Vec<[IntCounter; 3]>,
     /// `pin_outcomes_total`: hit, miss.
     outcomes: [IntCounter; 2],
-    /// `first_byte_seconds` and `duration_seconds` by reason (same order).
+    /// `first_byte_seconds` and `duration_seconds` by reason (same order;
+    /// the fleet's, shared by every replica).
     timings: Vec<[Histogram; 2]>,
     failovers: IntCounter,
 }
@@ -84,7 +85,7 @@ impl ReplicaCounters {
             .clone()
             .map(|r| {
                 [&m.first_byte_seconds, &m.duration_seconds]
-                    .map(|h| h.with_label_values(&[name, r.as_str()]))
+                    .map(|h| h.with_label_values(&[r.as_str()]))
             })
             .collect();
         let usage = reasons

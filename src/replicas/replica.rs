@@ -15,6 +15,11 @@ use crate::kv::EngineBlocks;
 use crate::metrics::ReplicaCounters;
 use crate::policy::{EngineLoad, ReplicaId, ReplicaState, Room, BYTES_PER_TOKEN};
 
+/// Passing health checks between two reads of a replica's `/v1/models`
+/// (10 s at the default interval: a fleet of a thousand replicas is not
+/// asked for a thousand model lists a second).
+pub const MODELS_EVERY: u32 = 10;
+
 /// Seconds a lost pin waits for another client's to corroborate it.
 pub const WITNESS_S: u32 = 300;
 
@@ -226,6 +231,18 @@ impl Replica {
     /// The models it serves, when known.
     pub fn models(&self) -> Option<Arc<Vec<String>>> {
         self.models.load_full()
+    }
+
+    /// Whether a passing health check reads its `/v1/models` again: on the
+    /// first pass in a row, while none is known, and every [`MODELS_EVERY`]
+    /// passes after (an engine may load a model, such as a LoRA adapter,
+    /// while up). Read before the pass is counted.
+    pub fn models_due(&self) -> bool {
+        self.models.load().is_none()
+            || self
+                .checks_passed
+                .load(Relaxed)
+                .is_multiple_of(MODELS_EVERY)
     }
 
     /// Takes the list its `/v1/models` gave, unless the config declares its

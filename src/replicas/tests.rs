@@ -53,6 +53,36 @@ fn only_a_pass_after_the_engine_went_away_says_it_came_back() {
 }
 
 #[test]
+fn model_lists_are_read_when_unknown_after_a_failure_and_every_tenth_pass() {
+    let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1")]), Metrics::standalone());
+    let a = Arc::clone(&set.snapshot()[0]);
+    let now = Instant::now();
+    // Unknown: every pass asks.
+    for _ in 0..3 {
+        assert!(a.models_due());
+        a.on_check(true, false, now, &CHECKS);
+    }
+    a.learn_models(vec!["m".into()]);
+    let due: Vec<bool> = (0..2 * super::replica::MODELS_EVERY)
+        .map(|_| {
+            let due = a.models_due();
+            a.on_check(true, false, now, &CHECKS);
+            due
+        })
+        .collect();
+    // Passes 3..23 in a row: due at the 10th and the 20th.
+    let at: Vec<usize> = (due.iter().enumerate())
+        .filter(|(_, d)| **d)
+        .map(|(i, _)| i + 3)
+        .collect();
+    assert_eq!(at, [10, 20]);
+    // A failed check: the next pass asks again (the engine may have
+    // restarted with another model).
+    a.on_check(false, false, now, &CHECKS);
+    assert!(a.models_due());
+}
+
+#[test]
 fn a_lost_pin_repairs_only_when_another_client_corroborates_it() {
     let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1")]), Metrics::standalone());
     let a = Arc::clone(&set.snapshot()[0]);

@@ -28,8 +28,10 @@
 
 mod client;
 mod fleet;
+mod hold;
 mod report;
 mod scenarios;
+mod stubs;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -93,6 +95,10 @@ struct Common {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Serve many lightweight replicas in this process (`make bench-scale`).
+    Stubs(stubs::StubArgs),
+    /// Open many SSE streams through an endpoint and hold them (`make bench-scale`).
+    Hold(hold::HoldArgs),
     /// Run scenarios against one endpoint.
     Run {
         /// Base URL of the endpoint (the router, or a replica).
@@ -229,6 +235,8 @@ fn save(out: &std::path::Path, file: &str, samples: &[Sample], sizes: &Sizes) ->
 pub async fn main() -> Result<()> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     match Cli::parse().cmd {
+        Cmd::Stubs(args) => stubs::stubs(args).await,
+        Cmd::Hold(args) => hold::hold(args).await,
         Cmd::Run {
             url,
             probe_url,

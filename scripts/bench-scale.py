@@ -1,0 +1,480 @@
+#!/usr/bin/env python3
+"""Scale: how the router's cost grows with its fleet and its open streams,
+beside SMG's, in one run (issue 31).
+
+Replicas are `routebench stubs`: N lightweight replicas in one process
+(health, `/v1/models`, vLLM-format `/metrics`, a fixed small chat answer or a
+slow SSE stream). The router (`policy: shape`, `threads: 1`, health checks
+every second, `engine_load` reading every replica's `/metrics` every 500 ms,
+its access log on as shipped) and SMG (`cache_aware`) each run pinned to one
+CPU (--proxy-cpu); the stubs, wrk and the stream holder share the other
+(--load-cpus). Arms alternate at every size.
+
+Curves:
+- replicas (2, 16, 128, 1000): the CPU the arm spends idle (health checks,
+  model lists, engine reads), then wrk at 16 connections sending distinct
+  ~4 KiB one-shot questions (each a single, spread by the counter): req/s,
+  p50/p99 and p50 added over the stub direct, CPU-µs per request, RSS, and
+  a `/metrics` scrape's size and time;
+- open streams (100, 1000, 10000, capped by the descriptor budget: two per
+  stream): `routebench hold` opens that many SSE streams (one event a
+  second) through the arm, then, with all held: RSS per stream, CPU per SSE
+  event, and a new small request's latency (wrk, one connection) against the
+  same with nothing held.
+
+    make bench-scale          # or: scripts/bench-scale.py --doc docs/scale.md
+    scripts/bench-scale.py --quick --arms router
+
+Writes bench-out/scale/scale.json, and with --doc the block between
+`<!-- scale bench -->` and `<!-- /scale bench -->` of that Markdown file (the
+rest is kept) with its plots (SVG) beside it.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location("bench_proxy", os.path.join(HERE, "bench-proxy.py"))
+bp = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bp)
+ROOT, Procs, tree, cpu_s, status_kib, free_port, write = bp.ROOT, bp.Procs, bp.tree, bp.cpu_s, bp.status_kib, bp.free_port, bp.write
+
+ARMS = ["router", "smg"]
+# What the report says of how a run was made (kept in scale.json).
+RUN_ARGS = ["duration", "idle", "settle", "rate", "window", "probe"]
+MARK_BEGIN, MARK_END = "<!-- scale bench -->", "<!-- /scale bench -->"
+NAMES = {"router": "prefix-router", "smg": "SMG cache_aware", "direct": "stub direct"}
+ROUTEBENCH = os.path.join(ROOT, "target/release/routebench")
+ROUTER = os.path.join(ROOT, "target/release/prefix-router")
+# Distinct one-shot questions of about 4 KiB: a number first, so no two share
+# a prefix (each is a single, spread by the counter).
+LUA = r"""
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local filler = string.rep("please summarise the following notes for the team meeting. ", 66)
+n = 0
+bad = 0
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) n = 0; bad = 0 end
+function request()
+  n = n + 1
+  local body = '{"model":"bench","max_tokens":16,"messages":[{"role":"user","content":"question ' ..
+    n .. " " .. math.random(1000000000) .. ": " .. filler .. '"}]}'
+  return wrk.format(nil, nil, nil, body)
+end
+function response(status, headers, body)
+  if status ~= 200 or not body or not string.find(body, "chat.completion", 1, true) then bad = bad + 1 end
+end
+function done(summary, latency, requests)
+  local b = 0
+  for _, t in ipairs(threads) do b = b + t:get("bad") end
+  local e = summary.errors
+  io.write(string.format('BENCH {"requests": %d, "duration_us": %d, "bad": %d, "errors": %d, ' ..
+    '"p50_us": %d, "p99_us": %d}\n', summary.requests, summary.duration, b,
+    e.connect + e.read + e.write + e.timeout, latency:percentile(50), latency:percentile(99)))
+end
+"""
+
+
+def http_get(url, timeout=10):
+    t = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        body = r.read()
+    return r.status, body, time.perf_counter() - t
+
+
+def start_stubs(procs, a, name, n, events, gap_ms):
+    p = subprocess.Popen(["taskset", "-c", a.load_cpus, ROUTEBENCH, "stubs", "--replicas", str(n),
+                          "--events", str(events), "--gap-ms", str(gap_ms)],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    p.bench_name = name
+    procs.all.append(p)
+    ports = [int(p.stdout.readline()) for _ in range(n)]
+    return p, ports
+
+
+def start_arm(procs, a, work, arm, ports, max_requests=None):
+    """The arm in front of `ports`; `max_requests`: its bound on requests in
+    flight, raised for the open-streams curve (both default to about 4,096)."""
+    port, mport = free_port(), free_port()
+    if arm == "router":
+        lines = [f'listen: "127.0.0.1:{port}"', f'metrics_listen: "127.0.0.1:{mport}"', "policy: shape",
+                 "threads: 1", "health_check: {interval_ms: 1000}", "engine_load: {interval_ms: 500}"]
+        if max_requests:
+            lines.append(f"limits: {{max_requests: {max_requests}}}")
+        lines.append("replicas:")
+        lines += [f'  - {{name: r{i}, addr: "127.0.0.1:{p}"}}' for i, p in enumerate(ports)]
+        cfg = write(os.path.join(work, f"router-{len(ports)}.yaml"), "\n".join(lines) + "\n")
+        proc = procs.start(f"router-{len(ports)}", [ROUTER, "--config", cfg], a.proxy_cpu, {"RUST_LOG": "info"})
+    else:
+        smg, why = bp.ensure_smg(a.venv)
+        if not smg:
+            return None, why
+        proc = procs.start(f"smg-{len(ports)}", [smg, "launch", "--host", "127.0.0.1", "--port", str(port),
+                                                 "--worker-urls"] + [f"http://127.0.0.1:{p}" for p in ports] +
+                           ["--policy", "cache_aware", "--prometheus-host", "127.0.0.1",
+                            "--prometheus-port", str(mport), "--log-level", "warn"] +
+                           (["--max-concurrent-requests", str(max_requests)] if max_requests else []),
+                           a.proxy_cpu)
+    info = {"arm": arm, "port": port, "mport": mport, "proc": proc}
+    why = wait_ready(info, len(ports))
+    return (info, None) if not why else (None, why)
+
+
+def ready_count(info):
+    """Replicas the arm sees up, or None while it does not answer."""
+    try:
+        _, page, _ = http_get(f"http://127.0.0.1:{info['mport']}/metrics", 5)
+    except OSError:
+        return None
+    page = page.decode()
+    if info["arm"] == "router":
+        return len(re.findall(r'^prefix_router_replica_up\{[^}]*\} 1$', page, re.M))
+    # SMG: a chat answered is enough to start; its workers are checked by it.
+    return None
+
+
+def wait_ready(info, n, timeout=180):
+    deadline = time.time() + timeout
+    body = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "ready?"}]}).encode()
+    while time.time() < deadline:
+        if info["proc"].poll() is not None:
+            return f"exited with {info['proc'].returncode}"
+        up = ready_count(info)
+        if info["arm"] == "router" and (up or 0) < n:
+            time.sleep(0.2)
+            continue
+        try:
+            req = urllib.request.Request(f"http://127.0.0.1:{info['port']}/v1/chat/completions", body,
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=5) as r:
+                if r.status == 200:
+                    return None
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return "not ready in time"
+
+
+def pids_of(info):
+    return tree(info["proc"].pid)
+
+
+def wrk(a, port, lua, conns, seconds):
+    out = subprocess.run(["taskset", "-c", a.load_cpus, "wrk", "-t1", f"-c{conns}", f"-d{seconds}s",
+                          "--timeout", "10s", "-s", lua, f"http://127.0.0.1:{port}/v1/chat/completions"],
+                         capture_output=True, text=True).stdout
+    line = next((l for l in out.splitlines() if l.startswith("BENCH ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk printed no result:\n{out}")
+    r = json.loads(line[6:])
+    r["good"] = r["requests"] - r["bad"]
+    r["rps"] = r["good"] / (r["duration_us"] / 1e6)
+    return r
+
+
+def scrape(info, times=5):
+    url = f"http://127.0.0.1:{info['mport']}/metrics"
+    got = [http_get(url) for _ in range(times)]
+    return len(got[-1][1]), statistics.median(t for _, _, t in got)
+
+
+def replicas_point(a, procs, work, lua, arm, n, ports, direct):
+    info, why = start_arm(procs, a, work, arm, ports)
+    if not info:
+        return {"arm": arm, "replicas": n, "skipped": why}
+    pids = pids_of(info)
+    time.sleep(a.settle)
+    c0, t0 = cpu_s(pids), time.time()
+    time.sleep(a.idle)
+    idle = (cpu_s(pids) - c0) / (time.time() - t0)
+    wrk(a, info["port"], lua, 16, 1)
+    c0 = cpu_s(pids)
+    r = wrk(a, info["port"], lua, 16, a.duration)
+    cpu = cpu_s(pids) - c0
+    size, took = scrape(info)
+    point = {"arm": arm, "replicas": n, "idle_cpu": idle, "rps": r["rps"], "p50_us": r["p50_us"],
+             "p99_us": r["p99_us"], "added_p50_us": r["p50_us"] - direct["p50_us"],
+             "cpu_us_per_req": cpu / max(1, r["good"]) * 1e6,
+             "cpu_us_per_req_less_idle": max(0.0, cpu - idle * r["duration_us"] / 1e6) / max(1, r["good"]) * 1e6,
+             "rss_mib": status_kib(pids, "VmRSS") / 1024, "scrape_bytes": size, "scrape_ms": took * 1e3,
+             "requests": r["requests"], "errors": r["bad"] + r["errors"]}
+    stop(procs, info["proc"])
+    return point
+
+
+def stop(procs, p):
+    if p.poll() is None:
+        os.killpg(p.pid, 15)
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            p.wait()
+    procs.all.remove(p)
+
+
+def hold_lines(proc):
+    """The holder's latest report."""
+    line = proc.stdout.readline()
+    return json.loads(line) if line else None
+
+
+def streams_point(a, procs, work, lua, arm, s, ports, body_file):
+    info, why = start_arm(procs, a, work, arm, ports, max_requests=2 * s + 100)
+    if not info:
+        return {"arm": arm, "streams": s, "skipped": why}
+    pids = pids_of(info)
+    time.sleep(a.settle)
+    idle_probe = wrk(a, info["port"], lua, 1, a.probe)
+    rss0 = status_kib(pids, "VmRSS")
+    holder = subprocess.Popen(["taskset", "-c", a.load_cpus, ROUTEBENCH, "hold", "--addr",
+                               f"127.0.0.1:{info['port']}", "--streams", str(s), "--rate", str(a.rate),
+                               "--body-file", body_file, "--report-ms", "500"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    holder.bench_name = "hold"
+    procs.all.append(holder)
+    rep = hold_lines(holder)
+    while rep and rep["opened"] + rep["failed"] < s:
+        rep = hold_lines(holder)
+    point = {"arm": arm, "streams": s, "opened": rep["opened"] if rep else 0, "idle_p50_us": idle_probe["p50_us"],
+             "idle_p99_us": idle_probe["p99_us"]}
+    c0, e0, t0 = cpu_s(pids), rep["events"], time.time()
+    while rep and time.time() - t0 < a.window:
+        rep = hold_lines(holder)
+    cpu, events = cpu_s(pids) - c0, (rep["events"] if rep else e0) - e0
+    rss = status_kib(pids, "VmRSS")
+    probe = wrk(a, info["port"], lua, 1, a.probe)
+    point.update(rss_mib=rss / 1024, rss_kib_per_stream=(rss - rss0) / max(1, s), events=events,
+                 cpu_us_per_event=cpu / max(1, events) * 1e6, held_p50_us=probe["p50_us"],
+                 held_p99_us=probe["p99_us"], probe_errors=probe["bad"] + probe["errors"])
+    while rep:
+        rep, last = hold_lines(holder), rep
+    point["done"], point["failed"] = last["done"], last["failed"]
+    holder.wait()
+    procs.all.remove(holder)
+    stop(procs, info["proc"])
+    return point
+
+
+# ---------------------------------------------------------------- report
+
+def svg_chart(title, xlabel, ylabel, series, logx=True, logy=False):
+    """A small line chart: series is {name: [(x, y), ...]}."""
+    import math
+    w, h, l, r, t, b = 360, 240, 56, 12, 26, 40
+    pts = [p for s in series.values() for p in s if p[1] is not None]
+    if not pts:
+        return ""
+    fx = (lambda x: math.log10(x)) if logx else (lambda x: x)
+    fy = (lambda y: math.log10(max(y, 1e-9))) if logy else (lambda y: y)
+    xs, ys = [fx(p[0]) for p in pts], [fy(p[1]) for p in pts]
+    x0, x1 = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
+    y0, y1 = (min(ys), max(ys)) if logy else (0, max(ys) * 1.1 or 1)
+    if y1 == y0:
+        y1 = y0 + 1
+    sx = lambda x: l + (fx(x) - x0) / (x1 - x0) * (w - l - r)
+    sy = lambda y: h - b - (fy(y) - y0) / (y1 - y0) * (h - t - b)
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="10">',
+           f'<text x="{w / 2}" y="14" text-anchor="middle" font-size="12">{title}</text>',
+           f'<line x1="{l}" y1="{h - b}" x2="{w - r}" y2="{h - b}" stroke="#000"/>',
+           f'<line x1="{l}" y1="{t}" x2="{l}" y2="{h - b}" stroke="#000"/>',
+           f'<text x="{(l + w - r) / 2}" y="{h - 6}" text-anchor="middle">{xlabel}</text>',
+           f'<text x="12" y="{(t + h - b) / 2}" text-anchor="middle" transform="rotate(-90 12 {(t + h - b) / 2})">{ylabel}</text>']
+    for x in sorted({p[0] for p in pts}):
+        out.append(f'<text x="{sx(x):.1f}" y="{h - b + 12}" text-anchor="middle">{x:,}</text>')
+    for i in range(5):
+        y = y0 + (y1 - y0) * i / 4
+        v = 10 ** y if logy else y
+        out.append(f'<text x="{l - 4}" y="{h - b - (h - t - b) * i / 4 + 3:.1f}" text-anchor="end">{v:,.3g}</text>')
+    for i, (name, s) in enumerate(series.items()):
+        s = [p for p in s if p[1] is not None]
+        c = colors[i % len(colors)]
+        out.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.5" points="' +
+                   " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s) + '"/>')
+        out += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{c}"/>' for x, y in s]
+        out.append(f'<text x="{l + 8}" y="{t + 12 + 12 * i}" fill="{c}">{name}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def plots(doc_dir, rep_points, stream_points):
+    made = []
+    def series(points, key, x):
+        return {NAMES[arm]: [(p[x], p.get(key)) for p in points if p["arm"] == arm and "skipped" not in p]
+                for arm in ARMS if any(p["arm"] == arm for p in points)}
+    for key, title, unit, pts, x, xl in (
+            ("cpu_us_per_req", "CPU per request", "CPU-µs", rep_points, "replicas", "replicas"),
+            ("added_p50_us", "p50 added over direct", "µs", rep_points, "replicas", "replicas"),
+            ("idle_cpu", "CPU used idle", "cores", rep_points, "replicas", "replicas"),
+            ("scrape_ms", "/metrics scrape", "ms", rep_points, "replicas", "replicas"),
+            ("rss_mib", "RSS", "MiB", stream_points, "streams", "open streams"),
+            ("cpu_us_per_event", "CPU per SSE event", "CPU-µs", stream_points, "streams", "open streams"),
+            ("held_p50_us", "a new request's p50 while held", "µs", stream_points, "streams", "open streams")):
+        svg = svg_chart(title, xl, unit, series(pts, key, x))
+        if svg:
+            name = f"scale-{x}-{key}.svg"
+            with open(os.path.join(doc_dir, name), "w") as f:
+                f.write(svg)
+            made.append((title, name))
+    return made
+
+
+def fmt(v, spec=",.0f"):
+    return "—" if v is None else format(v, spec)
+
+
+def doc(a, meta, direct, rep_points, stream_points, made):
+    out = [MARK_BEGIN, f"Command: `make bench-scale` (`scripts/bench-scale.py {meta.get('command', '--doc docs/scale.md')}`), {meta['date']}, commit "
+           f"{meta['commit']}. Machine: {meta['cpu']}, {meta['cores']} cores, Linux {meta['kernel']}, "
+           f"load average {meta['loadavg']} at the start; SMG {meta['smg']}.\n",
+           __doc__.split("\n\n")[1].replace("\n", " ") + "\n",
+           "\n## Replicas\n",
+           f"wrk: one thread, 16 connections, {a.duration} s per point after 1 s of warm-up; "
+           f"idle CPU over {a.idle} s after {a.settle} s of settling. Stub direct (wrk to one stub port): "
+           + ", ".join(f"{d['replicas']} replicas p50 {d['p50_us']} µs" for d in direct) + ".\n",
+           "| arm | replicas | idle CPU (cores) | req/s | p50 | p99 | p50 added | CPU-µs/req | less idle | RSS MiB | scrape | scrape ms | requests | errors |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in rep_points:
+        if "skipped" in p:
+            out.append(f"| {NAMES[p['arm']]} | {p['replicas']:,} | not run: {p['skipped']} |" + " |" * 11)
+            continue
+        out.append(f"| {NAMES[p['arm']]} | {p['replicas']:,} | {p['idle_cpu']:.3f} | {fmt(p['rps'])} | "
+                   f"{p['p50_us']:,} µs | {p['p99_us']:,} µs | {p['added_p50_us']:,} µs | {p['cpu_us_per_req']:.1f} | "
+                   f"{p['cpu_us_per_req_less_idle']:.1f} | {p['rss_mib']:.1f} | {p['scrape_bytes'] / 1024:,.0f} KiB | "
+                   f"{p['scrape_ms']:.1f} | {p['requests']:,} | {p['errors']} |")
+    out += ["\n## Open streams\n",
+            f"`routebench hold` opens the streams at {a.rate:g} a second through the arm in front of two stub "
+            f"replicas (one SSE event a second per stream); once all are open, CPU and SSE events are counted "
+            f"over {a.window} s, then wrk (one connection, {a.probe} s) sends small non-streamed requests. "
+            f"Descriptors: {meta['nofile']} per process here; each stream holds two in the proxy, so "
+            f"the top step is {meta['max_streams']:,}.\n",
+            "| arm | streams | opened | RSS MiB | KiB per stream | SSE events | CPU-µs per event | new request p50 idle / held | p99 idle / held | done | failed |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in stream_points:
+        if "skipped" in p:
+            out.append(f"| {NAMES[p['arm']]} | {p['streams']:,} | not run: {p['skipped']} |" + " |" * 8)
+            continue
+        out.append(f"| {NAMES[p['arm']]} | {p['streams']:,} | {p['opened']:,} | {p['rss_mib']:.1f} | "
+                   f"{p['rss_kib_per_stream']:.1f} | {p['events']:,} | {p['cpu_us_per_event']:.1f} | "
+                   f"{p['idle_p50_us']:,} / {p['held_p50_us']:,} µs | {p['idle_p99_us']:,} / {p['held_p99_us']:,} µs | "
+                   f"{p['done']:,} | {p['failed']:,} |")
+    out.append("\n## Plots\n")
+    out += [f"![{t}]({n})" for t, n in made]
+    out.append(MARK_END)
+    return "\n".join(out) + "\n"
+
+
+def write_doc(path, text):
+    """Replaces the generated block of `path` (the rest, such as what a
+    session read from the figures, is kept), or starts the file."""
+    old = open(path).read() if os.path.exists(path) else "# Scale\n\n" + MARK_BEGIN + MARK_END
+    head, rest = old.split(MARK_BEGIN, 1)
+    with open(path, "w") as f:
+        f.write(head + text.rstrip("\n") + rest.split(MARK_END, 1)[1])
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--replicas", default="2,16,128,1000")
+    ap.add_argument("--streams", default="100,1000,10000")
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--parts", default="replicas,streams")
+    ap.add_argument("--duration", type=int, default=5, help="seconds of wrk per replicas point")
+    ap.add_argument("--idle", type=float, default=5, help="seconds of idle CPU measured per replicas point")
+    ap.add_argument("--settle", type=float, default=3, help="seconds after an arm is ready")
+    ap.add_argument("--rate", type=float, default=1000, help="streams opened per second")
+    ap.add_argument("--window", type=float, default=10, help="seconds of CPU counted with all streams open")
+    ap.add_argument("--probe", type=int, default=3, help="seconds of wrk probing a new request's latency")
+    ap.add_argument("--proxy-cpu", default="0")
+    ap.add_argument("--load-cpus", default="1")
+    ap.add_argument("--quick", action="store_true", help="smoke test: small sizes, short runs")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench-out/scale"))
+    ap.add_argument("--venv", default=os.path.join(ROOT, "bench-out/venv"))
+    ap.add_argument("--doc", help="write the report to this Markdown file (plots beside it)")
+    ap.add_argument("--from-json", help="write --doc from an earlier run's scale.json; run nothing")
+    a = ap.parse_args()
+    if a.quick:
+        a.replicas, a.streams, a.duration, a.idle, a.settle, a.window, a.probe = "2,16", "100", 2, 1, 1, 2, 1
+    a.replicas = [int(x) for x in a.replicas.split(",")]
+    a.streams = [int(x) for x in a.streams.split(",")]
+    a.arms, a.parts = a.arms.split(","), a.parts.split(",")
+    return a
+
+
+def report(a, meta, direct, rep_points, stream_points):
+    made = plots(os.path.dirname(os.path.abspath(a.doc)), rep_points, stream_points)
+    write_doc(a.doc, doc(a, meta, direct, rep_points, stream_points, made))
+
+
+def main():
+    a = parse_args()
+    if a.from_json:
+        run = json.load(open(a.from_json))
+        a.__dict__.update(run.get("args", {}))
+        return report(a, run["meta"], run["direct"], run["replicas"], run["streams"])
+    if bp.ensure_debian({"wrk": "wrk"}):
+        sys.exit("cannot run: wrk could not be installed")
+    for b in (ROUTER, ROUTEBENCH):
+        if not os.path.exists(b):
+            sys.exit(f"{b} missing (cargo build --release --bins)")
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    os.makedirs(a.out, exist_ok=True)
+    work = a.out
+    lua = write(os.path.join(work, "singles.lua"), LUA)
+    body_file = write(os.path.join(work, "stream.json"), json.dumps(
+        {"model": "bench", "stream": True, "max_tokens": 64,
+         "messages": [{"role": "user", "content": "tell me a long story, slowly"}]}))
+    max_streams = (hard - 256) // 2
+    meta = {"date": time.strftime("%Y-%m-%d"), "commit": bp.sh(f"git -C {ROOT} describe --always --dirty"),
+            "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
+            "cores": os.cpu_count(), "kernel": os.uname().release, "loadavg": open("/proc/loadavg").read().split()[0],
+            "smg": bp.sh(f"{a.venv}/bin/pip show smg 2>/dev/null | sed -n 's/^Version: //p'") or "-",
+            "nofile": hard, "max_streams": max_streams, "command": " ".join(sys.argv[1:])}
+    procs = Procs(work)
+    direct, rep_points, stream_points = [], [], []
+    try:
+        if "replicas" in a.parts:
+            for n in a.replicas:
+                stubs, ports = start_stubs(procs, a, f"stubs-{n}", n, 4, 0)
+                d = wrk(a, ports[0], lua, 16, a.duration)
+                direct.append({"replicas": n, "p50_us": d["p50_us"], "p99_us": d["p99_us"]})
+                for arm in a.arms:
+                    p = replicas_point(a, procs, work, lua, arm, n, ports, d)
+                    rep_points.append(p)
+                    print(json.dumps(p), file=sys.stderr)
+                stop(procs, stubs)
+        if "streams" in a.parts:
+            # Each stream outlasts its point's ramp, window and probe.
+            last = int(min(max(a.streams), max_streams) / a.rate + a.window + a.probe + 10)
+            stubs, ports = start_stubs(procs, a, "stubs-streams", 2, last, 1000)
+            for s in a.streams:
+                s = min(s, max_streams)
+                for arm in a.arms:
+                    p = streams_point(a, procs, work, lua, arm, s, ports, body_file)
+                    stream_points.append(p)
+                    print(json.dumps(p), file=sys.stderr)
+            stop(procs, stubs)
+    finally:
+        procs.stop_all()
+    with open(os.path.join(a.out, "scale.json"), "w") as f:
+        json.dump({"meta": meta, "args": {k: getattr(a, k) for k in RUN_ARGS}, "direct": direct,
+                   "replicas": rep_points, "streams": stream_points}, f, indent=1)
+    if a.doc:
+        report(a, meta, direct, rep_points, stream_points)
+
+
+if __name__ == "__main__":
+    main()
