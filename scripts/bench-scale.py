@@ -297,7 +297,8 @@ def svg_chart(title, xlabel, ylabel, series, logx=True, logy=False):
     for i in range(5):
         y = y0 + (y1 - y0) * i / 4
         v = 10 ** y if logy else y
-        out.append(f'<text x="{l - 4}" y="{h - b - (h - t - b) * i / 4 + 3:.1f}" text-anchor="end">{v:,.3g}</text>')
+        out.append(f'<text x="{l - 4}" y="{h - b - (h - t - b) * i / 4 + 3:.1f}" text-anchor="end">{v:,.0f}</text>' if v >= 10 else
+                   f'<text x="{l - 4}" y="{h - b - (h - t - b) * i / 4 + 3:.1f}" text-anchor="end">{v:.3g}</text>')
     for i, (name, s) in enumerate(series.items()):
         s = [p for p in s if p[1] is not None]
         c = colors[i % len(colors)]

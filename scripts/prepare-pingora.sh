@@ -9,7 +9,8 @@
 # - pingora-core: a total deadline for a client's request head (slowloris);
 #   a request body read straight into the caller's buffer (one copy, not two);
 #   an HTTP/1 request head held back to go out with the body's first write;
-#   a replica's response head read with room for the headers the router adds.
+#   a replica's response head read with room for the headers the router adds;
+#   a replica's response body read through a 16 KiB buffer (was 64 KiB).
 #   scripts/prepare-pingora.sh --check   # vendor/ is exactly crate + diff (CI)
 #   scripts/prepare-pingora.sh           # rebuild vendor/ after editing a diff
 set -euo pipefail

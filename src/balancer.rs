@@ -59,21 +59,41 @@ pub fn balancer(
 /// and the `GET /v1/models` that follows each pass, from which a replica's
 /// models are learned (unless the config declares them).
 pub struct HealthProbe {
-    check: ArcSwap<HttpHealthCheck>,
+    /// Checks on a kept connection, and on a new one each time.
+    check: ArcSwap<Checks>,
     /// How results become up and down (`health_check`'s thresholds).
     rules: ArcSwap<HealthRules>,
     models: OwnGet,
     tls: ReplicaTls,
 }
 
+/// A check that failed on a kept connection is tried again on a new one
+/// only with this much of its deadline left (else it stands).
+const RETRY_LEFT: Duration = Duration::from_secs(1);
+
 /// Model lists are small; a larger answer is not taken.
 const MAX_MODELS_BYTES: usize = 1 << 20;
 const MAX_MODELS: usize = 256;
 
+/// The check on a kept connection and on a new one.
+struct Checks {
+    kept: HttpHealthCheck,
+    fresh: HttpHealthCheck,
+}
+
+impl Checks {
+    fn new(path: &str, tls: &ReplicaTls) -> Result<Self> {
+        Ok(Self {
+            kept: http_check(path, tls, true)?,
+            fresh: http_check(path, tls, false)?,
+        })
+    }
+}
+
 impl HealthProbe {
     pub fn new(health: &config::HealthCheck, tls: &ReplicaTls) -> Result<Arc<Self>> {
         Ok(Arc::new(Self {
-            check: ArcSwap::from_pointee(http_check(&health.path, tls)?),
+            check: ArcSwap::from_pointee(Checks::new(&health.path, tls)?),
             rules: ArcSwap::from_pointee(HealthRules::from(health)),
             models: OwnGet::new(
                 "/v1/models",
@@ -111,24 +131,25 @@ impl HealthProbe {
     /// round on; the interval needs a restart.
     pub fn configure(&self, health: &config::HealthCheck) -> Result<()> {
         self.rules.store(Arc::new(HealthRules::from(health)));
-        if self.check.load().req.uri.path() != health.path {
+        if self.check.load().kept.req.uri.path() != health.path {
             self.check
-                .store(Arc::new(http_check(&health.path, &self.tls)?));
+                .store(Arc::new(Checks::new(&health.path, &self.tls)?));
         }
         Ok(())
     }
 }
 
-fn http_check(path: &str, tls: &ReplicaTls) -> Result<HttpHealthCheck> {
+/// A check on a connection kept between checks (`reuse`), or a new one each
+/// time. A new TCP (and TLS) handshake per check and replica cost a fleet of
+/// a thousand replicas most of a core; a kept connection, though, can pass
+/// while new ones fail (refused, a rotated certificate), so a replica that is
+/// not live, and every [`RECHECK_EVERY`](crate::replicas::RECHECK_EVERY)th pass, is checked on a new one.
+fn http_check(path: &str, tls: &ReplicaTls, reuse: bool) -> Result<HttpHealthCheck> {
     let mut http = HttpHealthCheck::new(own_host(tls), tls.enabled);
     let (mut peer, connector) = own_requests(tls);
-    // One connection per replica, kept between checks: a new TCP (and TLS)
-    // handshake per check and replica cost a thousand-replica fleet a core.
-    // A replica that stops accepting new connections is still seen, by the
-    // request path's connect failures (outlier ejection). Kept below
-    // uvicorn's 5 s keep-alive, so the engine does not close it first.
+    // Kept below uvicorn's 5 s keep-alive, so the engine does not close it first.
     peer.options.idle_timeout = Some(Duration::from_secs(4));
-    http.reuse_connection = true;
+    http.reuse_connection = reuse;
     http.peer_template = peer;
     http.set_connector(connector);
     http.req.set_uri(
@@ -178,8 +199,11 @@ impl HealthCheck for ReplicaHealth {
         let http = self.probe.check.load_full();
         // Pingora bounds each read, not the check: a replica trickling its
         // /health body would hold the whole (parallel) round.
-        let http = &*http;
-        let check = |within| async move {
+        let replica = target.addr.as_inet().and_then(|a| self.replicas.by_addr(a));
+        let fresh = replica.as_ref().is_none_or(|r| r.fresh_check_due());
+        let checks = &*http;
+        let check = |fresh: bool, within| async move {
+            let http = if fresh { &checks.fresh } else { &checks.kept };
             match tokio::time::timeout(within, http.check(target)).await {
                 Ok(result) => result,
                 Err(_) => {
@@ -195,14 +219,20 @@ impl HealthCheck for ReplicaHealth {
                 )
             })
         };
-        let mut result = check(CHECK_DEADLINE).await;
-        if result.is_err() && !timed_out(&result) {
+        let mut result = check(fresh, CHECK_DEADLINE).await;
+        let left = CHECK_DEADLINE.saturating_sub(started.elapsed());
+        let stale = result.as_ref().err().is_some_and(|e| {
+            matches!(
+                e.etype(),
+                ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError
+            )
+        });
+        if !fresh && stale && left >= RETRY_LEFT {
             // The kept connection may be one the engine had just closed,
-            // which says nothing of the engine: a failure is checked again
-            // on a new connection (the failed one is not kept).
-            result = check(CHECK_DEADLINE.saturating_sub(started.elapsed())).await;
+            // which says nothing of the engine: checked again on a new one.
+            result = check(true, left).await;
         }
-        if let Some(r) = target.addr.as_inet().and_then(|a| self.replicas.by_addr(a)) {
+        if let Some(r) = replica {
             let timed_out = timed_out(&result);
             if r.came_back(result.is_ok(), timed_out) {
                 let forgotten = self.policy.forget_replica(r.id);

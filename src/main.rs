@@ -219,7 +219,8 @@ fn main() -> anyhow::Result<()> {
         // SIGQUIT hands the listeners to a router started with `-u` on this
         // socket, then stops like SIGTERM (after Pingora's 5 s of overlap).
         upgrade_sock: upgrade_sock.display().to_string(),
-        upstream_keepalive_pool_size: prefix_router::engine_client::IDLE_POOL,
+        // Pingora multiplies it by the threads: IDLE_POOL in all.
+        upstream_keepalive_pool_size: prefix_router::engine_client::IDLE_POOL / cfg.threads.max(1),
         ..ServerConf::default()
     };
     let opt = Opt {
@@ -313,7 +314,16 @@ fn main() -> anyhow::Result<()> {
         h2.max_concurrent_streams(cfg.limits.max_streams_per_connection);
         app.h2_options = Some(h2);
     }
-    proxy.add_tcp(&cfg.listen);
+    // Each client connection keeps its read buffer while it lives: at
+    // Pingora's 64 KiB, 10,000 open streams held 640 MiB in them alone
+    // (docs/scale.md). 16 KiB still takes a request head and a small body in
+    // one read; a larger body is read past it, straight into the body's own
+    // buffer.
+    proxy.add_listener(
+        pingora_core::listeners::ListenerConfig::tcp(cfg.listen.as_str()).l4_buffer(
+            pingora_core::listeners::L4BufferSettings::default().read(CLIENT_READ_BUFFER),
+        ),
+    );
     #[cfg(feature = "tls")]
     if let Some((addr, tls)) = listen_tls {
         proxy.add_tls_with_settings(&addr, None, tls);
@@ -380,19 +390,21 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Bytes of a client connection's read buffer (Pingora's default: 64 KiB).
+const CLIENT_READ_BUFFER: usize = 16 * 1024;
+
 /// Raises the soft limit on open descriptors to the hard one (a proxied
 /// request holds two: the client's and the replica's), and says so: the
 /// common soft default of 1,024 caps a router at about 500 open streams.
 fn raise_open_files() {
-    let before = rlimit::Resource::NOFILE.get().map(|(soft, _)| soft);
-    match (before, rlimit::increase_nofile_limit(u64::MAX)) {
-        (Ok(before), Ok(now)) if now > before => log::info!(
-            "open files: soft limit raised from {before} to {now} (the hard limit); \
-             each open request holds two"
+    let before = rlimit::Resource::NOFILE.get().map(|(soft, _)| soft).ok();
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(now) if before.is_some_and(|b| now > b) => log::info!(
+            "open files: soft limit raised from {} to {now} (the hard limit); \
+             each open request holds two",
+            before.unwrap_or_default()
         ),
-        (Ok(_), Ok(now)) => log::info!("open files: up to {now}; each open request holds two"),
-        (_, Err(e)) | (Err(e), _) => {
-            log::warn!("open files: the soft limit could not be raised: {e}")
-        }
+        Ok(now) => log::info!("open files: up to {now}; each open request holds two"),
+        Err(e) => log::warn!("open files: the soft limit could not be raised: {e}"),
     }
 }

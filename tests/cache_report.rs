@@ -23,8 +23,20 @@ fn series(router: &Router, name: &str, labels: &str) -> f64 {
                 .parse()
                 .ok()
         })
-        .unwrap_or_else(|| panic!("no series {series}"))
+        .unwrap_or_else(|| {
+            // The counters by replica and decision appear with their first
+            // count; every other series exists from the start.
+            assert!(BY_DECISION.contains(&name), "no series {series}");
+            0.0
+        })
 }
+
+const BY_DECISION: [&str; 4] = [
+    "requests_total",
+    "predicted_cached_tokens_total",
+    "delivered_cached_tokens_total",
+    "reported_prompt_tokens_total",
+];
 
 /// `(hit, miss)` pin outcomes counted for replica `a`.
 fn outcomes(router: &Router) -> (f64, f64) {

@@ -227,7 +227,7 @@ impl Metrics {
             )?,
             first_byte_seconds: register_histogram_vec_with_registry!(
                 "prefix_router_first_byte_seconds",
-                "Time from request arrival to the first response body bytes from the replica (the router's view of time to first token), by decision (not by replica: a fleet of a thousand would export a million series)",
+                "Time from request arrival to the first response body bytes from the replica (the router's view of time to first token), by decision (not by replica too: a fleet of a thousand would export a quarter of a million series)",
                 &["decision"],
                 LATENCY_BUCKETS.to_vec(),
                 registry

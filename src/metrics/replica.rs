@@ -1,10 +1,11 @@
 //! Per-replica series: the counters each request touches, resolved once
-//! when the replica joins (an atomic add per event, not a label lookup),
-//! and the label vocabularies of repairs and ejections.
+//! (an atomic add per event, not a label lookup), and the label
+//! vocabularies of repairs and ejections.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use prometheus::{Histogram, IntCounter};
+use prometheus::{Histogram, IntCounter, IntCounterVec};
 
 use super::Metrics;
 use crate::policy::{Reason, Shape};
@@ -51,16 +52,21 @@ impl Repair {
     }
 }
 
-/// A replica's per-request counters, resolved once when it joins the set
-/// (at 0, so they show before its first request): counting a request is an
-/// atomic add, not a label lookup.
+/// A replica's per-request counters, resolved once (an atomic add per
+/// event, not a label lookup). The ones by decision are created at a
+/// decision's first use on this replica, not at 0 when it joins: 35 zero
+/// series per replica made most of a 1,000-replica fleet's scrape.
 pub struct ReplicaCounters {
+    name: String,
+    /// The vectors the lazy series come from.
+    requests_vec: IntCounterVec,
+    usage_vecs: [IntCounterVec; 3],
     /// `requests_total` by reason (in `Reason::ALL` order, `no_replica`
     /// excluded: it has no replica) and shape.
-    requests: Vec<[IntCounter; 2]>,
+    requests: Vec<[OnceLock<IntCounter>; 2]>,
     /// Predicted cached, delivered cached and reported prompt tokens, by
     /// reason (same order).
-    usage: Vec<[IntCounter; 3]>,
+    usage: Vec<OnceLock<[IntCounter; 3]>>,
     /// `pin_outcomes_total`: hit, miss.
     outcomes: [IntCounter; 2],
     /// `first_byte_seconds` and `duration_seconds` by reason (same order;
@@ -72,15 +78,6 @@ pub struct ReplicaCounters {
 impl ReplicaCounters {
     pub fn new(m: &Metrics, name: &str) -> Self {
         let reasons = Reason::ALL.iter().filter(|&&r| r != Reason::NoReplica);
-        let requests = reasons
-            .clone()
-            .map(|r| {
-                [Shape::Continuation, Shape::Single].map(|s| {
-                    m.requests
-                        .with_label_values(&[name, r.as_str(), s.as_str()])
-                })
-            })
-            .collect();
         let timings = reasons
             .clone()
             .map(|r| {
@@ -88,15 +85,13 @@ impl ReplicaCounters {
                     .map(|h| h.with_label_values(&[r.as_str()]))
             })
             .collect();
-        let usage = reasons
-            .map(|r| {
-                [&m.predicted_cached, &m.delivered_cached, &m.reported_prompt]
-                    .map(|c| c.with_label_values(&[name, r.as_str()]))
-            })
-            .collect();
         Self {
-            requests,
-            usage,
+            name: name.to_owned(),
+            requests_vec: m.requests.clone(),
+            usage_vecs: [&m.predicted_cached, &m.delivered_cached, &m.reported_prompt]
+                .map(Clone::clone),
+            requests: reasons.clone().map(|_| Default::default()).collect(),
+            usage: reasons.map(|_| OnceLock::new()).collect(),
             timings,
             outcomes: ["hit", "miss"].map(|o| m.pin_outcomes.with_label_values(&[name, o])),
             failovers: m.failovers.with_label_values(&[name]),
@@ -116,14 +111,28 @@ impl ReplicaCounters {
     /// Counts one routed request.
     pub fn routed(&self, reason: Reason, shape: Shape) {
         if let Some(by_shape) = Self::at(reason).and_then(|i| self.requests.get(i)) {
-            by_shape[usize::from(shape == Shape::Single)].inc();
+            let shape_at = usize::from(shape == Shape::Single);
+            by_shape[shape_at]
+                .get_or_init(|| {
+                    self.requests_vec.with_label_values(&[
+                        &self.name,
+                        reason.as_str(),
+                        shape.as_str(),
+                    ])
+                })
+                .inc();
         }
     }
 
     /// Counts the usage a response reported: `predicted` cached tokens the
     /// placement expected, `cached` and `prompt` as the engine reported them.
     pub fn usage(&self, reason: Reason, predicted: u64, cached: u64, prompt: u64) {
-        if let Some([p, c, t]) = Self::at(reason).and_then(|i| self.usage.get(i)) {
+        if let Some(slot) = Self::at(reason).and_then(|i| self.usage.get(i)) {
+            let [p, c, t] = slot.get_or_init(|| {
+                self.usage_vecs
+                    .each_ref()
+                    .map(|v| v.with_label_values(&[&self.name, reason.as_str()]))
+            });
             p.inc_by(predicted);
             c.inc_by(cached);
             t.inc_by(prompt);

@@ -38,7 +38,7 @@ mod replica;
 mod view;
 
 pub use health::{HealthRules, CHECK_DEADLINE};
-pub use replica::{InFlight, Replica};
+pub use replica::{InFlight, Replica, RECHECK_EVERY};
 pub use view::View;
 
 /// How a request to a replica failed.

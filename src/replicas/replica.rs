@@ -15,10 +15,11 @@ use crate::kv::EngineBlocks;
 use crate::metrics::ReplicaCounters;
 use crate::policy::{EngineLoad, ReplicaId, ReplicaState, Room, BYTES_PER_TOKEN};
 
-/// Passing health checks between two reads of a replica's `/v1/models`
-/// (10 s at the default interval: a fleet of a thousand replicas is not
-/// asked for a thousand model lists a second).
-pub const MODELS_EVERY: u32 = 10;
+/// Passing health checks in a row between two reads of a replica's
+/// `/v1/models`, and between two checks on a new connection rather than the
+/// kept one (10 s at the default interval: a fleet of a thousand replicas is
+/// not asked for a thousand model lists and handshakes a second).
+pub const RECHECK_EVERY: u32 = 10;
 
 /// Seconds a lost pin waits for another client's to corroborate it.
 pub const WITNESS_S: u32 = 300;
@@ -234,15 +235,25 @@ impl Replica {
     }
 
     /// Whether a passing health check reads its `/v1/models` again: on the
-    /// first pass in a row, while none is known, and every [`MODELS_EVERY`]
+    /// first pass in a row, while none is known, and every [`RECHECK_EVERY`]
     /// passes after (an engine may load a model, such as a LoRA adapter,
     /// while up). Read before the pass is counted.
     pub fn models_due(&self) -> bool {
-        self.models.load().is_none()
-            || self
-                .checks_passed
-                .load(Relaxed)
-                .is_multiple_of(MODELS_EVERY)
+        self.models.load().is_none() || self.nth_pass()
+    }
+
+    /// Whether its next health check goes on a new connection: while it is
+    /// not live (down, or ejected by the request path: a kept connection
+    /// could pass while new ones are refused), and on the first of every
+    /// [`RECHECK_EVERY`] passes in a row.
+    pub fn fresh_check_due(&self) -> bool {
+        !self.live() || self.nth_pass()
+    }
+
+    fn nth_pass(&self) -> bool {
+        self.checks_passed
+            .load(Relaxed)
+            .is_multiple_of(RECHECK_EVERY)
     }
 
     /// Takes the list its `/v1/models` gave, unless the config declares its

@@ -53,19 +53,23 @@ fn only_a_pass_after_the_engine_went_away_says_it_came_back() {
 }
 
 #[test]
-fn model_lists_are_read_when_unknown_after_a_failure_and_every_tenth_pass() {
+fn model_lists_and_new_connections_come_when_unknown_after_a_failure_and_every_tenth_pass() {
     let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1")]), Metrics::standalone());
     let a = Arc::clone(&set.snapshot()[0]);
     let now = Instant::now();
+    // Not live yet: checked on a new connection.
+    assert!(a.fresh_check_due());
     // Unknown: every pass asks.
     for _ in 0..3 {
         assert!(a.models_due());
         a.on_check(true, false, now, &CHECKS);
     }
     a.learn_models(vec!["m".into()]);
-    let due: Vec<bool> = (0..2 * super::replica::MODELS_EVERY)
+    let due: Vec<bool> = (0..2 * RECHECK_EVERY)
         .map(|_| {
             let due = a.models_due();
+            // Live now: a new connection on the same passes as the models.
+            assert_eq!(a.fresh_check_due(), due);
             a.on_check(true, false, now, &CHECKS);
             due
         })

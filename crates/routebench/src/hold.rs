@@ -5,7 +5,9 @@
 //! measures. Every `--report-ms` a JSON line on stdout counts streams whose
 //! `200` head came (`opened`), ended with `data: [DONE]` (`done`), failed
 //! (refused, not `200`, or cut before `[DONE]`), and SSE events read in all.
-//! It exits when every stream has ended.
+//! It exits when every stream has ended. Events are found in the raw bytes,
+//! chunk framing and all: an event a chunk boundary splits (which the stubs'
+//! one-write events make rare) is not counted.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
