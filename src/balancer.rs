@@ -56,8 +56,9 @@ pub fn balancer(
 }
 
 /// The health check's request (`health_check.path` is swapped on reload),
-/// and the `GET /v1/models` that follows each pass, from which a replica's
-/// models are learned (unless the config declares them).
+/// and the `GET /v1/models` that follows some passes
+/// ([`Replica::models_due`](crate::replicas::Replica::models_due)), from which
+/// a replica's models are learned (unless the config declares them).
 pub struct HealthProbe {
     /// Checks on a kept connection, and on a new one each time.
     check: ArcSwap<Checks>,
@@ -143,7 +144,8 @@ impl HealthProbe {
 /// time. A new TCP (and TLS) handshake per check and replica cost a fleet of
 /// a thousand replicas most of a core; a kept connection, though, can pass
 /// while new ones fail (refused, a rotated certificate), so a replica that is
-/// not live, and every [`RECHECK_EVERY`](crate::replicas::RECHECK_EVERY)th pass, is checked on a new one.
+/// not live, and every [`RECHECK_EVERY`](crate::replicas::RECHECK_EVERY)th
+/// pass, is checked on a new one.
 fn http_check(path: &str, tls: &ReplicaTls, reuse: bool) -> Result<HttpHealthCheck> {
     let mut http = HttpHealthCheck::new(own_host(tls), tls.enabled);
     let (mut peer, connector) = own_requests(tls);

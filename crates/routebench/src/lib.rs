@@ -24,6 +24,9 @@
 //!   cargo run --release --bin routebench -- run --url http://127.0.0.1:8080 --probe-url http://127.0.0.1:8001
 //!   cargo run --release --bin routebench -- compare --results docs/results.md
 //!
+//! Two tools of `make bench-scale`: `stubs` (many lightweight replicas in one
+//! process) and `hold` (many SSE streams opened and held through an endpoint).
+//!
 //! The `routebench` binary of the root package runs [`main`].
 
 mod client;
