@@ -20,7 +20,17 @@ Curves:
   stream): `routebench hold` opens that many SSE streams (one event a
   second) through the arm, then, with all held: RSS per stream, CPU per SSE
   event, and a new small request's latency (wrk, one connection) against the
-  same with nothing held.
+  same with nothing held;
+- conversations (10,000, 100,000, 1,000,000): wrk places that many distinct
+  agent conversations (about 1.2 KiB each, a model turn in it) through the
+  arm in front of two stubs, then sends next turns of conversations drawn
+  at random: CPU-µs per next turn (its lookup in an index of that size),
+  memory per conversation (RSS, and the router's index bytes and entries);
+- prompt size (4, 40, 400 KiB): 16 agent loops (each turn the last one's
+  body plus a model turn and a user turn; every 8th a new conversation)
+  through the arm at 4 connections: CPU-µs per request with the
+  checkpoints (a later turn's body read from where its last turn ended)
+  and without them (`limits.max_checkpoint_bytes: 0`).
 
     make bench-scale          # or: scripts/bench-scale.py --doc docs/scale.md
     scripts/bench-scale.py --quick --arms router
@@ -49,10 +59,12 @@ _spec.loader.exec_module(bp)
 ROOT, Procs, tree, cpu_s, status_kib, free_port, write = bp.ROOT, bp.Procs, bp.tree, bp.cpu_s, bp.status_kib, bp.free_port, bp.write
 
 ARMS = ["router", "smg"]
+PARTS = ["replicas", "streams", "conversations", "prompts"]
 # What the report says of how a run was made (kept in scale.json).
 RUN_ARGS = ["duration", "idle", "settle", "rate", "window", "probe"]
 MARK_BEGIN, MARK_END = "<!-- scale bench -->", "<!-- /scale bench -->"
-NAMES = {"router": "prefix-router", "smg": "SMG cache_aware", "direct": "stub direct"}
+NAMES = {"router": "prefix-router", "smg": "SMG cache_aware", "direct": "stub direct",
+         "router-nockpt": "prefix-router, no checkpoints"}
 ROUTEBENCH = os.path.join(ROOT, "target/release/routebench")
 ROUTER = os.path.join(ROOT, "target/release/prefix-router")
 # Distinct one-shot questions of about 4 KiB: a number first, so no two share
@@ -85,6 +97,62 @@ function done(summary, latency, requests)
 end
 """
 
+# Agent conversations (args: first, count, mode). `fill` places
+# conversation first, first+1, ... up to count (then next turns); `turn`
+# sends the next turn of a conversation drawn at random below count.
+CONV_LUA = r"""
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local filler = string.rep("keep the build green and answer in one line. ", 22)
+local first, count, mode
+n = 0
+bad = 0
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) first = tonumber(args[1]); count = tonumber(args[2]); mode = args[3]; n = 0; bad = 0 end
+function request()
+  local i = first + n
+  n = n + 1
+  local tail = ""
+  if mode ~= "fill" or i >= count then
+    i = math.random(0, count - 1)
+    tail = ',{"role":"assistant","content":"done two"},{"role":"user","content":"step three"}'
+  end
+  local body = '{"model":"bench","max_tokens":16,"messages":[{"role":"system","content":"conversation ' ..
+    i .. ": " .. filler .. '"},{"role":"user","content":"step one"},{"role":"assistant","content":"done one"},' ..
+    '{"role":"user","content":"step two"}' .. tail .. ']}'
+  return wrk.format(nil, nil, nil, body)
+end
+""" + LUA[LUA.index("function response"):]
+
+# Agent loops of a given size (args: bytes): 16 conversations take turns;
+# each turn is the conversation's last body plus a model and a user turn;
+# every 8th turn starts a new conversation.
+LOOP_LUA = r"""
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local size
+n = 0
+bad = 0
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) size = tonumber(args[1]); n = 0; bad = 0 end
+local unit = "the tool printed: build ok, 412 tests passed, \\n next: read src/main.rs and fix the warning. "
+function request()
+  local c, t = n % 16, math.floor(n / 16)
+  n = n + 1
+  local epoch, turn = math.floor(t / 8), t % 8
+  local head = "loop " .. c .. "." .. epoch .. ": "
+  local body = {'{"model":"bench","max_tokens":16,"messages":[{"role":"system","content":"', head,
+    string.rep(unit, math.max(1, math.floor((size - 600) / #unit))), '"},{"role":"user","content":"start"}'}
+  for k = 1, turn do
+    table.insert(body, ',{"role":"assistant","content":"step ' .. k .. ' done"},{"role":"user","content":"go on ' .. k .. '"}')
+  end
+  table.insert(body, ']}')
+  return wrk.format(nil, nil, nil, table.concat(body))
+end
+""" + LUA[LUA.index("function response"):]
+
 
 def http_get(url, timeout=10):
     t = time.perf_counter()
@@ -103,15 +171,17 @@ def start_stubs(procs, a, name, n, events, gap_ms):
     return p, ports
 
 
-def start_arm(procs, a, work, arm, ports, max_requests=None):
+def start_arm(procs, a, work, arm, ports, max_requests=None, extra=()):
     """The arm in front of `ports`; `max_requests`: its bound on requests in
-    flight, raised for the open-streams curve (both default to about 4,096)."""
+    flight, raised for the open-streams curve (both default to about 4,096);
+    `extra`: lines of the router's config."""
     port, mport = free_port(), free_port()
     if arm == "router":
         lines = [f'listen: "127.0.0.1:{port}"', f'metrics_listen: "127.0.0.1:{mport}"', "policy: shape",
                  "threads: 1", "health_check: {interval_ms: 1000}", "engine_load: {interval_ms: 500}"]
         if max_requests:
             lines.append(f"limits: {{max_requests: {max_requests}}}")
+        lines += extra
         lines.append("replicas:")
         lines += [f'  - {{name: r{i}, addr: "127.0.0.1:{p}"}}' for i, p in enumerate(ports)]
         cfg = write(os.path.join(work, f"router-{len(ports)}.yaml"), "\n".join(lines) + "\n")
@@ -170,9 +240,10 @@ def pids_of(info):
     return tree(info["proc"].pid)
 
 
-def wrk(a, port, lua, conns, seconds):
+def wrk(a, port, lua, conns, seconds, args=()):
     out = subprocess.run(["taskset", "-c", a.load_cpus, "wrk", "-t1", f"-c{conns}", f"-d{seconds}s",
-                          "--timeout", "10s", "-s", lua, f"http://127.0.0.1:{port}/v1/chat/completions"],
+                          "--timeout", "10s", "-s", lua, f"http://127.0.0.1:{port}/v1/chat/completions",
+                          "--", *map(str, args)],
                          capture_output=True, text=True).stdout
     line = next((l for l in out.splitlines() if l.startswith("BENCH ")), None)
     if line is None:
@@ -199,9 +270,17 @@ def replicas_point(a, procs, work, lua, arm, n, ports, direct):
     time.sleep(a.idle)
     idle = (cpu_s(pids) - c0) / (time.time() - t0)
     wrk(a, info["port"], lua, 16, 1)
+    perf = None
+    if a.perf and arm == "router":
+        # A profile of the router under the load (`perf report -i` it).
+        perf = subprocess.Popen(["perf", "record", "-q", "-F", "999", "-g", "-p", str(info["proc"].pid),
+                                 "-o", os.path.join(work, f"perf-{n}.data"), "--", "sleep", str(a.duration)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     c0 = cpu_s(pids)
     r = wrk(a, info["port"], lua, 16, a.duration)
     cpu = cpu_s(pids) - c0
+    if perf:
+        perf.wait()
     size, took = scrape(info)
     point = {"arm": arm, "replicas": n, "idle_cpu": idle, "rps": r["rps"], "p50_us": r["p50_us"],
              "p99_us": r["p99_us"], "added_p50_us": r["p50_us"] - direct["p50_us"],
@@ -267,6 +346,84 @@ def streams_point(a, procs, work, lua, arm, s, ports, body_file):
     return point
 
 
+def router_gauges(info, *names):
+    """The router's unlabelled gauges and counters summed by name."""
+    _, page, _ = http_get(f"http://127.0.0.1:{info['mport']}/metrics")
+    out = dict.fromkeys(names, 0.0)
+    for line in page.decode().splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in out:
+            out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def conversations_point(a, procs, work, arm, n, ports):
+    # About three index entries per conversation (a block, its end, the
+    # end of its first turn): the cap holds them all.
+    extra = [f"prefix_index: {{max_entries: {max(1 << 20, 4 * n)}}}"]
+    info, why = start_arm(procs, a, work, arm, ports, extra=extra)
+    if not info:
+        return {"arm": arm, "conversations": n, "skipped": why}
+    lua = os.path.join(work, "conversations.lua")
+    pids = pids_of(info)
+    time.sleep(a.settle)
+    rss0 = status_kib(pids, "VmRSS")
+    sent, errors, rate, t0, c0 = 0, 0, None, time.time(), cpu_s(pids)
+    while sent < n:
+        secs = 3 if rate is None else min(30, max(1, int((n - sent) / rate + 1)))
+        r = wrk(a, info["port"], lua, 16, secs, (sent, n, "fill"))
+        sent += r["good"]
+        errors += r["bad"] + r["errors"]
+        rate = sent / (time.time() - t0)
+    fill_s, fill_cpu = time.time() - t0, cpu_s(pids) - c0
+    rss = status_kib(pids, "VmRSS")
+    point = {"arm": arm, "conversations": n, "fill_rps": sent / fill_s, "fill_cpu_us_per_req": fill_cpu / sent * 1e6,
+             "rss_mib": rss / 1024, "rss_bytes_per_conv": (rss - rss0) * 1024 / n}
+    if arm == "router":
+        g = router_gauges(info, "prefix_router_prefix_index_entries", "prefix_router_prefix_index_bytes")
+        point.update(index_entries=int(g["prefix_router_prefix_index_entries"]),
+                     index_bytes_per_conv=g["prefix_router_prefix_index_bytes"] / n)
+    c0 = cpu_s(pids)
+    r = wrk(a, info["port"], lua, 16, a.duration, (0, n, "turn"))
+    cpu = cpu_s(pids) - c0
+    point.update(rps=r["rps"], p50_us=r["p50_us"], p99_us=r["p99_us"],
+                 cpu_us_per_req=cpu / max(1, r["good"]) * 1e6, requests=r["requests"],
+                 errors=errors + r["bad"] + r["errors"])
+    if arm == "router":
+        # Every turn should be pinned: decisions over the whole point.
+        _, page, _ = http_get(f"http://127.0.0.1:{info['mport']}/metrics")
+        by = {}
+        for d, v in re.findall(r'^prefix_router_requests_total\{[^}]*decision="(\w+)"[^}]*\} (\S+)$', page.decode(), re.M):
+            by[d] = by.get(d, 0) + int(float(v))
+        point["decisions"] = by
+    stop(procs, info["proc"])
+    return point
+
+
+def prompts_point(a, procs, work, arm, size, ports, checkpoints):
+    extra = [] if checkpoints else ["limits: {max_checkpoint_bytes: 0}"]
+    info, why = start_arm(procs, a, work, arm, ports, extra=extra)
+    name = arm if arm != "router" else ("router" if checkpoints else "router-nockpt")
+    if not info:
+        return {"arm": name, "bytes": size, "skipped": why}
+    lua = os.path.join(work, "loops.lua")
+    pids = pids_of(info)
+    time.sleep(a.settle)
+    wrk(a, info["port"], lua, 4, 1, (size,))
+    c0 = cpu_s(pids)
+    r = wrk(a, info["port"], lua, 4, a.duration, (size,))
+    cpu = cpu_s(pids) - c0
+    point = {"arm": name, "bytes": size, "rps": r["rps"], "p50_us": r["p50_us"], "p99_us": r["p99_us"],
+             "cpu_us_per_req": cpu / max(1, r["good"]) * 1e6, "requests": r["requests"],
+             "errors": r["bad"] + r["errors"]}
+    if arm == "router":
+        _, page, _ = http_get(f"http://127.0.0.1:{info['mport']}/metrics")
+        got = dict(re.findall(r'^prefix_router_long_body_parses_total\{from="(\w+)"\} (\S+)$', page.decode(), re.M))
+        point["parses"] = {k: int(float(v)) for k, v in got.items()}
+    stop(procs, info["proc"])
+    return point
+
+
 # ---------------------------------------------------------------- report
 
 def svg_chart(title, xlabel, ylabel, series, logx=True, logy=False):
@@ -310,22 +467,26 @@ def svg_chart(title, xlabel, ylabel, series, logx=True, logy=False):
     return "\n".join(out) + "\n"
 
 
-def plots(doc_dir, rep_points, stream_points):
+def plots(doc_dir, run):
     made = []
     def series(points, key, x):
+        arms = ARMS + ["router-nockpt"]
         return {NAMES[arm]: [(p[x], p.get(key)) for p in points if p["arm"] == arm and "skipped" not in p]
-                for arm in ARMS if any(p["arm"] == arm for p in points)}
-    for key, title, unit, pts, x, xl in (
-            ("cpu_us_per_req", "CPU per request", "CPU-µs", rep_points, "replicas", "replicas"),
-            ("added_p50_us", "p50 added over direct", "µs", rep_points, "replicas", "replicas"),
-            ("idle_cpu", "CPU used idle", "cores", rep_points, "replicas", "replicas"),
-            ("scrape_ms", "/metrics scrape", "ms", rep_points, "replicas", "replicas"),
-            ("rss_mib", "RSS", "MiB", stream_points, "streams", "open streams"),
-            ("cpu_us_per_event", "CPU per SSE event", "CPU-µs", stream_points, "streams", "open streams"),
-            ("held_p50_us", "a new request's p50 while held", "µs", stream_points, "streams", "open streams")):
-        svg = svg_chart(title, xl, unit, series(pts, key, x))
+                for arm in arms if any(p["arm"] == arm for p in points)}
+    for key, title, unit, part, x, xl in (
+            ("cpu_us_per_req", "CPU per request", "CPU-µs", "replicas", "replicas", "replicas"),
+            ("added_p50_us", "p50 added over direct", "µs", "replicas", "replicas", "replicas"),
+            ("idle_cpu", "CPU used idle", "cores", "replicas", "replicas", "replicas"),
+            ("scrape_ms", "/metrics scrape", "ms", "replicas", "replicas", "replicas"),
+            ("rss_mib", "RSS", "MiB", "streams", "streams", "open streams"),
+            ("cpu_us_per_event", "CPU per SSE event", "CPU-µs", "streams", "streams", "open streams"),
+            ("held_p50_us", "a new request's p50 while held", "µs", "streams", "streams", "open streams"),
+            ("cpu_us_per_req", "CPU per next turn", "CPU-µs", "conversations", "conversations", "conversations"),
+            ("rss_mib", "RSS", "MiB", "conversations", "conversations", "conversations"),
+            ("cpu_us_per_req", "CPU per agent-loop request", "CPU-µs", "prompts", "bytes", "body bytes")):
+        svg = svg_chart(title, xl, unit, series(run.get(part, []), key, x))
         if svg:
-            name = f"scale-{x}-{key}.svg"
+            name = f"scale-{part}-{key}.svg"
             with open(os.path.join(doc_dir, name), "w") as f:
                 f.write(svg)
             made.append((title, name))
@@ -336,7 +497,8 @@ def fmt(v, spec=",.0f"):
     return "—" if v is None else format(v, spec)
 
 
-def doc(a, meta, direct, rep_points, stream_points, made):
+def doc(a, run, made):
+    meta, direct, rep_points, stream_points = run["meta"], run["direct"], run["replicas"], run["streams"]
     out = [MARK_BEGIN, f"Command: `make bench-scale` (`scripts/bench-scale.py {meta.get('command', '--doc docs/scale.md')}`), {meta['date']}, commit "
            f"{meta['commit']}. Machine: {meta['cpu']}, {meta['cores']} cores, Linux {meta['kernel']}, "
            f"load average {meta['loadavg']} at the start; SMG {meta['smg']}.\n",
@@ -371,6 +533,43 @@ def doc(a, meta, direct, rep_points, stream_points, made):
                    f"{p['rss_kib_per_stream']:.1f} | {p['events']:,} | {p['cpu_us_per_event']:.1f} | "
                    f"{p['idle_p50_us']:,} / {p['held_p50_us']:,} µs | {p['idle_p99_us']:,} / {p['held_p99_us']:,} µs | "
                    f"{p['done']:,} | {p['failed']:,} |")
+    if run.get("conversations"):
+        out += ["\n## Conversations\n",
+                "In front of two stubs; wrk (one thread, 16 connections) places the conversations, then "
+                f"sends next turns of conversations drawn at random for {a.duration} s. The router's "
+                "`prefix_index.max_entries` is set to four entries per conversation (at least its default). "
+                "Fill: the placing of the conversations; per conversation: memory grown over the fill "
+                "(RSS) and the router's index (its gauges); CPU-µs per next turn is the curve.\n",
+                "| arm | conversations | fill req/s | fill CPU-µs/req | RSS MiB | RSS bytes per conversation | index bytes per conversation | index entries | next-turn req/s | p50 | p99 | CPU-µs per next turn | decisions | errors |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for p in run["conversations"]:
+            if "skipped" in p:
+                out.append(f"| {NAMES[p['arm']]} | {p['conversations']:,} | not run: {p['skipped']} |" + " |" * 11)
+                continue
+            dec = ", ".join(f"{k} {v:,}" for k, v in sorted(p.get("decisions", {}).items())) or "—"
+            out.append(f"| {NAMES[p['arm']]} | {p['conversations']:,} | {fmt(p['fill_rps'])} | "
+                       f"{p['fill_cpu_us_per_req']:.1f} | {p['rss_mib']:.1f} | {fmt(p['rss_bytes_per_conv'])} | "
+                       f"{fmt(p.get('index_bytes_per_conv'))} | {fmt(p.get('index_entries'))} | {fmt(p['rps'])} | "
+                       f"{p['p50_us']:,} µs | {p['p99_us']:,} µs | {p['cpu_us_per_req']:.1f} | {dec} | {p['errors']} |")
+    if run.get("prompts"):
+        out += ["\n## Prompt size\n",
+                "In front of two stubs; wrk (one thread, 4 connections, "
+                f"{a.duration} s after 1 s of warm-up) runs 16 agent loops: each request is its "
+                "conversation's last body plus a model turn and a user turn, every 8th a new "
+                "conversation; the system prompt sets the size. Bodies of 32 KiB and more leave "
+                "checkpoints; `long-body parses` counts how the router read them (from a checkpoint, "
+                "or from the start). At 400 KiB a body is about 100K tokens: cores per 100 req/s "
+                "is CPU-µs per request × 100 / 10⁶.\n",
+                "| arm | body | req/s | p50 | p99 | CPU-µs/req | cores per 100 req/s | long-body parses | requests | errors |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        for p in run["prompts"]:
+            if "skipped" in p:
+                out.append(f"| {NAMES[p['arm']]} | {p['bytes'] // 1024} KiB | not run: {p['skipped']} |" + " |" * 7)
+                continue
+            parses = ", ".join(f"{k} {v:,}" for k, v in sorted(p.get("parses", {}).items())) or "—"
+            out.append(f"| {NAMES[p['arm']]} | {p['bytes'] // 1024} KiB | {fmt(p['rps'])} | {p['p50_us']:,} µs | "
+                       f"{p['p99_us']:,} µs | {p['cpu_us_per_req']:.1f} | {p['cpu_us_per_req'] * 100 / 1e6:.3f} | "
+                       f"{parses} | {p['requests']:,} | {p['errors']} |")
     out.append("\n## Plots\n")
     out += [f"![{t}]({n})" for t, n in made]
     out.append(MARK_END)
@@ -391,7 +590,9 @@ def parse_args():
     ap.add_argument("--replicas", default="2,16,128,1000")
     ap.add_argument("--streams", default="100,1000,10000")
     ap.add_argument("--arms", default=",".join(ARMS))
-    ap.add_argument("--parts", default="replicas,streams")
+    ap.add_argument("--conversations", default="10000,100000,1000000")
+    ap.add_argument("--prompt-kib", default="4,40,400")
+    ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--duration", type=int, default=5, help="seconds of wrk per replicas point")
     ap.add_argument("--idle", type=float, default=5, help="seconds of idle CPU measured per replicas point")
     ap.add_argument("--settle", type=float, default=3, help="seconds after an arm is ready")
@@ -400,6 +601,8 @@ def parse_args():
     ap.add_argument("--probe", type=int, default=3, help="seconds of wrk probing a new request's latency")
     ap.add_argument("--proxy-cpu", default="0")
     ap.add_argument("--load-cpus", default="1")
+    ap.add_argument("--perf", action="store_true",
+                    help="record a perf profile of the router at each replicas point (OUT/perf-N.data)")
     ap.add_argument("--quick", action="store_true", help="smoke test: small sizes, short runs")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench-out/scale"))
     ap.add_argument("--venv", default=os.path.join(ROOT, "bench-out/venv"))
@@ -408,15 +611,18 @@ def parse_args():
     a = ap.parse_args()
     if a.quick:
         a.replicas, a.streams, a.duration, a.idle, a.settle, a.window, a.probe = "2,16", "100", 2, 1, 1, 2, 1
+        a.conversations, a.prompt_kib = "1000", "4,40"
     a.replicas = [int(x) for x in a.replicas.split(",")]
     a.streams = [int(x) for x in a.streams.split(",")]
+    a.conversations = [int(x) for x in a.conversations.split(",")]
+    a.prompt_kib = [int(x) for x in a.prompt_kib.split(",")]
     a.arms, a.parts = a.arms.split(","), a.parts.split(",")
     return a
 
 
-def report(a, meta, direct, rep_points, stream_points):
-    made = plots(os.path.dirname(os.path.abspath(a.doc)), rep_points, stream_points)
-    write_doc(a.doc, doc(a, meta, direct, rep_points, stream_points, made))
+def report(a, run):
+    made = plots(os.path.dirname(os.path.abspath(a.doc)), run)
+    write_doc(a.doc, doc(a, run, made))
 
 
 def main():
@@ -424,7 +630,7 @@ def main():
     if a.from_json:
         run = json.load(open(a.from_json))
         a.__dict__.update(run.get("args", {}))
-        return report(a, run["meta"], run["direct"], run["replicas"], run["streams"])
+        return report(a, run)
     if bp.ensure_debian({"wrk": "wrk"}):
         sys.exit("cannot run: wrk could not be installed")
     for b in (ROUTER, ROUTEBENCH):
@@ -435,6 +641,8 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     work = a.out
     lua = write(os.path.join(work, "singles.lua"), LUA)
+    write(os.path.join(work, "conversations.lua"), CONV_LUA)
+    write(os.path.join(work, "loops.lua"), LOOP_LUA)
     body_file = write(os.path.join(work, "stream.json"), json.dumps(
         {"model": "bench", "stream": True, "max_tokens": 64,
          "messages": [{"role": "user", "content": "tell me a long story, slowly"}]}))
@@ -445,17 +653,21 @@ def main():
             "smg": bp.sh(f"{a.venv}/bin/pip show smg 2>/dev/null | sed -n 's/^Version: //p'") or "-",
             "nofile": hard, "max_streams": max_streams, "command": " ".join(sys.argv[1:])}
     procs = Procs(work)
-    direct, rep_points, stream_points = [], [], []
+    run = {"meta": meta, "args": {k: getattr(a, k) for k in RUN_ARGS}, "direct": [],
+           **{part: [] for part in PARTS}}
+
+    def keep(part, p):
+        run[part].append(p)
+        print(json.dumps(p), file=sys.stderr)
+
     try:
         if "replicas" in a.parts:
             for n in a.replicas:
                 stubs, ports = start_stubs(procs, a, f"stubs-{n}", n, 4, 0)
                 d = wrk(a, ports[0], lua, 16, a.duration)
-                direct.append({"replicas": n, "p50_us": d["p50_us"], "p99_us": d["p99_us"]})
+                run["direct"].append({"replicas": n, "p50_us": d["p50_us"], "p99_us": d["p99_us"]})
                 for arm in a.arms:
-                    p = replicas_point(a, procs, work, lua, arm, n, ports, d)
-                    rep_points.append(p)
-                    print(json.dumps(p), file=sys.stderr)
+                    keep("replicas", replicas_point(a, procs, work, lua, arm, n, ports, d))
                 stop(procs, stubs)
         if "streams" in a.parts:
             # Each stream outlasts its point's ramp, window and probe.
@@ -464,17 +676,23 @@ def main():
             for s in a.streams:
                 s = min(s, max_streams)
                 for arm in a.arms:
-                    p = streams_point(a, procs, work, lua, arm, s, ports, body_file)
-                    stream_points.append(p)
-                    print(json.dumps(p), file=sys.stderr)
+                    keep("streams", streams_point(a, procs, work, lua, arm, s, ports, body_file))
+            stop(procs, stubs)
+        if "conversations" in a.parts or "prompts" in a.parts:
+            stubs, ports = start_stubs(procs, a, "stubs-2", 2, 4, 0)
+            for n in a.conversations if "conversations" in a.parts else []:
+                for arm in a.arms:
+                    keep("conversations", conversations_point(a, procs, work, arm, n, ports))
+            for size in a.prompt_kib if "prompts" in a.parts else []:
+                for arm, ckpt in [(arm, True) for arm in a.arms] + [("router", False)] * ("router" in a.arms):
+                    keep("prompts", prompts_point(a, procs, work, arm, size * 1024, ports, ckpt))
             stop(procs, stubs)
     finally:
         procs.stop_all()
     with open(os.path.join(a.out, "scale.json"), "w") as f:
-        json.dump({"meta": meta, "args": {k: getattr(a, k) for k in RUN_ARGS}, "direct": direct,
-                   "replicas": rep_points, "streams": stream_points}, f, indent=1)
+        json.dump(run, f, indent=1)
     if a.doc:
-        report(a, meta, direct, rep_points, stream_points)
+        report(a, run)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 //! answer when no replica is left; and what other state names a replica for
 //! a request (a response's holder, shared pins).
 
+use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,9 +18,14 @@ use super::{Ctx, Prompt, Router};
 use crate::errors::RouterError;
 use crate::exact::{self, Chat, Continuity};
 use crate::paths::Route;
-use crate::policy::{Decision, Hint, Reason, ReplicaId, Shape};
+use crate::policy::{Decision, Hint, Reason, ReplicaId, ReplicaState, Shape};
 use crate::replicas::{Replica, Replicas, View};
 use crate::shared_pins::LOOKUP_ENDS;
+
+thread_local! {
+    /// Each worker's buffer for the replicas' states a placement reads.
+    static STATES: RefCell<Vec<ReplicaState>> = const { RefCell::new(Vec::new()) };
+}
 
 impl Router {
     /// `upstream_peer`: the peer for this attempt, or the error answered
@@ -142,21 +148,25 @@ impl Router {
                 }
                 None => &*tried,
             };
-            let (mut states, panic) = Replicas::states(list, excluded, model);
-            if let (Some(chat), Some(r)) = (&ctx.read.chat, ctx.read.request()) {
-                exact::report(chat, r.chain.len(), list, &mut states);
-            }
-            let mut decision = match ctx.read.request() {
-                Some(r) => self.policy.place(r, &states),
-                None => self.policy.spread(&states),
-            };
+            let (mut decision, panic, at) = STATES.with_borrow_mut(|states| {
+                let panic = Replicas::states_into(list, excluded, model, states);
+                if let (Some(chat), Some(r)) = (&ctx.read.chat, ctx.read.request()) {
+                    exact::report(chat, r.chain.len(), list, states);
+                }
+                let decision = match ctx.read.request() {
+                    Some(r) => self.policy.place(r, states),
+                    None => self.policy.spread(states),
+                };
+                // `states` is in the list's order: found there, not by
+                // reading every replica's id behind its pointer.
+                let at = (decision.replica).and_then(|id| states.iter().position(|s| s.id == id));
+                (decision, panic, at)
+            });
             if holder.is_some() && decision.replica.is_some() {
                 decision.reason = Reason::Key;
                 decision.shape = Shape::Continuation;
             }
-            let chosen = decision
-                .replica
-                .and_then(|id| list.iter().find(|r| r.id == id))?;
+            let chosen = list.get(at?)?;
             // Still in the set (not removed by a reload since `list`).
             let Some(replica) = self.replicas.current_of(list, chosen) else {
                 tried.push(chosen.id);

@@ -140,17 +140,30 @@ impl Replicas {
         tried: &[ReplicaId],
         model: Option<&str>,
     ) -> (Vec<ReplicaState>, bool) {
+        let mut states = Vec::new();
+        let panic = Self::states_into(view, tried, model, &mut states);
+        (states, panic)
+    }
+
+    /// [`Replicas::states`] into `states` (cleared first), so a caller can
+    /// keep one buffer: at a thousand replicas a new one per request cost
+    /// more than the placement (fresh pages to zero and fill).
+    pub fn states_into(
+        view: &View,
+        tried: &[ReplicaId],
+        model: Option<&str>,
+        states: &mut Vec<ReplicaState>,
+    ) -> bool {
         let serves = model.map(|m| view.offers(m));
         let offered = |i: usize, r: &Replica| !tried.contains(&r.id) && serves.is_none_or(|s| s[i]);
-        let mut states: Vec<ReplicaState> = (view.iter().enumerate())
-            .map(|(i, r)| {
-                let mut s = r.state();
-                s.live &= offered(i, r);
-                s
-            })
-            .collect();
+        states.clear();
+        states.extend(view.iter().enumerate().map(|(i, r)| {
+            let mut s = r.state();
+            s.live &= offered(i, r);
+            s
+        }));
         if states.iter().any(|s| s.live) {
-            return (states, false);
+            return false;
         }
         // Past failing checks only when no replica of the whole set is live:
         // not for a retry or a model whose replicas are down while others serve.
@@ -167,10 +180,10 @@ impl Replicas {
                 panic |= s.live;
             }
             if panic {
-                return (states, true);
+                return true;
             }
         }
-        (states, false)
+        false
     }
 
     /// After a replica's liveness changed: whether no replica of the set is

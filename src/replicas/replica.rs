@@ -32,18 +32,37 @@ struct Witness {
     at_s: u32,
 }
 
-/// One replica.
+/// One replica. The fields a placement reads of every replica come first,
+/// in one cache line (`repr(C)` keeps the order, the alignment the line):
+/// a placement over a thousand replicas reads a thousand of them.
 #[derive(Debug)]
+#[repr(C, align(64))]
 pub struct Replica {
     pub id: ReplicaId,
-    pub name: String,
     /// Its name hashed alike in every router instance (rendezvous hashing).
     pub(super) name_hash: u64,
-    pub addr: SocketAddr,
     /// KV capacity in tokens; 0 when not declared. Reloadable.
     pub(super) kv_tokens: AtomicU64,
+    /// Pinned working set, bytes (the capacity watch refreshes it).
+    pub(super) pinned_bytes: AtomicU64,
+    /// Canonical bytes of the singles' prompts in flight.
+    pub(super) cold_bytes: AtomicU64,
+    pub(super) in_flight: AtomicU32,
+    /// Of those, the ones that have not answered a body byte yet: queued or
+    /// in their prefill at the engine.
+    pub(super) waiting: AtomicU32,
+    /// Requests the engine last reported beyond the router's own, and KV
+    /// use per mille; `UNKNOWN` while not read (or reads keep failing).
+    pub(super) engine_unseen: AtomicU32,
+    pub(super) engine_kv_permille: AtomicU32,
+    /// Up by the active checks (see `health`): false until they bring it up.
+    pub(super) checked: AtomicBool,
+    /// Ejected by the request path; see the module header.
+    pub(super) ejected: AtomicBool,
     /// Its engine keeps only its last prompt (`prompt_cache: last`). Reloadable.
     pub(super) last_prompt: AtomicBool,
+    pub name: String,
+    pub addr: SocketAddr,
     /// The models it serves; `None`: unknown, any model.
     pub(super) models: ArcSwapOption<Vec<String>>,
     /// `models` comes from the config (else from the replica's /v1/models).
@@ -52,20 +71,6 @@ pub struct Replica {
     pub(super) kv_events: ArcSwapOption<config::KvEvents>,
     /// What its engine holds, as its events say, while they are followed.
     pub(super) engine_blocks: ArcSwapOption<Mutex<EngineBlocks>>,
-    pub(super) in_flight: AtomicU32,
-    /// Of those, the ones that have not answered a body byte yet: queued or
-    /// in their prefill at the engine.
-    pub(super) waiting: AtomicU32,
-    /// Pinned working set, bytes (the capacity watch refreshes it).
-    pub(super) pinned_bytes: AtomicU64,
-    /// Canonical bytes of the singles' prompts in flight.
-    pub(super) cold_bytes: AtomicU64,
-    /// Requests the engine last reported beyond the router's own, and KV
-    /// use per mille; `UNKNOWN` while not read (or reads keep failing).
-    pub(super) engine_unseen: AtomicU32,
-    pub(super) engine_kv_permille: AtomicU32,
-    /// Up by the active checks (see `health`): false until they bring it up.
-    pub(super) checked: AtomicBool,
     /// Checks failed in a row (counted ones) and passed in a row.
     pub(super) checks_failed: AtomicU32,
     pub(super) checks_passed: AtomicU32,
@@ -86,8 +91,6 @@ pub struct Replica {
     pub(super) last_repair: AtomicU32,
     /// A lost pin waiting for another client's to corroborate it.
     witness: Mutex<Option<Witness>>,
-    /// Ejected by the request path; see the module header.
-    pub(super) ejected: AtomicBool,
     /// The source (client) whose failed request ejected it; 0: none.
     pub(super) ejected_by: AtomicU64,
     /// Failures in a row (timeouts, 5xx) since the last success.
@@ -96,6 +99,9 @@ pub struct Replica {
     pub(super) ejection: Mutex<(u32, Option<Instant>)>,
     pub counters: ReplicaCounters,
 }
+
+// The placement's fields stay in the first cache line.
+const _: () = assert!(std::mem::offset_of!(Replica, last_prompt) < 64);
 
 /// What the engine figures hold while none is known.
 pub(super) const UNKNOWN: u32 = u32::MAX;
@@ -413,6 +419,7 @@ impl Replica {
         self.pinned_bytes.store(bytes, Relaxed);
     }
 
+    #[inline]
     pub(super) fn state(&self) -> ReplicaState {
         let engine = self.engine();
         let room = self.kv_tokens().map(|kv| {

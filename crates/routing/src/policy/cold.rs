@@ -4,8 +4,6 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use xxhash_rust::xxh3::xxh3_64_with_seed;
-
 use super::{KvRoom, Policy, ReplicaId, ReplicaState, COUNTERS};
 
 /// `pack` sends overflow to a replica only while it has at most this many
@@ -19,32 +17,35 @@ const PACK_LOAD_SLACK: u32 = 2;
 const KV_STEP_PERMILLE: u16 = 100;
 
 impl Policy {
-    /// A cold placement of a prompt of `bytes` (see `kv room`).
-    pub(super) fn cold(&self, live: &[ReplicaState], bytes: usize) -> Option<ReplicaId> {
+    /// A cold placement of a prompt of `bytes` among the replicas of `live`
+    /// that `among` keeps (see `kv room`). A filter, not a copy: a fleet of
+    /// a thousand replicas is not copied per request.
+    pub(super) fn cold(
+        &self,
+        live: &[ReplicaState],
+        among: impl Fn(&ReplicaState) -> bool + Copy,
+        bytes: usize,
+    ) -> Option<ReplicaId> {
+        let set = || live.iter().filter(move |s| among(s));
         // Room is only comparable when every replica declares its capacity.
-        if self.config().kv_room == KvRoom::Off || live.iter().any(|s| s.room.is_none()) {
-            return self.balance(live);
+        if self.config().kv_room == KvRoom::Off || set().any(|s| s.room.is_none()) {
+            return self.balance(live, among);
         }
         let bytes = bytes as i64;
-        let fits: Vec<ReplicaState> = live
-            .iter()
-            .filter(|s| s.room.is_some_and(|r| r.free >= bytes))
-            .copied()
-            .collect();
-        if !fits.is_empty() {
-            return self.balance(&fits);
+        let fits = move |s: &ReplicaState| among(s) && s.room.is_some_and(|r| r.free >= bytes);
+        if live.iter().any(fits) {
+            return self.balance(live, fits);
         }
-        let protects = || live.iter().any(|s| s.room.is_some_and(|r| r.pinned > 0));
+        let protects = || set().any(|s| s.room.is_some_and(|r| r.pinned > 0));
         if self.config().kv_room == KvRoom::Pack && protects() {
             // Room taken by singles in flight, not by the pinned set alone
             // (that is the capacity wall, where packing rescues nothing), on a
             // replica not already far busier than the least busy one.
-            let least = live.iter().map(ReplicaState::load).min().unwrap_or(0);
+            let least = set().map(ReplicaState::load).min().unwrap_or(0);
             let bound = least
                 .saturating_mul(PACK_LOAD_FACTOR)
                 .saturating_add(PACK_LOAD_SLACK);
-            let displaced = live
-                .iter()
+            let displaced = set()
                 .filter(|s| s.load() <= bound)
                 .filter_map(|s| s.room.map(|r| (s.id, r)))
                 .filter(|(_, r)| r.free.saturating_add(r.cold as i64) >= bytes)
@@ -53,44 +54,71 @@ impl Policy {
                 return Some(id);
             }
         }
-        self.balance(live)
+        self.balance(live, among)
     }
 
-    /// The counter over `live`; with `least_loaded`, over the least loaded
-    /// of them, and of those the ones whose engines report the least KV in
-    /// use (in steps of `KV_STEP_PERMILLE`, when all of them report it).
-    pub(super) fn balance(&self, live: &[ReplicaState]) -> Option<ReplicaId> {
+    /// The counter over the replicas of `live` that `among` keeps; with
+    /// `least_loaded`, over the least loaded of them, and of those the ones
+    /// whose engines report the least KV in use (in steps of
+    /// `KV_STEP_PERMILLE`, when all of them report it).
+    pub(super) fn balance(
+        &self,
+        live: &[ReplicaState],
+        among: impl Fn(&ReplicaState) -> bool,
+    ) -> Option<ReplicaId> {
+        let mut ids = Vec::with_capacity(live.len());
         if !self.config().least_loaded {
-            return self.count(live);
+            ids.extend(live.iter().filter(|s| among(s)).map(|s| s.id));
+            return self.count(&ids);
         }
-        let least = live.iter().map(ReplicaState::load).min()?;
-        let mut idle: Vec<ReplicaState> =
-            live.iter().filter(|s| s.load() == least).copied().collect();
         let kv_step = |s: &ReplicaState| {
             s.engine
                 .and_then(|e| e.kv_used_permille)
                 .map(|k| k / KV_STEP_PERMILLE)
         };
-        let steps: Option<Vec<u16>> = idle.iter().map(kv_step).collect();
-        if let Some(low) = steps.and_then(|v| v.into_iter().min()) {
-            idle.retain(|s| kv_step(s) == Some(low));
+        // One pass: the least loaded, with their KV steps.
+        let mut least = u32::MAX;
+        let mut idle: Vec<(ReplicaId, Option<u16>)> = Vec::with_capacity(live.len());
+        for s in live.iter().filter(|s| among(s)) {
+            let load = s.load();
+            if load < least {
+                least = load;
+                idle.clear();
+            }
+            if load == least {
+                idle.push((s.id, kv_step(s)));
+            }
         }
-        self.count(&idle)
+        // Of those, the least step, when every one reports one.
+        let low = idle
+            .iter()
+            .try_fold(u16::MAX, |low, (_, k)| k.map(|k| low.min(k)));
+        let kept = |(_, k): &&(ReplicaId, Option<u16>)| low.is_none_or(|low| *k == Some(low));
+        ids.extend(idle.iter().filter(kept).map(|(id, _)| *id));
+        self.count(&ids)
     }
 
     /// The counter of this set of replicas: each set its own, so the
     /// replicas of one model (the caller offers only those) take turns
     /// whatever other models' traffic does between.
-    pub(super) fn count(&self, live: &[ReplicaState]) -> Option<ReplicaId> {
-        if live.is_empty() {
+    pub(super) fn count(&self, ids: &[ReplicaId]) -> Option<ReplicaId> {
+        if ids.is_empty() {
             return None;
         }
-        let mut set = 0u64;
-        for s in live {
-            set = xxh3_64_with_seed(&s.id.0.to_le_bytes(), set);
-        }
+        // The set's hash: a sum of each id mixed (order-free, and a few
+        // cycles an id where a hash call per id cost microseconds a request
+        // at a thousand replicas).
+        let set = ids.iter().fold(0u64, |set, id| set.wrapping_add(mix(id.0)));
         let counter = &self.counters[(set % COUNTERS as u64) as usize];
-        let i = (counter.fetch_add(1, Relaxed) % live.len() as u64) as usize;
-        Some(live[i].id)
+        let i = (counter.fetch_add(1, Relaxed) % ids.len() as u64) as usize;
+        Some(ids[i])
     }
+}
+
+/// SplitMix64's finalizer: one id's bits spread over the word.
+fn mix(id: u32) -> u64 {
+    let mut z = u64::from(id).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }

@@ -146,6 +146,7 @@ pub use types::*;
 /// bytes meet tokens (close to BPE tokenizers on English and code).
 pub const BYTES_PER_TOKEN: u64 = 4;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -291,8 +292,8 @@ impl Policy {
     pub fn spread(&self, replicas: &[ReplicaState]) -> Decision {
         let live = live_sorted(replicas);
         let replica = match self.config().mode {
-            Mode::RoundRobin => self.count(&live),
-            _ => self.balance(&live),
+            Mode::RoundRobin => self.count(&live.iter().map(|s| s.id).collect::<Vec<_>>()),
+            _ => self.balance(&live, |_| true),
         };
         Decision {
             replica,
@@ -307,10 +308,10 @@ impl Policy {
     /// Places a request and records the placement (so later turns, and a
     /// re-placement after failover, see it).
     pub fn place(&self, req: &Request, replicas: &[ReplicaState]) -> Decision {
-        let live = live_sorted(replicas);
         if req.chain.is_empty() && req.key.is_none() {
             return self.spread(replicas);
         }
+        let live = live_sorted(replicas);
         if self.config().mode == Mode::RoundRobin {
             let shape = self.shape_of(req, false);
             return Decision {
@@ -455,7 +456,7 @@ impl Policy {
                 d.replica = rendezvous(head, live);
                 d.reason = Reason::Hash;
             } else {
-                d.replica = self.cold(live, bytes);
+                d.replica = self.cold(live, |_| true, bytes);
                 d.reason = Reason::Spread;
             }
             if !matches.is_empty() {
@@ -470,27 +471,19 @@ impl Policy {
             Reason::Fallback
         };
         if let Some(limit) = self.config().load_guard {
-            let load = |r: ReplicaId| {
-                live.iter()
-                    .find(|s| s.id == r)
-                    .map_or(0, ReplicaState::load)
-            };
             let floor = live.iter().map(ReplicaState::load).min().unwrap_or(0);
-            let over = |r: ReplicaId| load(r) > floor.saturating_add(limit);
-            if over(chosen.replica) {
+            let within = |s: &ReplicaState| s.load() <= floor.saturating_add(limit);
+            let state = |r: ReplicaId| live.iter().find(|s| s.id == r);
+            if !state(chosen.replica).is_none_or(within) {
                 d.reason = Reason::Guard;
-                let next = matches[i..].iter().find(|m| {
-                    m.replica != chosen.replica
-                        && live.iter().any(|s| s.id == m.replica)
-                        && !over(m.replica)
-                });
+                let next = matches[i..]
+                    .iter()
+                    .find(|m| m.replica != chosen.replica && state(m.replica).is_some_and(within));
                 match next {
                     Some(m) => chosen = *m,
                     None => {
                         // Nothing cached within the window: a cold placement there.
-                        let window: Vec<ReplicaState> =
-                            live.iter().filter(|s| !over(s.id)).copied().collect();
-                        d.replica = self.cold(&window, chain.len());
+                        d.replica = self.cold(live, within, chain.len());
                         return;
                     }
                 }
@@ -577,10 +570,17 @@ impl Policy {
     }
 }
 
-fn live_sorted(replicas: &[ReplicaState]) -> Vec<ReplicaState> {
+/// The live replicas in id order: `replicas` itself when all are live and
+/// in that order (the caller's usual case), else a copy.
+fn live_sorted(replicas: &[ReplicaState]) -> Cow<'_, [ReplicaState]> {
+    let in_order = |(a, b): (&ReplicaState, &ReplicaState)| b.live && a.id < b.id;
+    let first_live = replicas.first().is_none_or(|r| r.live);
+    if first_live && replicas.iter().zip(replicas.iter().skip(1)).all(in_order) {
+        return Cow::Borrowed(replicas);
+    }
     let mut live: Vec<ReplicaState> = replicas.iter().filter(|r| r.live).copied().collect();
     live.sort_by_key(|r| r.id);
-    live
+    Cow::Owned(live)
 }
 
 fn reason_or_none(live: &[ReplicaState], reason: Reason) -> Reason {

@@ -45,7 +45,7 @@ impl Policy {
             .singles
             .filter(|r| live.iter().all(|s| s.room.is_some()) && !self.all_fit(r, live));
         let Some(rule) = rule else {
-            d.replica = self.cold(live, chain.len());
+            d.replica = self.cold(live, |_| true, chain.len());
             return;
         };
         // Queued, not in flight: a request decoding there barely delays a
@@ -85,12 +85,8 @@ impl Policy {
         // Held where the load is over the bounds: cold within them, when
         // any replica is within both (the least queued and the least loaded
         // need not be one replica).
-        let window: Vec<ReplicaState> = match refused {
-            true => live.iter().filter(|s| within(s)).copied().collect(),
-            false => Vec::new(),
-        };
-        let among = if window.is_empty() { live } else { &window };
-        d.replica = self.cold(among, chain.len());
+        let bounded = refused && live.iter().any(within);
+        d.replica = self.cold(live, |s| !bounded || within(s), chain.len());
     }
 
     /// Whether, with `spread_while_all_fit`, every live replica's KV could

@@ -55,6 +55,8 @@ const WINDOW: usize = 64;
 const OVERHEAD: usize = 256;
 /// Shards of the store.
 const SHARDS: usize = 16;
+/// A trim takes the store this share of its budget below it (1/16).
+const TRIM_SLACK: usize = 16;
 
 /// Whether some replica serves a model.
 type Serves = Box<dyn Fn(&str) -> bool + Send + Sync>;
@@ -463,16 +465,23 @@ impl Checkpoints {
         kept
     }
 
-    /// Drops the least recently used checkpoints (over every shard) until
-    /// `budget` holds them. One thread trims at a time (others go on: the
-    /// one trimming brings the store under its budget); it reads every
-    /// shard's uses once, one shard's lock at a time, then takes the oldest
-    /// out in order while the store is over its budget.
+    /// Drops the least recently used checkpoints (over every shard) when
+    /// the store is over `budget`, until it holds at most
+    /// `budget - budget / TRIM_SLACK`: the slack spares the next turns a
+    /// trim each (a full store of 40 KiB turns, trimmed to its budget
+    /// exactly, read and sorted every checkpoint's use on every request).
+    /// One thread trims at a time (others go on: the one trimming brings
+    /// the store under its budget); it reads every shard's uses once, one
+    /// shard's lock at a time, then takes the oldest out in order.
     fn trim(&self, budget: usize) {
+        if self.held.load(Relaxed) <= budget {
+            return;
+        }
         let Ok(_one) = self.trimming.try_lock() else {
             return;
         };
-        while self.held.load(Relaxed) > budget {
+        let floor = budget - budget / TRIM_SLACK;
+        while self.held.load(Relaxed) > floor {
             let mut uses: Vec<(u64, u64)> = Vec::new();
             for shard in &self.shards {
                 let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
@@ -483,7 +492,7 @@ impl Checkpoints {
             }
             uses.sort_unstable();
             for (tick, head) in uses {
-                if self.held.load(Relaxed) <= budget {
+                if self.held.load(Relaxed) <= floor {
                     return;
                 }
                 let mut shard = self.lock(head);

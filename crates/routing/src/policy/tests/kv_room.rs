@@ -212,3 +212,29 @@ fn seeded_counters_start_apart_and_still_alternate() {
         "instances seeded apart start on different replicas"
     );
 }
+
+#[test]
+fn the_counter_goes_by_id_whatever_order_the_replicas_come_in_and_skips_the_down() {
+    let mut least = cfg(Mode::Shape);
+    least.least_loaded = true;
+    for c in [cfg(Mode::Shape), least] {
+        let sorted = replicas(&[true, true, true, true]);
+        let mut shuffled = sorted.clone();
+        shuffled.swap(0, 3);
+        shuffled.swap(1, 2);
+        let (a, b) = (Policy::new(c), Policy::new(c));
+        let turns = |p: &Policy, rs: &[ReplicaState]| -> Vec<u32> {
+            (0..8).map(|_| p.spread(rs).replica.unwrap().0).collect()
+        };
+        let in_order = turns(&a, &sorted);
+        assert_eq!(in_order, [0, 1, 2, 3, 0, 1, 2, 3]);
+        assert_eq!(turns(&b, &shuffled), in_order, "{c:?}");
+        // A down replica is skipped, in either order; the live set is
+        // another set, with its own counter.
+        let mut down = sorted.clone();
+        down[1].live = false;
+        assert_eq!(turns(&a, &down), [0, 2, 3, 0, 2, 3, 0, 2]);
+        shuffled[2].live = false; // id 1
+        assert_eq!(turns(&b, &shuffled), [0, 2, 3, 0, 2, 3, 0, 2]);
+    }
+}

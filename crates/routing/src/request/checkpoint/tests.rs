@@ -226,6 +226,35 @@ fn the_budget_drops_the_least_recently_used() {
 }
 
 #[test]
+fn a_full_store_is_trimmed_below_its_budget_not_at_every_new_checkpoint() {
+    let first_turn = |i: usize| {
+        let body =
+            String::from_utf8_lossy(&conversation(1)[0]).replace("\"m\"", &format!("\"m{i}\""));
+        Bytes::from(body)
+    };
+    let probe = Checkpoints::with_min_body(0);
+    probe
+        .parse(&first_turn(0), usize::MAX, 64, 1 << 30, None)
+        .unwrap();
+    let budget = probe.bytes() * 40;
+    let store = Checkpoints::with_min_body(0);
+    let mut trims = 0;
+    for i in 0..100 {
+        let before = store.entries().len();
+        store
+            .parse(&first_turn(i), usize::MAX, 64, budget, None)
+            .unwrap();
+        assert!(store.bytes() <= budget);
+        if store.entries().len() <= before {
+            trims += 1;
+            assert!(store.bytes() <= budget - budget / TRIM_SLACK);
+        }
+    }
+    // 60 checkpoints past a full store: a trim every few, not each.
+    assert!((1..=25).contains(&trims), "{trims} trims");
+}
+
+#[test]
 fn a_body_that_differs_before_the_checkpoint_is_read_from_the_start() {
     let store = Checkpoints::with_min_body(0);
     let bodies = conversation(2);
