@@ -30,7 +30,11 @@ Curves:
   body plus a model turn and a user turn; every 8th a new conversation)
   through the arm at 4 connections: CPU-µs per request with the
   checkpoints (a later turn's body read from where its last turn ended)
-  and without them (`limits.max_checkpoint_bytes: 0`).
+  and without them (`limits.max_checkpoint_bytes: 0`);
+- fleet (1, 2, 3 router instances, `fleet: redis`): instances sharing pins
+  through one Redis, each placing a share of the conversations, then next
+  turns of random ones against all at once: CPU per request of the
+  instances and of Redis, lookups and Redis calls per request.
 
     make bench-scale          # or: scripts/bench-scale.py --doc docs/scale.md
     scripts/bench-scale.py --quick --arms router
@@ -59,7 +63,7 @@ _spec.loader.exec_module(bp)
 ROOT, Procs, tree, cpu_s, status_kib, free_port, write = bp.ROOT, bp.Procs, bp.tree, bp.cpu_s, bp.status_kib, bp.free_port, bp.write
 
 ARMS = ["router", "smg"]
-PARTS = ["replicas", "streams", "conversations", "prompts"]
+PARTS = ["replicas", "streams", "conversations", "prompts", "fleet"]
 # What the report says of how a run was made (kept in scale.json).
 RUN_ARGS = ["duration", "idle", "settle", "rate", "window", "probe"]
 MARK_BEGIN, MARK_END = "<!-- scale bench -->", "<!-- /scale bench -->"
@@ -171,7 +175,7 @@ def start_stubs(procs, a, name, n, events, gap_ms):
     return p, ports
 
 
-def start_arm(procs, a, work, arm, ports, max_requests=None, extra=()):
+def start_arm(procs, a, work, arm, ports, max_requests=None, extra=(), tag=None):
     """The arm in front of `ports`; `max_requests`: its bound on requests in
     flight, raised for the open-streams curve (both default to about 4,096);
     `extra`: lines of the router's config."""
@@ -184,8 +188,9 @@ def start_arm(procs, a, work, arm, ports, max_requests=None, extra=()):
         lines += extra
         lines.append("replicas:")
         lines += [f'  - {{name: r{i}, addr: "127.0.0.1:{p}"}}' for i, p in enumerate(ports)]
-        cfg = write(os.path.join(work, f"router-{len(ports)}.yaml"), "\n".join(lines) + "\n")
-        proc = procs.start(f"router-{len(ports)}", [ROUTER, "--config", cfg], a.proxy_cpu, {"RUST_LOG": "info"})
+        tag = tag or f"router-{len(ports)}"
+        cfg = write(os.path.join(work, f"{tag}.yaml"), "\n".join(lines) + "\n")
+        proc = procs.start(tag, [ROUTER, "--config", cfg], a.proxy_cpu, {"RUST_LOG": "info"})
     else:
         smg, why = bp.ensure_smg(a.venv)
         if not smg:
@@ -240,11 +245,24 @@ def pids_of(info):
     return tree(info["proc"].pid)
 
 
+def wrk_cmd(a, port, lua, conns, seconds, args=()):
+    return ["taskset", "-c", a.load_cpus, "wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--timeout", "10s",
+            "-s", lua, f"http://127.0.0.1:{port}/v1/chat/completions", "--", *map(str, args)]
+
+
 def wrk(a, port, lua, conns, seconds, args=()):
-    out = subprocess.run(["taskset", "-c", a.load_cpus, "wrk", "-t1", f"-c{conns}", f"-d{seconds}s",
-                          "--timeout", "10s", "-s", lua, f"http://127.0.0.1:{port}/v1/chat/completions",
-                          "--", *map(str, args)],
-                         capture_output=True, text=True).stdout
+    return wrk_result(subprocess.run(wrk_cmd(a, port, lua, conns, seconds, args), capture_output=True,
+                                     text=True).stdout)
+
+
+def wrk_many(a, runs, seconds):
+    """wrk against several ports at once: runs are (port, lua, conns, args)."""
+    ps = [subprocess.Popen(wrk_cmd(a, port, lua, conns, seconds, args), stdout=subprocess.PIPE, text=True)
+          for port, lua, conns, args in runs]
+    return [wrk_result(p.communicate()[0]) for p in ps]
+
+
+def wrk_result(out):
     line = next((l for l in out.splitlines() if l.startswith("BENCH ")), None)
     if line is None:
         raise RuntimeError(f"wrk printed no result:\n{out}")
@@ -357,6 +375,19 @@ def router_gauges(info, *names):
     return out
 
 
+def fill(a, port, lua, first, end):
+    """Places conversations first..end through `port` (wrk, 16 connections,
+    in chunks sized by the rate so far); returns requests answered and failed."""
+    sent, errors, rate, t0 = 0, 0, None, time.time()
+    while first + sent < end:
+        secs = 3 if rate is None else min(30, max(1, int((end - first - sent) / rate + 1)))
+        r = wrk(a, port, lua, 16, secs, (first + sent, end, "fill"))
+        sent += r["good"]
+        errors += r["bad"] + r["errors"]
+        rate = sent / (time.time() - t0)
+    return sent, errors
+
+
 def conversations_point(a, procs, work, arm, n, ports):
     # About three index entries per conversation (a block, its end, the
     # end of its first turn): the cap holds them all.
@@ -368,13 +399,8 @@ def conversations_point(a, procs, work, arm, n, ports):
     pids = pids_of(info)
     time.sleep(a.settle)
     rss0 = status_kib(pids, "VmRSS")
-    sent, errors, rate, t0, c0 = 0, 0, None, time.time(), cpu_s(pids)
-    while sent < n:
-        secs = 3 if rate is None else min(30, max(1, int((n - sent) / rate + 1)))
-        r = wrk(a, info["port"], lua, 16, secs, (sent, n, "fill"))
-        sent += r["good"]
-        errors += r["bad"] + r["errors"]
-        rate = sent / (time.time() - t0)
+    t0, c0 = time.time(), cpu_s(pids)
+    sent, errors = fill(a, info["port"], lua, 0, n)
     fill_s, fill_cpu = time.time() - t0, cpu_s(pids) - c0
     rss = status_kib(pids, "VmRSS")
     point = {"arm": arm, "conversations": n, "fill_rps": sent / fill_s, "fill_cpu_us_per_req": fill_cpu / sent * 1e6,
@@ -398,6 +424,73 @@ def conversations_point(a, procs, work, arm, n, ports):
         point["decisions"] = by
     stop(procs, info["proc"])
     return point
+
+
+def redis_info(port, section):
+    out = subprocess.run(["redis-cli", "-p", str(port), "INFO", section], capture_output=True, text=True).stdout
+    return out.splitlines()
+
+
+def fleet_point(a, procs, work, k, ports, redis, n):
+    """`k` router instances sharing pins through one Redis (`fleet: redis`)
+    in front of the same two stubs: each places its share of `n`
+    conversations, then next turns of random ones reach every instance at
+    once (most of them placed by another)."""
+    port = redis["port"]
+    for cmd in (["FLUSHALL"], ["CONFIG", "RESETSTAT"]):
+        subprocess.run(["redis-cli", "-p", str(port), *cmd], capture_output=True)
+    extra = [f'fleet: {{mode: redis, redis_url: "redis://127.0.0.1:{port}"}}']
+    infos = []
+    for i in range(k):
+        info, why = start_arm(procs, a, work, "router", ports, extra=extra, tag=f"router-fleet{k}-{i}")
+        if not info:
+            for up in infos:
+                stop(procs, up["proc"])
+            return {"arm": "router", "instances": k, "skipped": why}
+        infos.append(info)
+    lua = os.path.join(work, "conversations.lua")
+    pids = [p for info in infos for p in pids_of(info)]
+    time.sleep(a.settle)
+    errors = 0
+    for i, info in enumerate(infos):
+        errors += fill(a, info["port"], lua, n * i // k, n * (i + 1) // k)[1]
+    def counters():
+        """The instances' shared-pin ops and decisions, summed."""
+        out = {}
+        for info in infos:
+            _, page, _ = http_get(f"http://127.0.0.1:{info['mport']}/metrics")
+            page = page.decode()
+            found = re.findall(r'^prefix_router_shared_pins_total\{op="(\w+)",result="(\w+)"\} (\S+)$', page, re.M)
+            found += [("decision", d, v) for d, v in
+                      re.findall(r'^prefix_router_requests_total\{[^}]*decision="(\w+)"[^}]*\} (\S+)$', page, re.M)]
+            for op, res, v in found:
+                out[(op, res)] = out.get((op, res), 0) + int(float(v))
+        return out
+
+    # The next turns only: counters from here, Redis's statistics reset.
+    subprocess.run(["redis-cli", "-p", str(port), "CONFIG", "RESETSTAT"], capture_output=True)
+    before = counters()
+    conns = [16 // k + (j < 16 % k) for j in range(k)]
+    c0, r0 = cpu_s(pids), cpu_s(tree(redis["proc"].pid))
+    rs = wrk_many(a, [(info["port"], lua, c, (0, n, "turn")) for info, c in zip(infos, conns)], a.duration)
+    cpu, rcpu = cpu_s(pids) - c0, cpu_s(tree(redis["proc"].pid)) - r0
+    good = sum(r["good"] for r in rs)
+    after = counters()
+    delta = {key: v - before.get(key, 0) for key, v in after.items() if v - before.get(key, 0)}
+    by = {f"{op} {res}": v for (op, res), v in delta.items() if op != "decision"}
+    pins = {res: v for (op, res), v in delta.items() if op == "decision"}
+    calls = {}
+    for line in redis_info(port, "commandstats"):
+        m = re.match(r"cmdstat_(\w+):calls=(\d+)", line)
+        if m:
+            calls[m[1]] = int(m[2])
+    for info in infos:
+        stop(procs, info["proc"])
+    return {"arm": "router", "instances": k, "conversations": n, "rps": sum(r["rps"] for r in rs),
+            "p50_us": max(r["p50_us"] for r in rs), "p99_us": max(r["p99_us"] for r in rs),
+            "cpu_us_per_req": cpu / max(1, good) * 1e6, "redis_cpu_us_per_req": rcpu / max(1, good) * 1e6,
+            "shared_pins": by, "decisions": pins, "redis_calls": calls, "requests": good,
+            "errors": errors + sum(r["bad"] + r["errors"] for r in rs)}
 
 
 def prompts_point(a, procs, work, arm, size, ports, checkpoints):
@@ -483,7 +576,8 @@ def plots(doc_dir, run):
             ("held_p50_us", "a new request's p50 while held", "µs", "streams", "streams", "open streams"),
             ("cpu_us_per_req", "CPU per next turn", "CPU-µs", "conversations", "conversations", "conversations"),
             ("rss_mib", "RSS", "MiB", "conversations", "conversations", "conversations"),
-            ("cpu_us_per_req", "CPU per agent-loop request", "CPU-µs", "prompts", "bytes", "body bytes")):
+            ("cpu_us_per_req", "CPU per agent-loop request", "CPU-µs", "prompts", "bytes", "body bytes"),
+            ("cpu_us_per_req", "CPU per request, Redis fleet", "CPU-µs", "fleet", "instances", "instances")):
         svg = svg_chart(title, xl, unit, series(run.get(part, []), key, x))
         if svg:
             name = f"scale-{part}-{key}.svg"
@@ -570,6 +664,33 @@ def doc(a, run, made):
             out.append(f"| {NAMES[p['arm']]} | {p['bytes'] // 1024} KiB | {fmt(p['rps'])} | {p['p50_us']:,} µs | "
                        f"{p['p99_us']:,} µs | {p['cpu_us_per_req']:.1f} | {p['cpu_us_per_req'] * 100 / 1e6:.3f} | "
                        f"{parses} | {p['requests']:,} | {p['errors']} |")
+    if run.get("fleet"):
+        out += ["\n## Fleet: Redis shared pins\n",
+                "`fleet: {mode: redis}`: 1 to 3 router instances (all on the proxy CPU, one worker "
+                "thread each) share pins through one Redis (`redis-server`, no persistence, on the load "
+                "CPU) in front of the same two stubs. Each instance places its share of "
+                f"{a.fleet_conversations:,} conversations; then wrk against every instance at once "
+                f"(16 connections in all, {a.duration} s) sends next turns of conversations drawn at "
+                "random, so with k instances about (k−1)/k of them reach an instance that did not "
+                "place them (or placed an earlier turn) and look their pin up in Redis. All figures "
+                "are of those next turns: CPU-µs per request of the instances together and of "
+                "Redis; lookups (one `MGET` round trip each, on the request's path, within "
+                "`redis_budget_ms`) and writes (pipelined by a background task) from the router's "
+                "`prefix_router_shared_pins_total`; Redis's calls from its `INFO commandstats`.\n",
+                "| instances | req/s | p50 (slowest instance) | p99 (slowest) | router CPU-µs/req | Redis CPU-µs/req | round trips per request (lookups) | shared-pin ops | Redis calls | decisions | errors |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for p in run["fleet"]:
+            if "skipped" in p:
+                out.append(f"| {p['instances']} | not run: {p['skipped']} |" + " |" * 9)
+                continue
+            sp = p.get("shared_pins", {})
+            lookups = sum(v for k, v in sp.items() if k.startswith("lookup "))
+            ops = ", ".join(f"{k} {v:,}" for k, v in sorted(sp.items())) or "—"
+            calls = ", ".join(f"{k} {v:,}" for k, v in sorted(p.get("redis_calls", {}).items())) or "—"
+            dec = ", ".join(f"{k} {v:,}" for k, v in sorted(p.get("decisions", {}).items())) or "—"
+            out.append(f"| {p['instances']} | {fmt(p['rps'])} | {p['p50_us']:,} µs | {p['p99_us']:,} µs | "
+                       f"{p['cpu_us_per_req']:.1f} | {p['redis_cpu_us_per_req']:.1f} | "
+                       f"{lookups / max(1, p['requests']):.2f} | {ops} | {calls} | {dec} | {p['errors']} |")
     out.append("\n## Plots\n")
     out += [f"![{t}]({n})" for t, n in made]
     out.append(MARK_END)
@@ -592,6 +713,8 @@ def parse_args():
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--conversations", default="10000,100000,1000000")
     ap.add_argument("--prompt-kib", default="4,40,400")
+    ap.add_argument("--instances", default="1,2,3", help="router instances of the Redis fleet curve")
+    ap.add_argument("--fleet-conversations", type=int, default=10000)
     ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--duration", type=int, default=5, help="seconds of wrk per replicas point")
     ap.add_argument("--idle", type=float, default=5, help="seconds of idle CPU measured per replicas point")
@@ -611,11 +734,12 @@ def parse_args():
     a = ap.parse_args()
     if a.quick:
         a.replicas, a.streams, a.duration, a.idle, a.settle, a.window, a.probe = "2,16", "100", 2, 1, 1, 2, 1
-        a.conversations, a.prompt_kib = "1000", "4,40"
+        a.conversations, a.prompt_kib, a.fleet_conversations = "1000", "4,40", 1000
     a.replicas = [int(x) for x in a.replicas.split(",")]
     a.streams = [int(x) for x in a.streams.split(",")]
     a.conversations = [int(x) for x in a.conversations.split(",")]
     a.prompt_kib = [int(x) for x in a.prompt_kib.split(",")]
+    a.instances = [int(x) for x in a.instances.split(",")]
     a.arms, a.parts = a.arms.split(","), a.parts.split(",")
     return a
 
@@ -678,11 +802,22 @@ def main():
                 for arm in a.arms:
                     keep("streams", streams_point(a, procs, work, lua, arm, s, ports, body_file))
             stop(procs, stubs)
-        if "conversations" in a.parts or "prompts" in a.parts:
+        if {"conversations", "prompts", "fleet"} & set(a.parts):
             stubs, ports = start_stubs(procs, a, "stubs-2", 2, 4, 0)
             for n in a.conversations if "conversations" in a.parts else []:
                 for arm in a.arms:
                     keep("conversations", conversations_point(a, procs, work, arm, n, ports))
+            if "fleet" in a.parts and "router" in a.arms:
+                redis_port = free_port()
+                proc = procs.start("redis", ["redis-server", "--port", str(redis_port), "--save", "",
+                                             "--appendonly", "no"], a.load_cpus)
+                redis = {"port": redis_port, "proc": proc}
+                while subprocess.run(["redis-cli", "-p", str(redis_port), "PING"], capture_output=True,
+                                     text=True).stdout.strip() != "PONG":
+                    time.sleep(0.1)
+                for k in a.instances:
+                    keep("fleet", fleet_point(a, procs, work, k, ports, redis, a.fleet_conversations))
+                stop(procs, proc)
             for size in a.prompt_kib if "prompts" in a.parts else []:
                 for arm, ckpt in [(arm, True) for arm in a.arms] + [("router", False)] * ("router" in a.arms):
                     keep("prompts", prompts_point(a, procs, work, arm, size * 1024, ports, ckpt))

@@ -31,6 +31,8 @@ mod responses;
 mod scan;
 mod walk;
 
+use std::sync::Arc;
+
 use crate::policy::{PrefixChain, Request};
 
 pub use checkpoint::{
@@ -153,13 +155,13 @@ impl Prompt {
             .key
             .or_else(|| header_key.filter(|k| !k.is_empty()).map(str::to_owned));
         Request {
-            chain: PrefixChain::identified_after(
+            chain: Arc::new(PrefixChain::identified_after(
                 self.text,
                 self.message_ends,
                 block_bytes,
                 self.identity,
                 known,
-            ),
+            )),
             model_turn: self.model_turn,
             root_end: self.root_end,
             hint: None,

@@ -93,8 +93,10 @@ struct Checkpoint {
     /// `max_text_bytes` of its parse.
     max: usize,
     /// Its request's chain: the text is the `system` section's, then the
-    /// list's (whole: nothing was cut), then any `prompt`.
-    chain: PrefixChain,
+    /// list's (whole: nothing was cut), then any `prompt`. Shared with the
+    /// request (a 400 KiB turn's text was copied for it, 27 µs, and its
+    /// fresh pages zeroed, 25 µs more).
+    chain: Arc<PrefixChain>,
     /// The `system` section's text length and message ends in `chain`.
     system_text: usize,
     system_ends: usize,
@@ -298,7 +300,7 @@ impl Checkpoints {
                 // The text up to the end of the list as it was, when the
                 // `system` before it is the same and the list is the one resumed.
                 let known = resumed.continued && system_text(&fields) == from.system();
-                let known = known.then(|| (&from.chain, from.system_text + from.mark.list.text));
+                let known = known.then(|| (&*from.chain, from.system_text + from.mark.list.text));
                 let left = Left::of(&fields, mark);
                 let prompt = fields.assemble(max);
                 let request = prompt.into_request_after(block_bytes, header_key, known);
@@ -392,7 +394,7 @@ impl Checkpoints {
                 return None;
             }
         }
-        let chain = request.chain.clone();
+        let chain = Arc::clone(&request.chain);
         let bytes = body.len() + chain.heap_bytes() + left.mark.fields.heap_bytes() + OVERHEAD;
         let checkpoint = Arc::new(Checkpoint {
             body: body.clone(),

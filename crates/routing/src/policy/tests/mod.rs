@@ -37,7 +37,11 @@ fn replicas(live: &[bool]) -> Vec<ReplicaState> {
 /// A request whose text is `text`, one message ending at its end.
 fn req(text: &str, model_turn: bool) -> Request {
     Request {
-        chain: PrefixChain::new(text.as_bytes().to_vec(), vec![text.len()], B),
+        chain: Arc::new(PrefixChain::new(
+            text.as_bytes().to_vec(),
+            vec![text.len()],
+            B,
+        )),
         model_turn,
         root_end: None,
         hint: None,
