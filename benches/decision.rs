@@ -175,7 +175,7 @@ fn lookup_vs_tracked(c: &mut Criterion) {
             // A 2 KiB canonical prompt each: two blocks plus its end.
             let text = format!("conversation {i:>12} ").repeat(2048 / 26);
             let req = prefix_router::policy::Request {
-                chain: std::sync::Arc::new(PrefixChain::new(text.into_bytes(), vec![], BLOCK)),
+                chain: PrefixChain::new(text.into_bytes(), vec![], BLOCK),
                 model_turn: true,
                 root_end: None,
                 hint: None,

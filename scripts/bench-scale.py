@@ -65,7 +65,7 @@ ROOT, Procs, tree, cpu_s, status_kib, free_port, write = bp.ROOT, bp.Procs, bp.t
 ARMS = ["router", "smg"]
 PARTS = ["replicas", "streams", "conversations", "prompts", "fleet"]
 # What the report says of how a run was made (kept in scale.json).
-RUN_ARGS = ["duration", "idle", "settle", "rate", "window", "probe"]
+RUN_ARGS = ["duration", "idle", "settle", "rate", "window", "probe", "rounds"]
 MARK_BEGIN, MARK_END = "<!-- scale bench -->", "<!-- /scale bench -->"
 NAMES = {"router": "prefix-router", "smg": "SMG cache_aware", "direct": "stub direct",
          "router-nockpt": "prefix-router, no checkpoints"}
@@ -578,7 +578,8 @@ def plots(doc_dir, run):
             ("rss_mib", "RSS", "MiB", "conversations", "conversations", "conversations"),
             ("cpu_us_per_req", "CPU per agent-loop request", "CPU-µs", "prompts", "bytes", "body bytes"),
             ("cpu_us_per_req", "CPU per request, Redis fleet", "CPU-µs", "fleet", "instances", "instances")):
-        svg = svg_chart(title, xl, unit, series(run.get(part, []), key, x))
+        points = by_size(run["replicas"]) if part == "replicas" else run.get(part, [])
+        svg = svg_chart(title, xl, unit, series(points, key, x))
         if svg:
             name = f"scale-{part}-{key}.svg"
             with open(os.path.join(doc_dir, name), "w") as f:
@@ -587,30 +588,73 @@ def plots(doc_dir, run):
     return made
 
 
+def by_size(points):
+    """The replicas curve's rounds folded: per arm and size, the median of
+    each figure, the rounds' CPU-µs per request (idle share excluded), and
+    the median over rounds of that figure over the same round's at the
+    smallest size (`flat`)."""
+    import collections
+    groups = collections.OrderedDict()
+    for p in points:
+        groups.setdefault((p["arm"], p["replicas"]), []).append(p)
+    out = []
+    for (arm, n), ps in groups.items():
+        ran = [p for p in ps if "skipped" not in p]
+        if not ran:
+            out.append(ps[0])
+            continue
+        m = {"arm": arm, "replicas": n, "rounds": len(ran)}
+        for k, v in ran[0].items():
+            if isinstance(v, (int, float)) and k not in ("replicas", "round"):
+                m[k] = statistics.median(p[k] for p in ran)
+        for k in ("requests", "errors"):
+            m[k] = sum(p[k] for p in ran)
+        m["per_round"] = [p["cpu_us_per_req_less_idle"] for p in ran]
+        small = min(q["replicas"] for q in points if q["arm"] == arm)
+        base = {q.get("round", 0): q for q in points
+                if q["arm"] == arm and q["replicas"] == small and "skipped" not in q}
+        ratios = [p["cpu_us_per_req_less_idle"] / base[p.get("round", 0)]["cpu_us_per_req_less_idle"]
+                  for p in ran if p.get("round", 0) in base]
+        m["flat"] = statistics.median(ratios) if ratios else None
+        m["flat_range"] = (min(ratios), max(ratios)) if ratios else None
+        out.append(m)
+    return out
+
+
 def fmt(v, spec=",.0f"):
     return "—" if v is None else format(v, spec)
 
 
 def doc(a, run, made):
-    meta, direct, rep_points, stream_points = run["meta"], run["direct"], run["replicas"], run["streams"]
+    meta, stream_points = run["meta"], run["streams"]
+    rep_points = by_size(run["replicas"])
+    direct = {}
+    for d in run["direct"]:
+        direct.setdefault(d["replicas"], []).append(d["p50_us"])
+    rounds = max([p.get("rounds", 1) for p in rep_points] or [1])
     out = [MARK_BEGIN, f"Command: `make bench-scale` (`scripts/bench-scale.py {meta.get('command', '--doc docs/scale.md')}`), {meta['date']}, commit "
            f"{meta['commit']}. Machine: {meta['cpu']}, {meta['cores']} cores, Linux {meta['kernel']}, "
            f"load average {meta['loadavg']} at the start; SMG {meta['smg']}.\n",
            __doc__.split("\n\n")[1].replace("\n", " ") + "\n",
            "\n## Replicas\n",
            f"wrk: one thread, 16 connections, {a.duration} s per point after 1 s of warm-up; "
-           f"idle CPU over {a.idle} s after {a.settle} s of settling. Stub direct (wrk to one stub port): "
-           + ", ".join(f"{d['replicas']} replicas p50 {d['p50_us']} µs" for d in direct) + ".\n",
-           "| arm | replicas | idle CPU (cores) | req/s | p50 | p99 | p50 added | CPU-µs/req | less idle | RSS MiB | scrape | scrape ms | requests | errors |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           f"idle CPU over {a.idle} s after {a.settle} s of settling; {rounds} round(s), each a sweep of "
+           "every size, so each figure is the median over rounds; `÷ smallest` is the median over rounds "
+           "of CPU-µs per request (idle share excluded) over the same round's at the smallest size, with "
+           "its range. Stub direct (wrk to one stub port), p50: "
+           + ", ".join(f"{n} replicas {statistics.median(v):,.0f} µs" for n, v in direct.items()) + ".\n",
+           "| arm | replicas | idle CPU (cores) | req/s | p50 | p99 | p50 added | CPU-µs/req | less idle | per round | ÷ smallest | RSS MiB | scrape | scrape ms | requests | errors |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in rep_points:
         if "skipped" in p:
-            out.append(f"| {NAMES[p['arm']]} | {p['replicas']:,} | not run: {p['skipped']} |" + " |" * 11)
+            out.append(f"| {NAMES[p['arm']]} | {p['replicas']:,} | not run: {p['skipped']} |" + " |" * 13)
             continue
+        per_round = ", ".join(f"{v:.0f}" for v in p.get("per_round", [p["cpu_us_per_req_less_idle"]]))
+        flat = "—" if p.get("flat") is None else f"{p['flat']:.2f} ({p['flat_range'][0]:.2f}–{p['flat_range'][1]:.2f})"
         out.append(f"| {NAMES[p['arm']]} | {p['replicas']:,} | {p['idle_cpu']:.3f} | {fmt(p['rps'])} | "
-                   f"{p['p50_us']:,} µs | {p['p99_us']:,} µs | {p['added_p50_us']:,} µs | {p['cpu_us_per_req']:.1f} | "
-                   f"{p['cpu_us_per_req_less_idle']:.1f} | {p['rss_mib']:.1f} | {p['scrape_bytes'] / 1024:,.0f} KiB | "
-                   f"{p['scrape_ms']:.1f} | {p['requests']:,} | {p['errors']} |")
+                   f"{p['p50_us']:,.0f} µs | {p['p99_us']:,.0f} µs | {p['added_p50_us']:,.0f} µs | {p['cpu_us_per_req']:.1f} | "
+                   f"{p['cpu_us_per_req_less_idle']:.1f} | {per_round} | {flat} | {p['rss_mib']:.1f} | "
+                   f"{p['scrape_bytes'] / 1024:,.0f} KiB | {p['scrape_ms']:.1f} | {p['requests']:,} | {p['errors']} |")
     out += ["\n## Open streams\n",
             f"`routebench hold` opens the streams at {a.rate:g} a second through the arm in front of two stub "
             f"replicas (one SSE event a second per stream); once all are open, CPU and SSE events are counted "
@@ -717,6 +761,7 @@ def parse_args():
     ap.add_argument("--fleet-conversations", type=int, default=10000)
     ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--duration", type=int, default=5, help="seconds of wrk per replicas point")
+    ap.add_argument("--rounds", type=int, default=3, help="sweeps of the replicas curve")
     ap.add_argument("--idle", type=float, default=5, help="seconds of idle CPU measured per replicas point")
     ap.add_argument("--settle", type=float, default=3, help="seconds after an arm is ready")
     ap.add_argument("--rate", type=float, default=1000, help="streams opened per second")
@@ -734,6 +779,7 @@ def parse_args():
     a = ap.parse_args()
     if a.quick:
         a.replicas, a.streams, a.duration, a.idle, a.settle, a.window, a.probe = "2,16", "100", 2, 1, 1, 2, 1
+        a.rounds = 1
         a.conversations, a.prompt_kib, a.fleet_conversations = "1000", "4,40", 1000
     a.replicas = [int(x) for x in a.replicas.split(",")]
     a.streams = [int(x) for x in a.streams.split(",")]
@@ -785,13 +831,15 @@ def main():
         print(json.dumps(p), file=sys.stderr)
 
     try:
-        if "replicas" in a.parts:
+        # Rounds sweep every size in turn, so each round's ratios see one
+        # state of this noisy machine.
+        for rnd in range(a.rounds if "replicas" in a.parts else 0):
             for n in a.replicas:
                 stubs, ports = start_stubs(procs, a, f"stubs-{n}", n, 4, 0)
                 d = wrk(a, ports[0], lua, 16, a.duration)
-                run["direct"].append({"replicas": n, "p50_us": d["p50_us"], "p99_us": d["p99_us"]})
+                run["direct"].append({"replicas": n, "round": rnd, "p50_us": d["p50_us"], "p99_us": d["p99_us"]})
                 for arm in a.arms:
-                    keep("replicas", replicas_point(a, procs, work, lua, arm, n, ports, d))
+                    keep("replicas", {**replicas_point(a, procs, work, lua, arm, n, ports, d), "round": rnd})
                 stop(procs, stubs)
         if "streams" in a.parts:
             # Each stream outlasts its point's ramp, window and probe.

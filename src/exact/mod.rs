@@ -415,11 +415,15 @@ fn learn_later(tokens: &Arc<ModelTokens>, piece: String) {
 /// Sets `engine_held` on each offered replica whose engine's state is
 /// known: what it holds of the prompt (`text_len` bytes of canonical text,
 /// tokenized as `chat`), in bytes of that text (its tokens held, scaled).
-/// `offered` is in `list`'s order (`Replicas::states`).
+/// `offered` is in `list`'s order, as `Replicas::states` gives it (else
+/// each is looked up by id).
 pub fn report(chat: &Chat, text_len: usize, list: &View, offered: &mut [ReplicaState]) {
-    for (s, r) in offered.iter_mut().zip(list.iter()).filter(|(s, _)| s.live) {
-        debug_assert_eq!(s.id, r.id);
-        let Some(blocks) = r.engine_blocks() else {
+    for (at, s) in offered.iter_mut().enumerate().filter(|(_, s)| s.live) {
+        let r = match list.get(at) {
+            Some(r) if r.id == s.id => Some(r),
+            _ => list.iter().find(|r| r.id == s.id),
+        };
+        let Some(blocks) = r.and_then(|r| r.engine_blocks()) else {
             continue;
         };
         let blocks = lock(&blocks);

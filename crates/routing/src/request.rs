@@ -31,8 +31,6 @@ mod responses;
 mod scan;
 mod walk;
 
-use std::sync::Arc;
-
 use crate::policy::{PrefixChain, Request};
 
 pub use checkpoint::{
@@ -155,13 +153,13 @@ impl Prompt {
             .key
             .or_else(|| header_key.filter(|k| !k.is_empty()).map(str::to_owned));
         Request {
-            chain: Arc::new(PrefixChain::identified_after(
+            chain: PrefixChain::identified_after(
                 self.text,
                 self.message_ends,
                 block_bytes,
                 self.identity,
                 known,
-            )),
+            ),
             model_turn: self.model_turn,
             root_end: self.root_end,
             hint: None,

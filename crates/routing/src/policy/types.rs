@@ -1,8 +1,6 @@
 //! The policy's vocabulary: its parameters, the replica and request views
 //! it is given, and the decision it returns.
 
-use std::sync::Arc;
-
 use super::{PrefixChain, SinglesByPrefix};
 
 /// Which rule places requests.
@@ -154,8 +152,7 @@ pub struct WorkingSet {
 /// What the policy needs of a request: its prefix chain and shape signals.
 #[derive(Debug, Clone)]
 pub struct Request {
-    /// Shared, not copied, with the checkpoint its body may leave.
-    pub chain: Arc<PrefixChain>,
+    pub chain: PrefixChain,
     /// An assistant / tool / function turn is present.
     pub model_turn: bool,
     /// Where its conversation's root ends in the text: the messages before

@@ -57,6 +57,10 @@ const OVERHEAD: usize = 256;
 const SHARDS: usize = 16;
 /// A trim takes the store this share of its budget below it (1/16).
 const TRIM_SLACK: usize = 16;
+/// What a trim leaves the store at most: no checkpoint larger is kept.
+fn floor(budget: usize) -> usize {
+    budget - budget / TRIM_SLACK
+}
 
 /// Whether some replica serves a model.
 type Serves = Box<dyn Fn(&str) -> bool + Send + Sync>;
@@ -93,10 +97,8 @@ struct Checkpoint {
     /// `max_text_bytes` of its parse.
     max: usize,
     /// Its request's chain: the text is the `system` section's, then the
-    /// list's (whole: nothing was cut), then any `prompt`. Shared with the
-    /// request (a 400 KiB turn's text was copied for it, 27 µs, and its
-    /// fresh pages zeroed, 25 µs more).
-    chain: Arc<PrefixChain>,
+    /// list's (whole: nothing was cut), then any `prompt`.
+    chain: PrefixChain,
     /// The `system` section's text length and message ends in `chain`.
     system_text: usize,
     system_ends: usize,
@@ -300,7 +302,7 @@ impl Checkpoints {
                 // The text up to the end of the list as it was, when the
                 // `system` before it is the same and the list is the one resumed.
                 let known = resumed.continued && system_text(&fields) == from.system();
-                let known = known.then(|| (&*from.chain, from.system_text + from.mark.list.text));
+                let known = known.then(|| (&from.chain, from.system_text + from.mark.list.text));
                 let left = Left::of(&fields, mark);
                 let prompt = fields.assemble(max);
                 let request = prompt.into_request_after(block_bytes, header_key, known);
@@ -394,7 +396,7 @@ impl Checkpoints {
                 return None;
             }
         }
-        let chain = Arc::clone(&request.chain);
+        let chain = request.chain.clone();
         let bytes = body.len() + chain.heap_bytes() + left.mark.fields.heap_bytes() + OVERHEAD;
         let checkpoint = Arc::new(Checkpoint {
             body: body.clone(),
@@ -406,7 +408,8 @@ impl Checkpoints {
             bytes,
             kept: OnceLock::new(),
         });
-        if checkpoint.bytes > budget {
+        // Larger than what a trim leaves: it would trim itself away.
+        if checkpoint.bytes > floor(budget) {
             return None;
         }
         let at = checkpoint.mark.raw_len;
@@ -448,9 +451,10 @@ impl Checkpoints {
     /// Keeps `value` with `turn`'s checkpoint while the store holds it,
     /// counted as `bytes` more against `budget`: false when it is no longer
     /// held, something was kept with it already, or the two would not fit
-    /// the budget alone (they would displace every other).
+    /// what a trim leaves of the budget alone (they would displace every
+    /// other, then themselves).
     pub fn keep_with(&self, turn: &Turn, value: Kept, bytes: usize, budget: usize) -> bool {
-        if turn.checkpoint.bytes + bytes > budget {
+        if turn.checkpoint.bytes + bytes > floor(budget) {
             return false;
         }
         let shard = self.lock(turn.head);
@@ -482,7 +486,7 @@ impl Checkpoints {
         let Ok(_one) = self.trimming.try_lock() else {
             return;
         };
-        let floor = budget - budget / TRIM_SLACK;
+        let floor = floor(budget);
         while self.held.load(Relaxed) > floor {
             let mut uses: Vec<(u64, u64)> = Vec::new();
             for shard in &self.shards {

@@ -229,12 +229,16 @@ fn the_counter_goes_by_id_whatever_order_the_replicas_come_in_and_skips_the_down
         let in_order = turns(&a, &sorted);
         assert_eq!(in_order, [0, 1, 2, 3, 0, 1, 2, 3]);
         assert_eq!(turns(&b, &shuffled), in_order, "{c:?}");
-        // A down replica is skipped, in either order; the live set is
-        // another set, with its own counter.
+        // A down replica is skipped, in either order, the first one too;
+        // each live set is another set, with its own counter (these sets
+        // hash to different counters of the 1,024).
         let mut down = sorted.clone();
         down[1].live = false;
         assert_eq!(turns(&a, &down), [0, 2, 3, 0, 2, 3, 0, 2]);
         shuffled[2].live = false; // id 1
         assert_eq!(turns(&b, &shuffled), [0, 2, 3, 0, 2, 3, 0, 2]);
+        let mut first_down = sorted.clone();
+        first_down[0].live = false;
+        assert_eq!(turns(&a, &first_down), [1, 2, 3, 1, 2, 3, 1, 2]);
     }
 }

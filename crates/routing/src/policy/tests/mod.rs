@@ -37,11 +37,7 @@ fn replicas(live: &[bool]) -> Vec<ReplicaState> {
 /// A request whose text is `text`, one message ending at its end.
 fn req(text: &str, model_turn: bool) -> Request {
     Request {
-        chain: Arc::new(PrefixChain::new(
-            text.as_bytes().to_vec(),
-            vec![text.len()],
-            B,
-        )),
+        chain: PrefixChain::new(text.as_bytes().to_vec(), vec![text.len()], B),
         model_turn,
         root_end: None,
         hint: None,

@@ -255,6 +255,26 @@ fn a_full_store_is_trimmed_below_its_budget_not_at_every_new_checkpoint() {
 }
 
 #[test]
+fn a_checkpoint_larger_than_what_a_trim_leaves_is_not_kept_and_displaces_none() {
+    let (a, b) = (conversation(1), conversation(3));
+    let probe = Checkpoints::with_min_body(0);
+    probe.parse(&b[2], usize::MAX, 64, 1 << 30, None).unwrap();
+    let large = probe.bytes();
+    // b's third turn fits the budget but not the 15/16 a trim leaves.
+    let budget = large + large / 32;
+    let store = Checkpoints::with_min_body(0);
+    store.parse(&a[0], usize::MAX, 64, budget, None).unwrap();
+    let small = store.bytes();
+    assert!(small > 0 && large > budget - budget / TRIM_SLACK);
+    store.parse(&b[2], usize::MAX, 64, budget, None).unwrap();
+    assert_eq!(
+        store.bytes(),
+        small,
+        "a's checkpoint stays, b's is not kept"
+    );
+}
+
+#[test]
 fn a_body_that_differs_before_the_checkpoint_is_read_from_the_start() {
     let store = Checkpoints::with_min_body(0);
     let bodies = conversation(2);
