@@ -621,6 +621,23 @@ def by_size(points):
     return out
 
 
+def table(columns, points, lead, cells):
+    """A Markdown table, a row per point: `lead(p)` its first cells (arm,
+    size), `cells(p)` the rest; a point that was not run says why."""
+    out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for p in points:
+        first = lead(p)
+        rest = ([f"not run: {p['skipped']}"] + [""] * (len(columns) - len(first) - 1)
+                if "skipped" in p else cells(p))
+        out.append("| " + " | ".join(first + rest) + " |")
+    return out
+
+
+def listing(counts):
+    """`{name: count}` as "name 1,234, other 5"."""
+    return ", ".join(f"{k} {v:,}" for k, v in sorted((counts or {}).items())) or "—"
+
+
 def fmt(v, spec=",.0f"):
     return "—" if v is None else format(v, spec)
 
@@ -642,53 +659,47 @@ def doc(a, run, made):
            "every size, so each figure is the median over rounds; `÷ smallest` is the median over rounds "
            "of CPU-µs per request (idle share excluded) over the same round's at the smallest size, with "
            "its range. Stub direct (wrk to one stub port), p50: "
-           + ", ".join(f"{n} replicas {statistics.median(v):,.0f} µs" for n, v in direct.items()) + ".\n",
-           "| arm | replicas | idle CPU (cores) | req/s | p50 | p99 | p50 added | CPU-µs/req | less idle | per round | ÷ smallest | RSS MiB | scrape | scrape ms | requests | errors |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for p in rep_points:
-        if "skipped" in p:
-            out.append(f"| {NAMES[p['arm']]} | {p['replicas']:,} | not run: {p['skipped']} |" + " |" * 13)
-            continue
+           + ", ".join(f"{n} replicas {statistics.median(v):,.0f} µs" for n, v in direct.items()) + ".\n"]
+
+    def replicas_row(p):
         per_round = ", ".join(f"{v:.0f}" for v in p.get("per_round", [p["cpu_us_per_req_less_idle"]]))
         flat = "—" if p.get("flat") is None else f"{p['flat']:.2f} ({p['flat_range'][0]:.2f}–{p['flat_range'][1]:.2f})"
-        out.append(f"| {NAMES[p['arm']]} | {p['replicas']:,} | {p['idle_cpu']:.3f} | {fmt(p['rps'])} | "
-                   f"{p['p50_us']:,.0f} µs | {p['p99_us']:,.0f} µs | {p['added_p50_us']:,.0f} µs | {p['cpu_us_per_req']:.1f} | "
-                   f"{p['cpu_us_per_req_less_idle']:.1f} | {per_round} | {flat} | {p['rss_mib']:.1f} | "
-                   f"{p['scrape_bytes'] / 1024:,.0f} KiB | {p['scrape_ms']:.1f} | {p['requests']:,} | {p['errors']} |")
+        return [f"{p['idle_cpu']:.3f}", fmt(p["rps"]), f"{p['p50_us']:,.0f} µs", f"{p['p99_us']:,.0f} µs",
+                f"{p['added_p50_us']:,.0f} µs", f"{p['cpu_us_per_req']:.1f}", f"{p['cpu_us_per_req_less_idle']:.1f}",
+                per_round, flat, f"{p['rss_mib']:.1f}", f"{p['scrape_bytes'] / 1024:,.0f} KiB",
+                f"{p['scrape_ms']:.1f}", f"{p['requests']:,}", f"{p['errors']}"]
+    out += table(["arm", "replicas", "idle CPU (cores)", "req/s", "p50", "p99", "p50 added", "CPU-µs/req",
+                  "less idle", "per round", "÷ smallest", "RSS MiB", "scrape", "scrape ms", "requests", "errors"],
+                 rep_points, lambda p: [NAMES[p["arm"]], f"{p['replicas']:,}"], replicas_row)
     out += ["\n## Open streams\n",
             f"`routebench hold` opens the streams at {a.rate:g} a second through the arm in front of two stub "
             f"replicas (one SSE event a second per stream); once all are open, CPU and SSE events are counted "
             f"over {a.window} s, then wrk (one connection, {a.probe} s) sends small non-streamed requests. "
             f"Descriptors: {meta['nofile']} per process here; each stream holds two in the proxy, so "
-            f"the top step is {meta['max_streams']:,}.\n",
-            "| arm | streams | opened | RSS MiB | KiB per stream | SSE events | CPU-µs per event | new request p50 idle / held | p99 idle / held | done | failed |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for p in stream_points:
-        if "skipped" in p:
-            out.append(f"| {NAMES[p['arm']]} | {p['streams']:,} | not run: {p['skipped']} |" + " |" * 8)
-            continue
-        out.append(f"| {NAMES[p['arm']]} | {p['streams']:,} | {p['opened']:,} | {p['rss_mib']:.1f} | "
-                   f"{p['rss_kib_per_stream']:.1f} | {p['events']:,} | {p['cpu_us_per_event']:.1f} | "
-                   f"{p['idle_p50_us']:,} / {p['held_p50_us']:,} µs | {p['idle_p99_us']:,} / {p['held_p99_us']:,} µs | "
-                   f"{p['done']:,} | {p['failed']:,} |")
+            f"the top step is {meta['max_streams']:,}.\n"]
+    out += table(["arm", "streams", "opened", "RSS MiB", "KiB per stream", "SSE events", "CPU-µs per event",
+                  "new request p50 idle / held", "p99 idle / held", "done", "failed"], stream_points,
+                 lambda p: [NAMES[p["arm"]], f"{p['streams']:,}"],
+                 lambda p: [f"{p['opened']:,}", f"{p['rss_mib']:.1f}", f"{p['rss_kib_per_stream']:.1f}",
+                            f"{p['events']:,}", f"{p['cpu_us_per_event']:.1f}",
+                            f"{p['idle_p50_us']:,} / {p['held_p50_us']:,} µs",
+                            f"{p['idle_p99_us']:,} / {p['held_p99_us']:,} µs", f"{p['done']:,}", f"{p['failed']:,}"])
     if run.get("conversations"):
         out += ["\n## Conversations\n",
                 "In front of two stubs; wrk (one thread, 16 connections) places the conversations, then "
                 f"sends next turns of conversations drawn at random for {a.duration} s. The router's "
                 "`prefix_index.max_entries` is set to four entries per conversation (at least its default). "
                 "Fill: the placing of the conversations; per conversation: memory grown over the fill "
-                "(RSS) and the router's index (its gauges); CPU-µs per next turn is the curve.\n",
-                "| arm | conversations | fill req/s | fill CPU-µs/req | RSS MiB | RSS bytes per conversation | index bytes per conversation | index entries | next-turn req/s | p50 | p99 | CPU-µs per next turn | decisions | errors |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for p in run["conversations"]:
-            if "skipped" in p:
-                out.append(f"| {NAMES[p['arm']]} | {p['conversations']:,} | not run: {p['skipped']} |" + " |" * 11)
-                continue
-            dec = ", ".join(f"{k} {v:,}" for k, v in sorted(p.get("decisions", {}).items())) or "—"
-            out.append(f"| {NAMES[p['arm']]} | {p['conversations']:,} | {fmt(p['fill_rps'])} | "
-                       f"{p['fill_cpu_us_per_req']:.1f} | {p['rss_mib']:.1f} | {fmt(p['rss_bytes_per_conv'])} | "
-                       f"{fmt(p.get('index_bytes_per_conv'))} | {fmt(p.get('index_entries'))} | {fmt(p['rps'])} | "
-                       f"{p['p50_us']:,} µs | {p['p99_us']:,} µs | {p['cpu_us_per_req']:.1f} | {dec} | {p['errors']} |")
+                "(RSS) and the router's index (its gauges); CPU-µs per next turn is the curve.\n"]
+        out += table(["arm", "conversations", "fill req/s", "fill CPU-µs/req", "RSS MiB", "RSS bytes per conversation",
+                      "index bytes per conversation", "index entries", "next-turn req/s", "p50", "p99",
+                      "CPU-µs per next turn", "decisions", "errors"], run["conversations"],
+                     lambda p: [NAMES[p["arm"]], f"{p['conversations']:,}"],
+                     lambda p: [fmt(p["fill_rps"]), f"{p['fill_cpu_us_per_req']:.1f}", f"{p['rss_mib']:.1f}",
+                                fmt(p["rss_bytes_per_conv"]), fmt(p.get("index_bytes_per_conv")),
+                                fmt(p.get("index_entries")), fmt(p["rps"]), f"{p['p50_us']:,} µs",
+                                f"{p['p99_us']:,} µs", f"{p['cpu_us_per_req']:.1f}", listing(p.get("decisions")),
+                                f"{p['errors']}"])
     if run.get("prompts"):
         out += ["\n## Prompt size\n",
                 "In front of two stubs; wrk (one thread, 4 connections, "
@@ -697,17 +708,13 @@ def doc(a, run, made):
                 "conversation; the system prompt sets the size. Bodies of 32 KiB and more leave "
                 "checkpoints; `long-body parses` counts how the router read them (from a checkpoint, "
                 "or from the start). At 400 KiB a body is about 100K tokens: cores per 100 req/s "
-                "is CPU-µs per request × 100 / 10⁶.\n",
-                "| arm | body | req/s | p50 | p99 | CPU-µs/req | cores per 100 req/s | long-body parses | requests | errors |",
-                "|---|---|---|---|---|---|---|---|---|---|"]
-        for p in run["prompts"]:
-            if "skipped" in p:
-                out.append(f"| {NAMES[p['arm']]} | {p['bytes'] // 1024} KiB | not run: {p['skipped']} |" + " |" * 7)
-                continue
-            parses = ", ".join(f"{k} {v:,}" for k, v in sorted(p.get("parses", {}).items())) or "—"
-            out.append(f"| {NAMES[p['arm']]} | {p['bytes'] // 1024} KiB | {fmt(p['rps'])} | {p['p50_us']:,} µs | "
-                       f"{p['p99_us']:,} µs | {p['cpu_us_per_req']:.1f} | {p['cpu_us_per_req'] * 100 / 1e6:.3f} | "
-                       f"{parses} | {p['requests']:,} | {p['errors']} |")
+                "is CPU-µs per request × 100 / 10⁶.\n"]
+        out += table(["arm", "body", "req/s", "p50", "p99", "CPU-µs/req", "cores per 100 req/s", "long-body parses",
+                      "requests", "errors"], run["prompts"],
+                     lambda p: [NAMES[p["arm"]], f"{p['bytes'] // 1024} KiB"],
+                     lambda p: [fmt(p["rps"]), f"{p['p50_us']:,} µs", f"{p['p99_us']:,} µs",
+                                f"{p['cpu_us_per_req']:.1f}", f"{p['cpu_us_per_req'] * 100 / 1e6:.3f}",
+                                listing(p.get("parses")), f"{p['requests']:,}", f"{p['errors']}"])
     if run.get("fleet"):
         out += ["\n## Fleet: Redis shared pins\n",
                 "`fleet: {mode: redis}`: 1 to 3 router instances (all on the proxy CPU, one worker "
@@ -720,21 +727,17 @@ def doc(a, run, made):
                 "are of those next turns: CPU-µs per request of the instances together and of "
                 "Redis; lookups (one `MGET` round trip each, on the request's path, within "
                 "`redis_budget_ms`) and writes (pipelined by a background task) from the router's "
-                "`prefix_router_shared_pins_total`; Redis's calls from its `INFO commandstats`.\n",
-                "| instances | req/s | p50 (slowest instance) | p99 (slowest) | router CPU-µs/req | Redis CPU-µs/req | round trips per request (lookups) | shared-pin ops | Redis calls | decisions | errors |",
-                "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for p in run["fleet"]:
-            if "skipped" in p:
-                out.append(f"| {p['instances']} | not run: {p['skipped']} |" + " |" * 9)
-                continue
-            sp = p.get("shared_pins", {})
-            lookups = sum(v for k, v in sp.items() if k.startswith("lookup "))
-            ops = ", ".join(f"{k} {v:,}" for k, v in sorted(sp.items())) or "—"
-            calls = ", ".join(f"{k} {v:,}" for k, v in sorted(p.get("redis_calls", {}).items())) or "—"
-            dec = ", ".join(f"{k} {v:,}" for k, v in sorted(p.get("decisions", {}).items())) or "—"
-            out.append(f"| {p['instances']} | {fmt(p['rps'])} | {p['p50_us']:,} µs | {p['p99_us']:,} µs | "
-                       f"{p['cpu_us_per_req']:.1f} | {p['redis_cpu_us_per_req']:.1f} | "
-                       f"{lookups / max(1, p['requests']):.2f} | {ops} | {calls} | {dec} | {p['errors']} |")
+                "`prefix_router_shared_pins_total`; Redis's calls from its `INFO commandstats`.\n"]
+
+        def fleet_row(p):
+            lookups = sum(v for k, v in p.get("shared_pins", {}).items() if k.startswith("lookup "))
+            return [fmt(p["rps"]), f"{p['p50_us']:,} µs", f"{p['p99_us']:,} µs", f"{p['cpu_us_per_req']:.1f}",
+                    f"{p['redis_cpu_us_per_req']:.1f}", f"{lookups / max(1, p['requests']):.2f}",
+                    listing(p.get("shared_pins")), listing(p.get("redis_calls")), listing(p.get("decisions")),
+                    f"{p['errors']}"]
+        out += table(["instances", "req/s", "p50 (slowest instance)", "p99 (slowest)", "router CPU-µs/req",
+                      "Redis CPU-µs/req", "round trips per request (lookups)", "shared-pin ops", "Redis calls",
+                      "decisions", "errors"], run["fleet"], lambda p: [f"{p['instances']}"], fleet_row)
     out.append("\n## Plots\n")
     out += [f"![{t}]({n})" for t, n in made]
     out.append(MARK_END)
