@@ -364,14 +364,18 @@ def streams_point(a, procs, work, lua, arm, s, ports, body_file):
     return point
 
 
-def router_gauges(info, *names):
-    """The router's unlabelled gauges and counters summed by name."""
-    _, page, _ = http_get(f"http://127.0.0.1:{info['mport']}/metrics")
-    out = dict.fromkeys(names, 0.0)
-    for line in page.decode().splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in out:
-            out[name] += float(line.rsplit(" ", 1)[1])
+def metric_sums(infos, name, *labels):
+    """The routers' series of `name` summed by the values of `labels`
+    (a tuple of them; `()` with no labels)."""
+    out = {}
+    for info in infos:
+        _, page, _ = http_get(f"http://127.0.0.1:{info['mport']}/metrics")
+        for line in page.decode().splitlines():
+            if line.split("{", 1)[0].split(" ", 1)[0] != name:
+                continue
+            got = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+            key = tuple(got.get(l, "") for l in labels)
+            out[key] = out.get(key, 0) + float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -406,9 +410,9 @@ def conversations_point(a, procs, work, arm, n, ports):
     point = {"arm": arm, "conversations": n, "fill_rps": sent / fill_s, "fill_cpu_us_per_req": fill_cpu / sent * 1e6,
              "rss_mib": rss / 1024, "rss_bytes_per_conv": (rss - rss0) * 1024 / n}
     if arm == "router":
-        g = router_gauges(info, "prefix_router_prefix_index_entries", "prefix_router_prefix_index_bytes")
-        point.update(index_entries=int(g["prefix_router_prefix_index_entries"]),
-                     index_bytes_per_conv=g["prefix_router_prefix_index_bytes"] / n)
+        entries = metric_sums([info], "prefix_router_prefix_index_entries").get((), 0)
+        index_bytes = metric_sums([info], "prefix_router_prefix_index_bytes").get((), 0)
+        point.update(index_entries=int(entries), index_bytes_per_conv=index_bytes / n)
     c0 = cpu_s(pids)
     r = wrk(a, info["port"], lua, 16, a.duration, (0, n, "turn"))
     cpu = cpu_s(pids) - c0
@@ -417,11 +421,8 @@ def conversations_point(a, procs, work, arm, n, ports):
                  errors=errors + r["bad"] + r["errors"])
     if arm == "router":
         # Every turn should be pinned: decisions over the whole point.
-        _, page, _ = http_get(f"http://127.0.0.1:{info['mport']}/metrics")
-        by = {}
-        for d, v in re.findall(r'^prefix_router_requests_total\{[^}]*decision="(\w+)"[^}]*\} (\S+)$', page.decode(), re.M):
-            by[d] = by.get(d, 0) + int(float(v))
-        point["decisions"] = by
+        by = metric_sums([info], "prefix_router_requests_total", "decision")
+        point["decisions"] = {d: int(v) for (d,), v in by.items()}
     stop(procs, info["proc"])
     return point
 
@@ -456,15 +457,9 @@ def fleet_point(a, procs, work, k, ports, redis, n):
         errors += fill(a, info["port"], lua, n * i // k, n * (i + 1) // k)[1]
     def counters():
         """The instances' shared-pin ops and decisions, summed."""
-        out = {}
-        for info in infos:
-            _, page, _ = http_get(f"http://127.0.0.1:{info['mport']}/metrics")
-            page = page.decode()
-            found = re.findall(r'^prefix_router_shared_pins_total\{op="(\w+)",result="(\w+)"\} (\S+)$', page, re.M)
-            found += [("decision", d, v) for d, v in
-                      re.findall(r'^prefix_router_requests_total\{[^}]*decision="(\w+)"[^}]*\} (\S+)$', page, re.M)]
-            for op, res, v in found:
-                out[(op, res)] = out.get((op, res), 0) + int(float(v))
+        out = metric_sums(infos, "prefix_router_shared_pins_total", "op", "result")
+        out.update({("decision", d): v for (d,), v in
+                    metric_sums(infos, "prefix_router_requests_total", "decision").items()})
         return out
 
     # The next turns only: counters from here, Redis's statistics reset.
@@ -476,7 +471,7 @@ def fleet_point(a, procs, work, k, ports, redis, n):
     cpu, rcpu = cpu_s(pids) - c0, cpu_s(tree(redis["proc"].pid)) - r0
     good = sum(r["good"] for r in rs)
     after = counters()
-    delta = {key: v - before.get(key, 0) for key, v in after.items() if v - before.get(key, 0)}
+    delta = {key: int(v - before.get(key, 0)) for key, v in after.items() if v - before.get(key, 0)}
     by = {f"{op} {res}": v for (op, res), v in delta.items() if op != "decision"}
     pins = {res: v for (op, res), v in delta.items() if op == "decision"}
     calls = {}
@@ -510,9 +505,8 @@ def prompts_point(a, procs, work, arm, size, ports, checkpoints):
              "cpu_us_per_req": cpu / max(1, r["good"]) * 1e6, "requests": r["requests"],
              "errors": r["bad"] + r["errors"]}
     if arm == "router":
-        _, page, _ = http_get(f"http://127.0.0.1:{info['mport']}/metrics")
-        got = dict(re.findall(r'^prefix_router_long_body_parses_total\{from="(\w+)"\} (\S+)$', page.decode(), re.M))
-        point["parses"] = {k: int(float(v)) for k, v in got.items()}
+        got = metric_sums([info], "prefix_router_long_body_parses_total", "from")
+        point["parses"] = {k: int(v) for (k,), v in got.items()}
     stop(procs, info["proc"])
     return point
 

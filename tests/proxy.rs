@@ -371,6 +371,54 @@ fn a_long_conversation_is_read_from_where_its_last_turn_ended() {
 }
 
 #[test]
+fn a_checkpoint_too_large_for_what_the_store_keeps_displaces_no_other() {
+    let sim = Sim::start("a", &[]);
+    // A conversation `tag` whose first message is `size` bytes, at turn `turn`.
+    let body = |tag: &str, size: usize, turn: usize| {
+        let mut messages = vec![
+            json!({"role": "user", "content": format!("{tag} {}", "notes ".repeat(size / 6))}),
+        ];
+        for t in 0..turn {
+            messages.push(json!({"role": "assistant", "content": format!("done {t}")}));
+            messages.push(json!({"role": "user", "content": format!("next {t}")}));
+        }
+        serde_json::to_vec(&json!({"model": "sim", "max_tokens": 1, "messages": messages})).unwrap()
+    };
+    let (small, large) = (body("small", 40 << 10, 0), body("large", 160 << 10, 0));
+    let from = |router: &Router, how: &str| {
+        router.metric(&format!(
+            "prefix_router_long_body_parses_total{{from=\"{how}\"}}"
+        ))
+    };
+    let send = |router: &Router, body: &[u8]| {
+        http::request(router.addr, "POST", "/v1/chat/completions", &[], body).status
+    };
+    // What the large turn's checkpoint holds, in a store with room.
+    let probe = Router::start(&[&sim], "");
+    assert_eq!(send(&probe, &large), 200);
+    let held = probe.metric("prefix_router_checkpoint_bytes") as usize;
+    drop(probe);
+    // A budget it fits, but not what a trim leaves (15/16 of it).
+    let budget = held + held / 32;
+    let router = Router::start(
+        &[&sim],
+        &format!("limits: {{max_checkpoint_bytes: {budget}}}\n"),
+    );
+    for b in [&small, &large] {
+        assert_eq!(send(&router, b), 200);
+    }
+    // The small conversation's checkpoint is still there: its next turn resumes.
+    let next = body("small", 40 << 10, 1);
+    assert_eq!(send(&router, &next), 200);
+    assert_eq!(
+        (from(&router, "start"), from(&router, "checkpoint")),
+        (2.0, 1.0)
+    );
+    let kept = router.metric("prefix_router_checkpoint_bytes") as usize;
+    assert!(kept > 0 && kept < held, "{kept} bytes held");
+}
+
+#[test]
 fn the_engines_native_generation_paths_are_placed_by_prompt() {
     // llama.cpp's `/completion`, SGLang's `/generate` (`text`), vLLM's
     // `/invocations`: a prompt that extends one sent before goes back to its

@@ -130,11 +130,8 @@ impl Replicas {
         self.current.store(Arc::new(View::new(list)));
     }
 
-    /// The policy's view of the set, excluding replicas in `tried` and those
-    /// that do not serve `model`. When none of those is live, the ejected ones
-    /// that pass their health checks count as live; when none does and no
-    /// replica of the set is live, every replica the checks brought up once
-    /// (panic mode, reported by the `bool`).
+    /// [`Replicas::states_into`] a new vector (tests).
+    #[cfg(test)]
     pub fn states(
         view: &View,
         tried: &[ReplicaId],
@@ -145,9 +142,13 @@ impl Replicas {
         (states, panic)
     }
 
-    /// [`Replicas::states`] into `states` (cleared first), so a caller can
-    /// keep one buffer: at a thousand replicas a new one per request cost
-    /// more than the placement (fresh pages to zero and fill).
+    /// The policy's view of the set, in its order, into `states` (cleared
+    /// first: a caller keeps one buffer; at a thousand replicas a new one
+    /// per request cost more than the placement), excluding replicas in
+    /// `tried` and those that do not serve `model`. When none of those is
+    /// live, the ejected ones that pass their health checks count as live;
+    /// when none does and no replica of the set is live, every replica the
+    /// checks brought up once (panic mode: true is returned).
     pub fn states_into(
         view: &View,
         tried: &[ReplicaId],

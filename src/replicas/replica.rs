@@ -47,6 +47,7 @@ pub struct Replica {
     pub(super) pinned_bytes: AtomicU64,
     /// Canonical bytes of the singles' prompts in flight.
     pub(super) cold_bytes: AtomicU64,
+    /// Requests the router has in flight there.
     pub(super) in_flight: AtomicU32,
     /// Of those, the ones that have not answered a body byte yet: queued or
     /// in their prefill at the engine.
