@@ -419,6 +419,45 @@ fn a_checkpoint_too_large_for_what_the_store_keeps_displaces_no_other() {
 }
 
 #[test]
+fn a_full_checkpoint_store_is_trimmed_below_its_budget() {
+    let sim = Sim::start("a", &[]);
+    // Conversations of one size (40 KiB first turns), told apart by a digit.
+    let body = |i: usize| {
+        let text = format!("c{i} {}", "notes ".repeat((40 << 10) / 6));
+        serde_json::to_vec(&json!({"model": "sim", "max_tokens": 1, "messages": [{"role": "user", "content": text}]}))
+            .unwrap()
+    };
+    let send = |router: &Router, body: &[u8]| {
+        http::request(router.addr, "POST", "/v1/chat/completions", &[], body).status
+    };
+    let held = |router: &Router| router.metric("prefix_router_checkpoint_bytes") as usize;
+    let probe = Router::start(&[&sim], "");
+    assert_eq!(send(&probe, &body(0)), 200);
+    let one = held(&probe);
+    drop(probe);
+    // Room for five and a little: the sixth is over, and trimmed to the
+    // budget exactly the store would keep five, over 15/16 of it.
+    let budget = 5 * one + one / 20;
+    let router = Router::start(
+        &[&sim],
+        &format!("limits: {{max_checkpoint_bytes: {budget}}}\n"),
+    );
+    for i in 0..6 {
+        assert_eq!(send(&router, &body(i)), 200);
+    }
+    assert!(
+        held(&router) <= budget - budget / 16,
+        "{} of {budget} bytes held",
+        held(&router)
+    );
+    assert!(
+        held(&router) >= 3 * one,
+        "only the oldest dropped: {} bytes",
+        held(&router)
+    );
+}
+
+#[test]
 fn the_engines_native_generation_paths_are_placed_by_prompt() {
     // llama.cpp's `/completion`, SGLang's `/generate` (`text`), vLLM's
     // `/invocations`: a prompt that extends one sent before goes back to its
