@@ -43,12 +43,13 @@ bench-memory: prepare
 	scripts/bench-memory.py --doc docs/performance.md
 
 # How the router's cost grows with its fleet (2 to 1,000 replicas: idle CPU,
-# CPU and latency per request, RSS, a /metrics scrape), its open SSE streams
+# CPU and latency per request, RSS, a /metrics scrape; idle CPU under three
+# probe schedules), its open SSE streams
 # (100 to 10,000: RSS per stream, CPU per event, a new request's latency),
 # the conversations it tracks (10K to 1M: CPU per turn, memory each) and its
 # prompts' size (4 to 400 KiB, with and without checkpoints), beside SMG's,
 # and of Redis fleet mode at 1 to 3 instances, on `routebench stubs` replicas
-# (~30 min). Rewrites docs/scale.md and its plots.
+# (~35 min). Rewrites docs/scale.md and its plots.
 bench-scale: prepare
 	cargo build --release --bins
 	scripts/bench-scale.py --doc docs/scale.md

@@ -31,6 +31,11 @@ Curves:
   through the arm at 4 connections: CPU-µs per request with the
   checkpoints (a later turn's body read from where its last turn ended)
   and without them (`limits.max_checkpoint_bytes: 0`);
+- probes (the replicas curve's sizes): the CPU each arm spends idle under
+  three probe schedules of the router (every probe on, as on the replicas
+  curve; as shipped: health checks every second, no engine reads; SMG's
+  default: health checks every 60 s) beside SMG's: what the idle curve
+  costs per probe, and what it costs at equal work;
 - fleet (1, 2, 3 router instances, `fleet: redis`): instances sharing pins
   through one Redis, each placing a share of the conversations, then next
   turns of random ones against all at once: CPU per request of the
@@ -63,7 +68,13 @@ _spec.loader.exec_module(bp)
 ROOT, Procs, tree, cpu_s, status_kib, free_port, write = bp.ROOT, bp.Procs, bp.tree, bp.cpu_s, bp.status_kib, bp.free_port, bp.write
 
 ARMS = ["router", "smg"]
-PARTS = ["replicas", "streams", "conversations", "prompts", "fleet"]
+PARTS = ["replicas", "probes", "streams", "conversations", "prompts", "fleet"]
+# The router's probe schedules on the probes curve: name, what, config lines.
+ALL_PROBES = ["health_check: {interval_ms: 1000}", "engine_load: {interval_ms: 500}"]
+SCHEDULES = [("all", "health checks every 1 s, engine load every 500 ms", ALL_PROBES),
+             ("shipped", "health checks every 1 s, no engine reads (the defaults)",
+              ["health_check: {interval_ms: 1000}"]),
+             ("smg", "health checks every 60 s (SMG's default)", ["health_check: {interval_ms: 60000}"])]
 # What the report says of how a run was made (kept in scale.json).
 RUN_ARGS = ["duration", "idle", "settle", "rate", "window", "probe", "rounds"]
 MARK_BEGIN, MARK_END = "<!-- scale bench -->", "<!-- /scale bench -->"
@@ -175,14 +186,14 @@ def start_stubs(procs, a, name, n, events, gap_ms):
     return p, ports
 
 
-def start_arm(procs, a, work, arm, ports, max_requests=None, extra=(), tag=None):
+def start_arm(procs, a, work, arm, ports, max_requests=None, extra=(), tag=None, probes=ALL_PROBES):
     """The arm in front of `ports`; `max_requests`: its bound on requests in
     flight, raised for the open-streams curve (both default to about 4,096);
-    `extra`: lines of the router's config."""
+    `extra`: lines of the router's config; `probes`: its probe schedule."""
     port, mport = free_port(), free_port()
     if arm == "router":
         lines = [f'listen: "127.0.0.1:{port}"', f'metrics_listen: "127.0.0.1:{mport}"', "policy: shape",
-                 "threads: 1", "health_check: {interval_ms: 1000}", "engine_load: {interval_ms: 500}"]
+                 "threads: 1", *probes]
         if max_requests:
             lines.append(f"limits: {{max_requests: {max_requests}}}")
         lines += extra
@@ -308,6 +319,26 @@ def replicas_point(a, procs, work, lua, arm, n, ports, direct):
              "requests": r["requests"], "errors": r["bad"] + r["errors"]}
     stop(procs, info["proc"])
     return point
+
+
+def probes_point(a, procs, work, arm, n, ports, schedule):
+    """The CPU the arm spends idle in front of `n` replicas, and per probe
+    (health checks and engine reads a second, from its schedule; SMG's: one
+    health check per replica every 60 s)."""
+    name, _, lines = next(x for x in SCHEDULES if x[0] == schedule) if arm == "router" else ("smg", "", [])
+    info, why = start_arm(procs, a, work, arm, ports, probes=lines, tag=f"probes-{name}-{n}")
+    point = {"arm": arm, "schedule": name, "replicas": n}
+    if not info:
+        return {**point, "skipped": why}
+    pids = pids_of(info)
+    time.sleep(a.settle)
+    c0, t0 = cpu_s(pids), time.time()
+    time.sleep(a.idle)
+    idle = (cpu_s(pids) - c0) / (time.time() - t0)
+    per_s = sum(1000 / int(l.split("interval_ms: ")[1].rstrip("}")) for l in lines) if lines else 1 / 60
+    stop(procs, info["proc"])
+    return {**point, "idle_cpu": idle, "probes_per_s": n * per_s,
+            "cpu_us_per_probe": idle * 1e6 / (n * per_s)}
 
 
 def stop(procs, p):
@@ -665,6 +696,18 @@ def doc(a, run, made):
     out += table(["arm", "replicas", "idle CPU (cores)", "req/s", "p50", "p99", "p50 added", "CPU-µs/req",
                   "less idle", "per round", "÷ smallest", "RSS MiB", "scrape", "scrape ms", "requests", "errors"],
                  rep_points, lambda p: [NAMES[p["arm"]], f"{p['replicas']:,}"], replicas_row)
+    if run.get("probes"):
+        out += ["\n## Probes: idle CPU by schedule\n",
+                f"Each arm alone in front of the stubs, idle CPU over {a.idle} s after {a.settle} s of "
+                "settling, under each probe schedule: "
+                + "; ".join(f"`{n}`: {w}" for n, w, _ in SCHEDULES)
+                + "; SMG: its default (a health check of each worker every 60 s). Probes a second are the "
+                "schedule's (replicas × checks and reads a second); CPU-µs per probe is the idle CPU over "
+                "them (what the process spends idle without probes is in it).\n"]
+        out += table(["arm", "schedule", "replicas", "idle CPU (cores)", "probes a second", "CPU-µs per probe"],
+                     run["probes"], lambda p: [NAMES[p["arm"]], f"`{p['schedule']}`", f"{p['replicas']:,}"],
+                     lambda p: [f"{p['idle_cpu']:.3f}", fmt(p["probes_per_s"], ",.1f"),
+                                fmt(p["cpu_us_per_probe"], ",.1f")])
     out += ["\n## Open streams\n",
             f"`routebench hold` opens the streams at {a.rate:g} a second through the arm in front of two stub "
             f"replicas (one SSE event a second per stream); once all are open, CPU and SSE events are counted "
@@ -837,6 +880,13 @@ def main():
                 run["direct"].append({"replicas": n, "round": rnd, "p50_us": d["p50_us"], "p99_us": d["p99_us"]})
                 for arm in a.arms:
                     keep("replicas", {**replicas_point(a, procs, work, lua, arm, n, ports, d), "round": rnd})
+                stop(procs, stubs)
+        if "probes" in a.parts:
+            for n in a.replicas:
+                stubs, ports = start_stubs(procs, a, f"stubs-{n}", n, 4, 0)
+                for arm in a.arms:
+                    for schedule in ([x[0] for x in SCHEDULES] if arm == "router" else ["smg"]):
+                        keep("probes", probes_point(a, procs, work, arm, n, ports, schedule))
                 stop(procs, stubs)
         if "streams" in a.parts:
             # Each stream outlasts its point's ramp, window and probe.

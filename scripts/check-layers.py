@@ -28,6 +28,8 @@ LAYERS = [
     ["metrics", "access_log", "resolve", "upgrade", "engine_client", "policy_config", "admission"],
     # The replica set, shared pins.
     ["replicas", "shared_pins"],
+    # The admin API over the set (the status listener serves it).
+    ["admin"],
     # What runs over the set: Pingora's balancer and health checks, engine
     # load and KV events, capacity, the status listener, drain; the proxy's
     # settings.

@@ -40,7 +40,8 @@ ROWS = [
     ]),
     ("Placement", [
         ("Requests/s by decision", "reqps",
-         "pin: continuation sent to the replica holding its prefix; spread: counter; fallback: "
+         "pin: continuation sent to the replica holding its prefix; prefix: single sent to the "
+         "replica holding most of its prompt (a shared system prompt); spread: counter; fallback: "
          "pinned replica down; key: explicit conversation key; guard: load guard moved it; "
          "hash: affinity mode with no match, or fleet: rendezvous.",
          [q('sum by (decision) (rate(prefix_router_requests_total[1m]))', '{{decision}}')]),
@@ -63,8 +64,10 @@ ROWS = [
     ]),
     ("Failures and health", [
         ("Replica up", "short",
-         "1: health check passing and not ejected.",
-         [q('prefix_router_replica_up', '{{replica}}')]),
+         "1: health check passing and not ejected. Drained: taken out of service through the "
+         "admin API (no request is placed there).",
+         [q('prefix_router_replica_up', '{{replica}}'),
+          q('prefix_router_replica_drained', '{{replica}} drained')]),
         ("Failovers and ejections", "short",
          "Failovers: requests moved to another replica after a connect failure (never after "
          "the replica got the request). Ejections: replicas taken out by the request path.",
@@ -120,10 +123,20 @@ ROWS = [
          "The engine's own prefix-cache hits over queries.",
          [q('sum by (instance) (rate(vllm:prefix_cache_hits_total[5m])) / '
             'sum by (instance) (rate(vllm:prefix_cache_queries_total[5m]))', '{{instance}}')]),
+        ("Index fidelity: delivered / predicted cached tokens", "short",
+         "Cached tokens the engines reported over those the router predicted, by replica and by "
+         "decision (1: the router knew; below: it guessed held what was gone; above: it did not "
+         "know what was held). A replica whose KV events are read and known (events: 1) is placed "
+         "by what its engine holds, the others by the router's own index.",
+         [q('sum by (replica) (rate(prefix_router_delivered_cached_tokens_total[5m])) / '
+            'sum by (replica) (rate(prefix_router_predicted_cached_tokens_total[5m]))', '{{replica}}'),
+          q('sum by (decision) (rate(prefix_router_delivered_cached_tokens_total[5m])) / '
+            'sum by (decision) (rate(prefix_router_predicted_cached_tokens_total[5m]))', '{{decision}}'),
+          q('max by (replica) (prefix_router_kv_synced)', '{{replica}} events known')]),
     ]),
     ("Config and index", [
         ("Config reloads", "short",
-         "Reloads of the config file and the API keys file, by result.",
+         "Reloads of the config file and the keys files (API, admin), by result.",
          [q('sum by (result) (increase(prefix_router_config_reloads_total[1h]))', 'config {{result}}'),
           q('sum by (result) (increase(prefix_router_api_keys_reloads_total[1h]))', 'keys {{result}}')]),
         ("Prefix index and response ids", "short",
@@ -147,6 +160,12 @@ ROWS = [
          "Bytes held by checkpoints of long conversations' latest turns "
          "(bounded by limits.max_checkpoint_bytes).",
          [q('prefix_router_checkpoint_bytes', 'held')]),
+        ("KV events: blocks held, batches, engine resets", "short",
+         "Per replica with kv_events: the GPU blocks its engine reports holding, batches read by "
+         "outcome, and engine resets (a clear, a restart) seen in the last hour.",
+         [q('max by (replica) (prefix_router_kv_blocks)', '{{replica}} blocks'),
+          q('sum by (outcome) (rate(prefix_router_kv_event_batches_total[5m]))', 'batches {{outcome}}/s'),
+          q('sum by (replica) (increase(prefix_router_kv_engine_resets_total[1h]))', '{{replica}} resets (1h)')]),
     ]),
 ]
 

@@ -12,14 +12,16 @@
 //!   [`resolve`], [`upgrade`], [`engine_client`], [`policy_config`], [`drain`].
 //! - [`replicas`]: the live set, published whole; [`shared_pins`]: Redis.
 //! - Over the set: [`balancer`] (Pingora's discovery, health checks and
-//!   selection), [`engine_load`], [`capacity`], [`status`] (the metrics
-//!   listener), [`settings`]; then [`body`] and [`exact`] (a prompt's tokens).
+//!   selection), [`engine_load`], [`capacity`], [`admin`] (the admin API),
+//!   [`status`] (the metrics listener, serving it), [`settings`]; then
+//!   [`body`] and [`exact`] (a prompt's tokens).
 //! - [`proxy`]: the one `ProxyHttp`; [`reload`]: hot reload.
 #![forbid(unsafe_code)]
 
 pub use routing::{kv, policy, request};
 
 pub mod access_log;
+pub mod admin;
 pub mod admission;
 pub mod auth;
 pub mod balancer;

@@ -89,12 +89,17 @@ fn main() -> anyhow::Result<()> {
     // Everything that can fail comes before Pingora's bootstrap: under `-u`
     // the old router hands its sockets over once that has run, so a failure
     // after it would leave no router at all.
-    let keys = match &cfg.api_keys_file {
-        Some(f) => Some(Arc::new(
-            KeyFile::open(f.into()).with_context(|| format!("api_keys_file {f}"))?,
-        )),
-        None => None,
+    let open_keys = |file: &Option<String>, key: &str| -> anyhow::Result<_> {
+        file.as_ref()
+            .map(|f| {
+                KeyFile::open(f.into())
+                    .map(Arc::new)
+                    .with_context(|| format!("{key} {f}"))
+            })
+            .transpose()
     };
+    let keys = open_keys(&cfg.api_keys_file, "api_keys_file")?;
+    let admin_keys = open_keys(&cfg.admin_keys_file, "admin_keys_file")?;
     #[cfg(feature = "tls")]
     let listen_tls = match &cfg.listen_tls {
         Some(t) => Some((
@@ -231,7 +236,7 @@ fn main() -> anyhow::Result<()> {
 
     metrics.init();
     for r in replicas.snapshot().iter() {
-        metrics.add_replica(&r.name, r.live(), r.in_flight(), r.kv_tokens());
+        metrics.add_replica(&r.name, (r.live(), false), r.in_flight(), r.kv_tokens());
     }
     let policy = Arc::new(Policy::new(prefix_router::policy_config::policy_config(
         &cfg,
@@ -314,11 +319,11 @@ fn main() -> anyhow::Result<()> {
         h2.max_concurrent_streams(cfg.limits.max_streams_per_connection);
         app.h2_options = Some(h2);
     }
-    // Each client connection keeps its read buffer while it lives: at
-    // Pingora's 64 KiB, 10,000 open streams held 640 MiB in them alone
-    // (docs/scale.md). 16 KiB still takes a request head and a small body in
-    // one read; a larger body is read past it, straight into the body's own
-    // buffer.
+    // A client connection's read buffer lives as long as the connection: at
+    // Pingora's 64 KiB, 10,000 open streams held 640 MiB in them alone, and
+    // 16 KiB was still a third of what an open stream held (docs/scale.md).
+    // Unbuffered, a request head is read into its own buffer and a body into
+    // the body's.
     proxy.add_listener(
         pingora_core::listeners::ListenerConfig::tcp(cfg.listen.as_str()).l4_buffer(
             pingora_core::listeners::L4BufferSettings::default().read(CLIENT_READ_BUFFER),
@@ -329,8 +334,12 @@ fn main() -> anyhow::Result<()> {
         proxy.add_tls_with_settings(&addr, None, tls);
     }
     let serving = prefix_router::replicas::HealthRules::from(&cfg.health_check).serving;
-    let mut status =
-        prefix_router::status::service(Arc::clone(&replicas), Arc::clone(&metrics), serving, {
+    let mut status = prefix_router::status::service(
+        Arc::clone(&replicas),
+        Arc::clone(&metrics),
+        admin_keys.clone(),
+        serving,
+        {
             let c = &cfg.client_timeouts;
             prefix_router::status::Deadlines {
                 header: std::time::Duration::from_millis(c.header_ms),
@@ -338,7 +347,8 @@ fn main() -> anyhow::Result<()> {
                 write: std::time::Duration::from_millis(c.write_ms),
                 max_connections: cfg.limits.max_metrics_connections,
             }
-        });
+        },
+    );
     status.add_tcp(&cfg.metrics_listen);
 
     if let Some(watch) = engine_load {
@@ -367,6 +377,7 @@ fn main() -> anyhow::Result<()> {
             admission: Arc::clone(&admission),
             probe,
             keys,
+            admin_keys,
             resolver,
             metrics,
         };
@@ -390,8 +401,9 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Bytes of a client connection's read buffer (Pingora's default: 64 KiB).
-const CLIENT_READ_BUFFER: usize = 16 * 1024;
+/// Bytes of a client connection's read buffer (Pingora's default: 64 KiB;
+/// none over plain TCP here).
+const CLIENT_READ_BUFFER: usize = 0;
 
 /// Raises the soft limit on open descriptors to the hard one (a proxied
 /// request holds two: the client's and the replica's), and says so: the

@@ -44,6 +44,8 @@ pub struct Live {
     pub admission: Arc<Admission>,
     pub probe: Arc<HealthProbe>,
     pub keys: Option<Arc<KeyFile>>,
+    /// The admin API's keys, when `admin_keys_file` is set.
+    pub admin_keys: Option<Arc<KeyFile>>,
     /// Replica names to addresses, the last good ones kept.
     pub resolver: Arc<Resolver>,
     pub metrics: Arc<Metrics>,
@@ -59,8 +61,8 @@ pub struct Reloader {
     last: Mutex<Option<String>>,
     /// The configuration in force.
     running: Mutex<Config>,
-    /// The last error reading the keys file, so it is logged once.
-    keys_error: Mutex<Option<String>>,
+    /// The last error reading each keys file (API, admin), so it is logged once.
+    keys_error: [Mutex<Option<String>>; 2],
     /// When replica names were last looked up.
     resolved_at: Mutex<Instant>,
 }
@@ -99,7 +101,7 @@ impl Reloader {
             live,
             last: Mutex::new(last),
             running: Mutex::new(running),
-            keys_error: Mutex::new(None),
+            keys_error: Default::default(),
             resolved_at: Mutex::new(Instant::now()),
         }
     }
@@ -245,9 +247,12 @@ impl Reloader {
             sweep(&live.metrics, &now);
         }
         for r in now.iter() {
-            self.live
-                .metrics
-                .add_replica(&r.name, r.live(), r.in_flight(), r.kv_tokens());
+            self.live.metrics.add_replica(
+                &r.name,
+                (r.live(), r.drained()),
+                r.in_flight(),
+                r.kv_tokens(),
+            );
         }
         change
     }
@@ -312,10 +317,27 @@ impl Reloader {
 }
 
 impl Reloader {
-    /// Re-reads the API keys file the same way; a bad file keeps the old keys.
+    /// Re-reads the keys files (API, admin) the same way; a bad file keeps
+    /// the old keys.
     async fn reload_keys(&self) {
-        let Some(keys) = &self.live.keys else { return };
-        let last_error = || self.keys_error.lock().unwrap_or_else(|p| p.into_inner());
+        let files = [
+            ("api_keys_file", &self.live.keys),
+            ("admin_keys_file", &self.live.admin_keys),
+        ];
+        for ((file, keys), last_error) in files.into_iter().zip(&self.keys_error) {
+            if let Some(keys) = keys {
+                self.reload_key_file(file, keys, last_error).await;
+            }
+        }
+    }
+
+    async fn reload_key_file(
+        &self,
+        file: &str,
+        keys: &KeyFile,
+        last_error: &Mutex<Option<String>>,
+    ) {
+        let last_error = || last_error.lock().unwrap_or_else(|p| p.into_inner());
         let changed = |r: &Result<String, KeysError>| match r {
             Ok(t) => keys.changed(t),
             Err(e) => last_error().as_deref() != Some(e.to_string().as_str()),
@@ -323,25 +345,22 @@ impl Reloader {
         let Some(text) = settled(|| auth::read(&keys.path), changed).await else {
             return;
         };
-        match text.and_then(|t| keys.apply(t)) {
+        let result = text.and_then(|t| keys.apply(t));
+        let label = if result.is_ok() { "ok" } else { "error" };
+        self.live
+            .metrics
+            .key_reloads
+            .with_label_values(&[file, label])
+            .inc();
+        match result {
             Ok(()) => {
                 *last_error() = None;
-                self.live
-                    .metrics
-                    .key_reloads
-                    .with_label_values(&["ok"])
-                    .inc();
-                log::info!("api keys reloaded from {}", keys.path.display());
+                log::info!("{file} reloaded from {}", keys.path.display());
             }
             Err(e) => {
                 *last_error() = Some(e.to_string());
-                self.live
-                    .metrics
-                    .key_reloads
-                    .with_label_values(&["error"])
-                    .inc();
                 log::error!(
-                    "api keys reload rejected, previous keys stay in force: {}: {e}",
+                    "{file} reload rejected, previous keys stay in force: {}: {e}",
                     keys.path.display()
                 );
             }
@@ -420,6 +439,7 @@ mod tests {
             admission: Admission::new(&cfg.limits),
             probe: HealthProbe::new(&cfg.health_check, &cfg.replica_tls).unwrap(),
             keys: None,
+            admin_keys: None,
             resolver: Arc::default(),
             metrics,
         };

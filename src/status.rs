@@ -12,6 +12,7 @@
 //! side, [`probe`], for `prefix-router --probe URL` (a container's health
 //! check, where slim images have no curl), and [`ReadyGate`], which holds the
 //! proxy's listener until every replica has had its first health check.
+//! With `admin_keys_file`, the admin API too (`/admin/`, see [`admin`]).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -36,13 +37,17 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_http::{RequestHeader, ResponseHeader};
 use prometheus::{Encoder, TextEncoder, TEXT_FORMAT};
 
+use crate::admin;
+use crate::auth::KeyFile;
 use crate::metrics::Metrics;
 use crate::replicas::Replicas;
 
-/// Serves metrics and probes.
+/// Serves metrics, probes and the admin API.
 pub struct MetricsApp {
     replicas: Arc<Replicas>,
     metrics: Arc<Metrics>,
+    /// The admin API's keys; `None`: no admin API.
+    admin_keys: Option<Arc<KeyFile>>,
     /// A replica that completed a prompt this recently serves.
     serving: Duration,
 }
@@ -74,6 +79,7 @@ pub struct Capped {
 pub fn service(
     replicas: Arc<Replicas>,
     metrics: Arc<Metrics>,
+    admin_keys: Option<Arc<KeyFile>>,
     serving: Duration,
     deadlines: Deadlines,
 ) -> Service<Capped> {
@@ -82,6 +88,7 @@ pub fn service(
     let app = MetricsApp {
         replicas,
         metrics,
+        admin_keys,
         serving,
     };
     let server = Arc::new(MetricsServer {
@@ -192,6 +199,20 @@ fn answer(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Resp
 #[async_trait]
 impl ServeHttp for MetricsApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let head = session.req_header();
+        // Without admin keys, `/admin/` is as any unknown path.
+        if let (Some(keys), true) = (&self.admin_keys, head.uri.path().starts_with(admin::PREFIX)) {
+            return admin::answer(
+                &self.replicas,
+                &self.metrics,
+                &keys.keys(),
+                &head.method,
+                head.uri.path(),
+                head.headers
+                    .get(header::AUTHORIZATION)
+                    .map(HeaderValue::as_bytes),
+            );
+        }
         match session.req_header().uri.path() {
             "/healthz" => answer(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
             "/ready" => {

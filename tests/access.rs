@@ -99,7 +99,7 @@ fn api_keys_gate_the_listener_before_any_body_is_read_and_reload() {
     assert_eq!(post(&[("authorization", "Bearer k1")]).status, 401);
     assert!(router.metric("prefix_router_errors_total{kind=\"invalid_api_key\"}") >= 6.0);
     assert_eq!(
-        router.metric("prefix_router_api_keys_reloads_total{result=\"ok\"}"),
+        router.metric("prefix_router_api_keys_reloads_total{file=\"api_keys_file\",result=\"ok\"}"),
         1.0
     );
     let log = router.wait_log("POST /v1/chat/completions status=200");

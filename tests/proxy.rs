@@ -7,8 +7,47 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::http::{self, EventStream, Framing};
-use common::{conversation, single, streaming, wait_for, Router, Sim};
+use common::{conversation, single, streaming, wait_for, RawReplica, Router, Sim};
 use serde_json::json;
+
+#[test]
+fn a_response_whose_chunk_head_spans_reads_and_whose_chunks_outgrow_the_buffer_arrives_whole() {
+    // A response body is read 4 KiB at a time at first, more as reads fill
+    // the buffer: a 6,000-byte chunk extension is a chunk head no first read
+    // holds whole, and 100 KB chunks make the buffer grow, twice over one
+    // kept connection.
+    let content = "0123456789".repeat(30_000);
+    let body = json!({"id": "x", "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]})
+    .to_string();
+    let (first, rest) = body.split_at(10);
+    let mut wire = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n\
+         {:x};ext={}\r\n{first}\r\n",
+        first.len(),
+        "e".repeat(6_000)
+    )
+    .into_bytes();
+    for piece in rest.as_bytes().chunks(100_000) {
+        wire.extend(format!("{:x}\r\n", piece.len()).bytes());
+        wire.extend(piece);
+        wire.extend(b"\r\n");
+    }
+    wire.extend(b"0\r\n\r\n");
+    let replica = RawReplica::start(wire);
+    let router = Router::spawn(&format!("replicas:\n{}", replica.yaml("raw")), &[]);
+    router.wait_replica_up("raw", true);
+    for i in 0..2 {
+        let r = router.post("/v1/chat/completions", &single(&format!("long head {i}")));
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(
+            r.text() == body,
+            "the body differs ({} bytes of {})",
+            r.body.len(),
+            body.len()
+        );
+    }
+}
 
 #[test]
 fn multi_turn_conversations_stay_on_their_replica() {

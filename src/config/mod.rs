@@ -121,6 +121,9 @@ pub struct Config {
     /// File of accepted client API keys, one SHA-256 hex digest per line
     /// (hot-reloaded). Unset: the listener accepts every client.
     pub api_keys_file: Option<String>,
+    /// File of admin API keys, in the same form (hot-reloaded): the admin
+    /// API (`/admin/`, see `admin`) on the metrics listener. Unset: none.
+    pub admin_keys_file: Option<String>,
     /// `text` (default) or `json`: every log line one JSON object.
     pub log_format: LogFormat,
     /// How a single (a one-shot prompt) is placed (see the policy module).
@@ -174,6 +177,7 @@ impl Default for Config {
             client_timeouts: ClientTimeouts::default(),
             placement_headers: true,
             api_keys_file: None,
+            admin_keys_file: None,
             log_format: LogFormat::Text,
             singles: Singles::default(),
             fleet: Fleet::default(),
@@ -241,6 +245,7 @@ impl Config {
             "replica_tls" => replica_tls;
             "listen_tls" => listen_tls;
             "api_keys_file" => api_keys_file;
+            "admin_keys_file" => admin_keys_file;
             "fleet.redis_url" => fleet.redis_url;
             "fleet.redis_ca_file" => fleet.redis_ca_file;
             "fleet.redis_budget_ms" => fleet.redis_budget_ms;

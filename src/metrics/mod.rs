@@ -33,6 +33,7 @@ pub struct Metrics {
     pub failovers: IntCounterVec,
     /// 1 when the replica is live (health check passing, not ejected).
     pub replica_up: IntGaugeVec,
+    pub replica_drained: IntGaugeVec,
     /// Requests in flight per replica.
     pub in_flight: IntGaugeVec,
     /// Declared KV capacity per replica, tokens.
@@ -149,6 +150,12 @@ impl Metrics {
                 &["replica"],
                 registry
             )?,
+            replica_drained: register_int_gauge_vec_with_registry!(
+                "prefix_router_replica_drained",
+                "1 while the replica is drained through the admin API",
+                &["replica"],
+                registry
+            )?,
             in_flight: register_int_gauge_vec_with_registry!(
                 "prefix_router_in_flight_requests",
                 "Requests in flight per replica",
@@ -187,8 +194,8 @@ impl Metrics {
             )?,
             key_reloads: register_int_counter_vec_with_registry!(
                 "prefix_router_api_keys_reloads_total",
-                "API keys file reloads, by result",
-                &["result"],
+                "Keys file reloads (api_keys_file, admin_keys_file), by result",
+                &["file", "result"],
                 registry
             )?,
             model_requests: register_int_counter_vec_with_registry!(
@@ -369,7 +376,9 @@ impl Metrics {
         }
         for result in ["ok", "error"] {
             self.reloads.with_label_values(&[result]);
-            self.key_reloads.with_label_values(&[result]);
+            for file in ["api_keys_file", "admin_keys_file"] {
+                self.key_reloads.with_label_values(&[file, result]);
+            }
         }
         for op in ["lookup", "response_lookup"] {
             for result in ["hit", "miss", "timeout", "unavailable"] {
@@ -392,9 +401,23 @@ impl Metrics {
             .set(i64::from(live));
     }
 
+    /// Sets `replica_drained` (see `admin`).
+    pub fn show_drained(&self, replica: &str, drained: bool) {
+        self.replica_drained
+            .with_label_values(&[replica])
+            .set(i64::from(drained));
+    }
+
     /// Creates a replica's series at their current values (0 for counters).
-    pub fn add_replica(&self, name: &str, live: bool, in_flight: u32, kv_tokens: Option<u64>) {
+    pub fn add_replica(
+        &self,
+        name: &str,
+        (live, drained): (bool, bool),
+        in_flight: u32,
+        kv_tokens: Option<u64>,
+    ) {
         self.show_live(name, live);
+        self.show_drained(name, drained);
         self.in_flight
             .with_label_values(&[name])
             .set(i64::from(in_flight));
@@ -499,6 +522,7 @@ impl Metrics {
     pub fn forget_replica(&self, replica: &str) {
         for g in [
             &self.replica_up,
+            &self.replica_drained,
             &self.in_flight,
             &self.kv_tokens,
             &self.working_set,

@@ -145,7 +145,8 @@ impl Replicas {
     /// The policy's view of the set, in its order, into `states` (cleared
     /// first: a caller keeps one buffer; at a thousand replicas a new one
     /// per request cost more than the placement), excluding replicas in
-    /// `tried` and those that do not serve `model`. When none of those is
+    /// `tried`, those that do not serve `model` and drained ones (never
+    /// offered, not even in panic mode). When none of those is
     /// live, the ejected ones that pass their health checks count as live;
     /// when none does and no replica of the set is live, every replica the
     /// checks brought up once (panic mode: true is returned).
@@ -156,7 +157,9 @@ impl Replicas {
         states: &mut Vec<ReplicaState>,
     ) -> bool {
         let serves = model.map(|m| view.offers(m));
-        let offered = |i: usize, r: &Replica| !tried.contains(&r.id) && serves.is_none_or(|s| s[i]);
+        let offered = |i: usize, r: &Replica| {
+            !r.drained() && !tried.contains(&r.id) && serves.is_none_or(|s| s[i])
+        };
         states.clear();
         states.extend(view.iter().enumerate().map(|(i, r)| {
             let mut s = r.state();

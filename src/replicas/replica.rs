@@ -62,6 +62,9 @@ pub struct Replica {
     pub(super) ejected: AtomicBool,
     /// Its engine keeps only its last prompt (`prompt_cache: last`). Reloadable.
     pub(super) last_prompt: AtomicBool,
+    /// Drained through the admin API: offered no request, health checked
+    /// as before. Kept across reloads, as the rest of its state.
+    pub(super) drained: AtomicBool,
     pub name: String,
     pub addr: SocketAddr,
     /// The models it serves; `None`: unknown, any model.
@@ -102,7 +105,7 @@ pub struct Replica {
 }
 
 // The placement's fields stay in the first cache line.
-const _: () = assert!(std::mem::offset_of!(Replica, last_prompt) < 64);
+const _: () = assert!(std::mem::offset_of!(Replica, drained) < 64);
 
 /// What the engine figures hold while none is known.
 pub(super) const UNKNOWN: u32 = u32::MAX;
@@ -122,6 +125,7 @@ impl Replica {
             addr,
             kv_tokens: AtomicU64::new(c.kv_tokens.unwrap_or(0)),
             last_prompt: AtomicBool::new(c.prompt_cache == PromptCache::Last),
+            drained: AtomicBool::new(false),
             models: ArcSwapOption::new(c.models.clone().map(Arc::new)),
             declared_models: AtomicBool::new(c.models.is_some()),
             kv_events: ArcSwapOption::new(c.kv_events.clone().map(Arc::new)),
@@ -226,6 +230,16 @@ impl Replica {
         self.checked.load(Relaxed) && !self.ejected.load(Relaxed)
     }
 
+    /// Drained through the admin API: no request is placed there.
+    pub fn drained(&self) -> bool {
+        self.drained.load(Relaxed)
+    }
+
+    /// Drains it (`true`) or puts it back in service; whether that changed.
+    pub fn set_drained(&self, drained: bool) -> bool {
+        self.drained.swap(drained, Relaxed) != drained
+    }
+
     /// Up by its health checks (ejected or not).
     pub fn checked(&self) -> bool {
         self.checked.load(Relaxed)
@@ -313,6 +327,21 @@ impl Replica {
 
     pub fn in_flight(&self) -> u32 {
         self.in_flight.load(Relaxed)
+    }
+
+    /// Its health as the admin API names it: `up` (live), `ejected` (by
+    /// the request path, its checks passing) or `down` (by its checks).
+    pub fn health(&self) -> &'static str {
+        match (self.checked(), self.is_ejected()) {
+            (true, false) => "up",
+            (true, true) => "ejected",
+            (false, _) => "down",
+        }
+    }
+
+    /// The pinned working set's estimate, bytes of canonical prompt.
+    pub fn pinned_bytes(&self) -> u64 {
+        self.pinned_bytes.load(Relaxed)
     }
 
     /// Whether a health check result shows the engine back after it went
@@ -502,90 +531,4 @@ impl Drop for InFlight {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::metrics::Metrics;
-    use crate::policy::Room;
-    use crate::replicas::tests::cfg;
-    use crate::replicas::Replicas;
-
-    #[test]
-    fn kv_room_is_capacity_less_the_pinned_set_and_the_singles_in_flight() {
-        let mut c = cfg(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")]);
-        c[0].kv_tokens = Some(1_000);
-        let set = Replicas::new(&c, Metrics::standalone());
-        let (a, b) = (
-            Arc::clone(&set.snapshot()[0]),
-            Arc::clone(&set.snapshot()[1]),
-        );
-        assert_eq!(b.state().room, None, "no kv_tokens, no known room");
-        a.set_pinned_bytes(1_500);
-        let single = a.begin(500);
-        let other = a.begin(0);
-        assert_eq!(
-            a.state().room,
-            Some(Room {
-                free: 4_000 - 1_500 - 500,
-                cold: 500,
-                pinned: 1_500,
-                capacity: 4_000,
-            })
-        );
-        drop(single);
-        drop(other);
-        assert_eq!(a.state().room.map(|r| (r.free, r.cold)), Some((2_500, 0)));
-        assert_eq!(a.in_flight(), 0);
-    }
-
-    #[test]
-    fn an_engine_keeping_its_last_prompt_has_room_only_once_a_single_displaced_its_context() {
-        let mut c = cfg(&[("a", "127.0.0.1:1")]);
-        c[0].kv_tokens = Some(1_000);
-        c[0].prompt_cache = PromptCache::Last;
-        let set = Replicas::new(&c, Metrics::standalone());
-        let a = Arc::clone(&set.snapshot()[0]);
-        let free = || a.state().room.map(|r| r.free);
-        assert_eq!(free(), Some(4_000), "nothing pinned: the whole cache");
-        a.set_pinned_bytes(1_500);
-        assert_eq!(free(), Some(0), "any prompt would displace the context");
-        let single = a.begin(500);
-        assert_eq!(
-            free(),
-            Some(3_500),
-            "displaced already: room beside the single"
-        );
-        drop(single);
-        c[0].prompt_cache = PromptCache::Shared;
-        set.apply(&c);
-        assert_eq!(free(), Some(2_500), "reloaded: prefixes share the KV again");
-    }
-
-    #[test]
-    fn the_kv_an_engine_reports_in_use_bounds_the_room() {
-        let mut c = cfg(&[("a", "127.0.0.1:1")]);
-        c[0].kv_tokens = Some(1_000);
-        let set = Replicas::new(&c, Metrics::standalone());
-        let a = Arc::clone(&set.snapshot()[0]);
-        a.set_pinned_bytes(1_000);
-        let engine = |unseen, kv_used_permille| {
-            Some(EngineLoad {
-                unseen,
-                kv_used_permille,
-            })
-        };
-        a.set_engine(engine(8, Some(900)));
-        let s = a.state();
-        assert_eq!(s.room.map(|r| r.free), Some(400), "the engine's 10 % free");
-        assert_eq!((s.in_flight, s.load()), (0, 8));
-        a.set_engine(engine(0, Some(100)));
-        assert_eq!(
-            a.state().room.map(|r| r.free),
-            Some(3_000),
-            "the router's own estimate"
-        );
-        a.set_engine(engine(3, None));
-        assert_eq!(a.state().room.map(|r| r.free), Some(3_000));
-        a.set_engine(None);
-        assert_eq!(a.state().engine, None);
-    }
-}
+mod tests;

@@ -342,3 +342,27 @@ fn a_chosen_replica_is_found_in_the_set_as_it_is_now() {
     assert_eq!((now.id, now.name.as_str()), (a.id, "a2"));
     assert!(set.current_of(&seen, b).is_none());
 }
+
+#[test]
+fn a_drained_replica_is_offered_nothing_not_even_in_panic_mode() {
+    let now = Instant::now();
+    let (_set, list) = checked_set(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")], now);
+    assert!(list[0].set_drained(true));
+    assert!(!list[0].set_drained(true), "draining twice changed it");
+    let (states, panic) = Replicas::states(&list, &[], None);
+    assert_eq!(
+        states.iter().map(|s| s.live).collect::<Vec<_>>(),
+        [false, true]
+    );
+    assert!(!panic);
+    // The other down: panic mode offers every replica once up, not this one.
+    list[1].on_check(false, false, now, &CHECKS);
+    assert!(!list[1].live());
+    let (states, _) = Replicas::states(&list, &[], None);
+    assert!(
+        !states[0].live,
+        "a drained replica was offered in panic mode"
+    );
+    assert!(list[0].set_drained(false));
+    assert!(Replicas::states(&list, &[], None).0[0].live);
+}

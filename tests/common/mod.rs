@@ -6,6 +6,7 @@
 
 pub mod http;
 pub mod kv;
+mod raw;
 mod trickle;
 
 use std::io::{BufRead, BufReader};
@@ -16,6 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub use http::{get, post_json, Response};
+#[allow(unused_imports)]
+pub use raw::RawReplica;
 #[allow(unused_imports)]
 pub use trickle::TricklingReplica;
 

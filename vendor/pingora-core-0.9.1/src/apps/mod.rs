@@ -304,63 +304,69 @@ where
             }
         }
         if h2c || matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {
-            // create a shared connection digest
-            let digest = Arc::new(Digest {
-                ssl_digest: stream.get_ssl_digest(),
-                // TODO: log h2 handshake time
-                timing_digest: stream.get_timing_digest(),
-                proxy_digest: stream.get_proxy_digest(),
-                socket_digest: stream.get_socket_digest(),
-            });
+            // prefix-router patch: the HTTP/2 path is boxed, so the
+            // connection's future is sized for HTTP/1 (its handshake and
+            // accept loop made every HTTP/1 connection's about 5 KB).
+            Box::pin(async move {
+                // create a shared connection digest
+                let digest = Arc::new(Digest {
+                    ssl_digest: stream.get_ssl_digest(),
+                    // TODO: log h2 handshake time
+                    timing_digest: stream.get_timing_digest(),
+                    proxy_digest: stream.get_proxy_digest(),
+                    socket_digest: stream.get_socket_digest(),
+                });
 
-            let h2_options = self.h2_options();
-            let handshake = server::handshake(stream, h2_options);
-            let deadline = self.server_options().and_then(|o| o.h2_handshake_timeout);
-            let handshaken = match deadline {
-                Some(d) => match pingora_timeout::timeout(d, handshake).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        debug!("H2 handshake timed out after {d:?}");
-                        return None;
+                let h2_options = self.h2_options();
+                let handshake = server::handshake(stream, h2_options);
+                let deadline = self.server_options().and_then(|o| o.h2_handshake_timeout);
+                let handshaken = match deadline {
+                    Some(d) => match pingora_timeout::timeout(d, handshake).await {
+                        Ok(r) => r,
+                        Err(_) => {
+                            debug!("H2 handshake timed out after {d:?}");
+                            return;
+                        }
+                    },
+                    None => handshake.await,
+                };
+                let h2_conn = match handshaken {
+                    Err(e) => {
+                        error!("H2 handshake error {e}");
+                        return;
                     }
-                },
-                None => handshake.await,
-            };
-            let h2_conn = match handshaken {
-                Err(e) => {
-                    error!("H2 handshake error {e}");
-                    return None;
-                }
-                Ok(c) => c,
-            };
+                    Ok(c) => c,
+                };
 
-            // The accept-loop body — including the graceful-shutdown state
-            // machine — lives in `server::accept_downstream_sessions` so that
-            // the same code path is exercised by tests in `protocols::http::v2`.
-            let app = self.clone();
-            let shutdown_for_session = shutdown.clone();
-            let h2_idle_timeout = self.server_options().and_then(|o| o.h2_idle_timeout);
-            server::accept_downstream_sessions(
-                h2_conn,
-                digest,
-                shutdown.clone(),
-                h2_idle_timeout,
-                |h2_stream, guard| {
-                    let app = app.clone();
-                    let shutdown = shutdown_for_session.clone();
-                    pingora_runtime::current_handle().spawn(async move {
-                        // hold `guard` for the session's lifetime so the accept
-                        // loop's idle timeout sees this connection as busy.
-                        let _guard = guard;
-                        // Note, `PersistentSettings` not currently relevant for h2
-                        app.process_new_http(ServerSession::new_http2(h2_stream), &shutdown)
-                            .await;
-                    });
-                },
-            )
+                // The accept-loop body — including the graceful-shutdown state
+                // machine — lives in `server::accept_downstream_sessions` so that
+                // the same code path is exercised by tests in `protocols::http::v2`.
+                let app = self.clone();
+                let shutdown_for_session = shutdown.clone();
+                let h2_idle_timeout = self.server_options().and_then(|o| o.h2_idle_timeout);
+                server::accept_downstream_sessions(
+                    h2_conn,
+                    digest,
+                    shutdown.clone(),
+                    h2_idle_timeout,
+                    |h2_stream, guard| {
+                        let app = app.clone();
+                        let shutdown = shutdown_for_session.clone();
+                        pingora_runtime::current_handle().spawn(async move {
+                            // hold `guard` for the session's lifetime so the accept
+                            // loop's idle timeout sees this connection as busy.
+                            let _guard = guard;
+                            // Note, `PersistentSettings` not currently relevant for h2
+                            app.process_new_http(ServerSession::new_http2(h2_stream), &shutdown)
+                                .await;
+                        });
+                    },
+                )
+                .await;
+            })
             .await;
         } else if custom || matches!(stream.selected_alpn_proto(), Some(ALPN::Custom(_))) {
-            return self.clone().process_custom_session(stream, shutdown).await;
+            return Box::pin(self.clone().process_custom_session(stream, shutdown)).await;
         } else {
             // No ALPN or ALPN::H1 and h2c was not configured, fallback to HTTP/1.1
             let mut session = ServerSession::new_http1(stream);

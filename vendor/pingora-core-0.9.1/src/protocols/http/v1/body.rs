@@ -30,6 +30,9 @@ use crate::utils::BufRef;
 // TODO: make this dynamically adjusted
 const BODY_BUFFER_SIZE: usize = 1024 * 64;
 const UPSTREAM_BODY_BUFFER_SIZE: usize = 1024 * 16;
+// prefix-router patch: where a response body's buffer starts; it doubles up to
+// UPSTREAM_BODY_BUFFER_SIZE each time a read fills it.
+const UPSTREAM_BODY_BUFFER_START: usize = 1024 * 2;
 // limit how much incomplete chunk-size and chunk-ext to buffer
 const PARTIAL_CHUNK_HEAD_LIMIT: usize = 1024 * 8;
 // Trailers: https://datatracker.ietf.org/doc/html/rfc9112#section-7.1.2
@@ -159,18 +162,28 @@ impl BodyReader {
         BodyReader {
             body_state: PS::ToStart,
             body_buf: None,
-            // prefix-router patch: a response body is read 16 KiB at a time
-            // (its buffer lives as long as the request: 64 KiB each held
-            // 640 MiB under 10,000 open streams; SSE events and answers are
-            // small). Request bodies keep 64 KiB.
+            // prefix-router patch: a response body is read 2 KiB at a time
+            // at first, up to 16 KiB as reads fill the buffer (it lives as
+            // long as the request: 64 KiB each held 640 MiB under 10,000 open
+            // streams; SSE events and answers are small). Request bodies keep
+            // 64 KiB.
             body_buf_size: if upstream {
-                UPSTREAM_BODY_BUFFER_SIZE
+                UPSTREAM_BODY_BUFFER_START
             } else {
                 BODY_BUFFER_SIZE
             },
             rewind_buf_len: 0,
             upstream,
             body_buf_overread: None,
+        }
+    }
+
+    /// prefix-router patch: a response body's next read may be twice as
+    /// large once a read of `read_size` filled the buffer (up to
+    /// UPSTREAM_BODY_BUFFER_SIZE).
+    fn grow_after(&mut self, n: usize, read_size: usize) {
+        if self.upstream && n >= read_size && self.body_buf_size < UPSTREAM_BODY_BUFFER_SIZE {
+            self.body_buf_size = (self.body_buf_size * 2).min(UPSTREAM_BODY_BUFFER_SIZE);
         }
     }
 
@@ -424,6 +437,7 @@ impl BodyReader {
                 .read_buf(body_buf)
                 .await
                 .or_err(ReadError, "when reading body")?;
+            self.grow_after(n, read_size);
         }
         match self.body_state {
             PS::Partial(read, to_read) => {
@@ -478,6 +492,7 @@ impl BodyReader {
                 .read_buf(body_buf)
                 .await
                 .or_err(ReadError, "when reading body")?;
+            self.grow_after(n, read_size);
         }
         match self.body_state {
             PS::UntilClose(read) => {
@@ -516,6 +531,7 @@ impl BodyReader {
                                 .read_buf(body_buf)
                                 .await
                                 .or_err(ReadError, "when reading body")?;
+                            self.grow_after(existing_buf_end, read_size);
                         }
                     } else {
                         /* existing_buf_end != 0 this is partial chunk head */
@@ -529,6 +545,9 @@ impl BodyReader {
                          * bounded and cheap, while split_off() would leave only
                          * capacity - partial_head_start of room behind it and force the reserve
                          * below to move the same bytes anyway (or reallocate) to fit the read. */
+                        // prefix-router patch: a partial head (up to
+                        // PARTIAL_CHUNK_HEAD_LIMIT) leaves room to read the rest.
+                        self.body_buf_size = self.body_buf_size.max(2 * PARTIAL_CHUNK_HEAD_LIMIT);
                         self.reserve_buf_for_io();
                         let body_buf = self
                             .body_buf

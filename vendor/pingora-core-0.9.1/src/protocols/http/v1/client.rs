@@ -31,6 +31,9 @@ use crate::protocols::http::HttpTask;
 use crate::protocols::{Digest, SocketAddr, Stream, UniqueID, UniqueIDType};
 use crate::utils::{BufRef, KVRef};
 
+// prefix-router patch: see read_response.
+const RESPONSE_HEADER_READ_SIZE: usize = 1024;
+
 /// The HTTP 1.x client session
 pub struct HttpSession {
     buf: Bytes,
@@ -413,13 +416,16 @@ impl HttpSession {
                 ));
             }
 
+            // prefix-router patch: room for 1 KiB per read, not 4 KiB (an
+            // engine's response head is a few hundred bytes, and the buffer
+            // lives as long as the request: every open stream held 4 KiB).
             if self
                 .response_header_read_buf
                 .capacity()
                 .saturating_sub(self.response_header_read_buf.len())
-                < INIT_HEADER_BUF_SIZE
+                < RESPONSE_HEADER_READ_SIZE
             {
-                self.response_header_read_buf.reserve(INIT_HEADER_BUF_SIZE);
+                self.response_header_read_buf.reserve(RESPONSE_HEADER_READ_SIZE);
             }
 
             let read_fut = self
