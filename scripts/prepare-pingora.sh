@@ -5,12 +5,17 @@
 # - pingora-proxy: a body read whole in request_filter reaches the replica
 #   (docs/body-forwarding.md), sent with the request head in one write;
 #   a total deadline for a replica's response head; after a failed request
-#   write, a bounded wait for an early answer (then the write error, retried).
+#   write, a bounded wait for an early answer (then the write error, retried);
+#   the HTTP/2 and custom upstream paths boxed (an HTTP/1 request's future is
+#   not sized for them).
 # - pingora-core: a total deadline for a client's request head (slowloris);
 #   a request body read straight into the caller's buffer (one copy, not two);
 #   an HTTP/1 request head held back to go out with the body's first write;
 #   a replica's response head read with room for the headers the router adds;
-#   a replica's response body read through a 16 KiB buffer (was 64 KiB).
+#   a replica's response head read 1 KiB at a time (was 4 KiB), its body
+#   through a buffer of 2 KiB that doubles up to 16 KiB (was 64 KiB);
+#   a connection's HTTP/2 path boxed (an HTTP/1 connection's future is not
+#   sized for it); an HTTP/2 handshake deadline.
 #   scripts/prepare-pingora.sh --check   # vendor/ is exactly crate + diff (CI)
 #   scripts/prepare-pingora.sh           # rebuild vendor/ after editing a diff
 set -euo pipefail

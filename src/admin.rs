@@ -9,12 +9,14 @@
 //!   `engine_load`).
 //! - `POST /admin/replicas/{name}/drain`: no request is placed there any
 //!   more (continuations pinned there go to their next choice, as when it is
-//!   down); requests in flight run to their end: `in_flight` reaches 0. It is
-//!   still health checked. Draining every replica refuses every request
-//!   (503 `no_replica`): the router does not second-guess an operator.
+//!   down), but for a Responses API request whose stored response only its
+//!   engine holds; requests in flight run to their end: `in_flight` reaches
+//!   0. It is still health checked. Draining every replica refuses every
+//!   request (503 `no_replica`) and makes `/ready` answer 503.
 //! - `POST /admin/replicas/{name}/undrain`: back in service.
 //!
-//! A drained replica stays drained across reloads while the file keeps it.
+//! A drained name stays drained across reloads while the file keeps it,
+//! whatever its address.
 //! Errors are OpenAI-style JSON: 401 without an accepted key (`Authorization:
 //! Bearer`), 404 for an unknown replica or path, 405 for another method.
 
@@ -82,7 +84,16 @@ pub fn answer(
         (Some("drain" | "undrain"), _) => return not_allowed("POST"),
         (Some(_), _) => return error(StatusCode::NOT_FOUND, "not_found", "no such path"),
     };
-    if replica.set_drained(drain) {
+    // Set by name, under the set's publishing lock: a reload at the same
+    // moment keeps it (see `Replicas::set_drained`).
+    let Some((replica, changed)) = replicas.set_drained(name, drain) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "replica_not_found",
+            &format!("no replica is named {name}"),
+        );
+    };
+    if changed {
         metrics.show_drained(&replica.name, drain);
         if drain {
             log::info!(
@@ -97,7 +108,7 @@ pub fn answer(
             );
         }
     }
-    ok(describe(replica))
+    ok(describe(&replica))
 }
 
 /// A replica as the admin API shows it.
@@ -199,6 +210,8 @@ mod tests {
             prompt_cache: crate::config::PromptCache::Shared,
             models: None,
             kv_events: None,
+            api_key_file: None,
+            api_key: None,
         };
         Replicas::new(&[c], Metrics::standalone())
     }

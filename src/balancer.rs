@@ -23,7 +23,7 @@ use crate::config::{self, ReplicaTls};
 use crate::engine_client::{own_host, own_requests, OwnGet};
 use crate::metrics::{Metrics, Repair};
 use crate::policy::Policy;
-use crate::replicas::{HealthRules, Replicas, CHECK_DEADLINE};
+use crate::replicas::{HealthRules, Replica, Replicas, CHECK_DEADLINE};
 
 /// The load balancer type the router runs.
 /// Pingora's own selection is never asked: the policy places over the
@@ -109,8 +109,9 @@ impl HealthProbe {
 
     /// The ids a replica's `/v1/models` lists (OpenAI's list format; the
     /// first `MAX_MODELS`); `None` when it does not answer one within `within`.
-    async fn models_of(&self, addr: std::net::SocketAddr, within: Duration) -> Option<Vec<String>> {
-        let body = tokio::time::timeout(within, self.models.get(addr))
+    async fn models_of(&self, r: &Replica, within: Duration) -> Option<Vec<String>> {
+        let key = r.api_key();
+        let body = tokio::time::timeout(within, self.models.get(r.addr, key.as_deref()))
             .await
             .ok()?
             .ok()?;
@@ -244,7 +245,7 @@ impl HealthCheck for ReplicaHealth {
             }
             if result.is_ok() && !r.declares_models() && r.models_due() {
                 let left = CHECK_DEADLINE.saturating_sub(started.elapsed());
-                if let Some(list) = self.probe.models_of(r.addr, left).await {
+                if let Some(list) = self.probe.models_of(&r, left).await {
                     let shown = list.join(", ");
                     if r.learn_models(list) {
                         self.replicas.models_changed();

@@ -10,7 +10,7 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_core::{ErrorType, Result};
 use pingora_http::RequestHeader;
 
-use crate::config::ReplicaTls;
+use crate::config::{ReplicaTls, Secret};
 
 /// A GET the router sends replicas itself (engine metrics, model lists):
 /// replica TLS and `Host` as the health checks, a pooled connection, the
@@ -43,15 +43,18 @@ impl OwnGet {
         })
     }
 
-    /// The body of a 200 answer from `addr`; an error for any other status
-    /// or a body over the cap (a cut body could end inside a figure).
-    pub async fn get(&self, addr: std::net::SocketAddr) -> Result<Vec<u8>> {
+    /// The body of a 200 answer from `addr`, sending `key` (the replica's
+    /// `api_key_file`) as `Authorization: Bearer`; an error for any other
+    /// status or a body over the cap (a cut body could end inside a figure).
+    pub async fn get(&self, addr: std::net::SocketAddr, key: Option<&Secret>) -> Result<Vec<u8>> {
         let mut peer = self.peer.clone();
         peer._address = pingora_core::protocols::l4::socket::SocketAddr::Inet(addr);
         let (mut session, _) = self.connector.get_http_session(&peer).await?;
-        session
-            .write_request_header(Box::new(self.request.clone()))
-            .await?;
+        let mut request = self.request.clone();
+        if let Some(key) = key {
+            request.insert_header("Authorization", format!("Bearer {}", key.expose()))?;
+        }
+        session.write_request_header(Box::new(request)).await?;
         session.finish_request_body().await?;
         session.read_response_header().await?;
         let status = session.response_header().map(|h| h.status.as_u16());

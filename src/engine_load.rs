@@ -199,7 +199,9 @@ impl EngineLoadWatch {
 
 impl Reader {
     async fn read(&self, replica: &Replica) -> pingora_core::Result<Vec<u8>> {
-        self.page.get(replica.addr).await
+        self.page
+            .get(replica.addr, replica.api_key().as_deref())
+            .await
     }
 
     /// Hands a read's result (the figures, and the router's own requests

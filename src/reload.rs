@@ -150,7 +150,8 @@ impl Reloader {
                 *last = Some(t.clone());
             }
         }
-        let cfg = Config::parse(&text?, self.env_policy.as_deref())?;
+        let mut cfg = Config::parse(&text?, self.env_policy.as_deref())?;
+        cfg.read_replica_keys()?;
         self.live
             .resolver
             .refresh(&cfg, crate::resolve::LOOKUP_DEADLINE)

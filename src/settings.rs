@@ -24,6 +24,8 @@ pub struct Settings {
     pub client_header_timeout: Duration,
     pub client_write_timeout: Duration,
     pub placement_headers: bool,
+    /// Forward the client's key headers when the router checks keys.
+    pub forward_client_keys: bool,
     /// `prefix_index.repair_on_miss_s`.
     pub repair_on_miss_s: Option<u32>,
     /// `shed_in_flight`.
@@ -49,6 +51,7 @@ impl Settings {
             client_header_timeout: ms(c.client_timeouts.header_ms),
             client_write_timeout: ms(c.client_timeouts.write_ms),
             placement_headers: c.placement_headers,
+            forward_client_keys: c.forward_client_keys,
             repair_on_miss_s: c.prefix_index.repair_on_miss_s,
             shed_in_flight: c.shed_in_flight,
             outlier: OutlierRules::from(&c.outlier),

@@ -217,9 +217,12 @@ impl ServeHttp for MetricsApp {
             "/healthz" => answer(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
             "/ready" => {
                 let list = self.replicas.snapshot();
-                let live = list.iter().filter(|r| r.live()).count();
+                // Drained replicas serve no request: not counted.
+                let live = list.iter().filter(|r| r.live() && !r.drained()).count();
                 let now = Instant::now();
-                let serving = list.iter().filter(|r| r.serving(now, self.serving)).count();
+                let serving = (list.iter())
+                    .filter(|r| !r.drained() && r.serving(now, self.serving))
+                    .count();
                 let status = if live > 0 || serving > 0 {
                     StatusCode::OK
                 } else {

@@ -156,3 +156,78 @@ fn smuggling_probes_never_deliver_a_second_request() {
         200
     );
 }
+
+#[test]
+fn client_keys_stay_at_the_edge_and_each_replica_gets_its_own() {
+    // Engines started with keys of their own (`--api-key`: 401 on /v1/
+    // without it); clients present a router key the engines do not take.
+    let a = Sim::start("a", &["--api-key", "engine-a"]);
+    let b = Sim::start("b", &["--api-key", "engine-b"]);
+    let dir = std::env::temp_dir().join(format!("prefix-router-edge-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let clients = file("clients", &format!("{}\n", sha256_hex("k1")));
+    let (key_a, key_b) = (file("a.key", "engine-a\n"), file("b.key", "engine-b"));
+    let with_key = |s: &Sim, key: &str| {
+        s.yaml()
+            .replace("\"}\n", &format!("\", api_key_file: \"{key}\"}}\n"))
+    };
+    let router = Router::spawn(
+        &format!(
+            "api_keys_file: \"{clients}\"\nreplicas:\n{}{}",
+            with_key(&a, &key_a),
+            with_key(&b, &key_b)
+        ),
+        &[],
+    );
+    router.wait_replica_up("a", true);
+    router.wait_replica_up("b", true);
+    let client = [("authorization", "Bearer k1")];
+    // Each engine's model list is read with its key: the router answers
+    // `/v1/models` itself once it knows every list.
+    wait_for("both model lists", Duration::from_secs(10), || {
+        let r = http::request(router.addr, "GET", "/v1/models", &client, b"");
+        (r.status == 200 && r.json()["data"][0]["owned_by"] == "prefix-router").then_some(())
+    });
+    let mut served = std::collections::BTreeSet::new();
+    for i in 0..6 {
+        let body = serde_json::to_vec(&single(&format!("edge {i}"))).unwrap();
+        let r = http::request(router.addr, "POST", "/v1/chat/completions", &client, &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        served.insert(r.replica().to_owned());
+    }
+    assert_eq!(served.len(), 2, "both engines took their own key");
+    // An engine's key is no client key.
+    let body = serde_json::to_vec(&single("engine key")).unwrap();
+    let r = http::request(
+        router.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", "Bearer engine-a")],
+        &body,
+    );
+    assert_eq!(r.status, 401);
+
+    // An engine that checks the clients' own key: the router keeps the key
+    // at the edge unless `forward_client_keys: true`.
+    let c = Sim::start("c", &["--api-key", "k1"]);
+    let yaml = |forward: bool| {
+        format!(
+            "api_keys_file: \"{clients}\"\nforward_client_keys: {forward}\nreplicas:\n{}",
+            c.yaml()
+        )
+    };
+    let router = Router::spawn(&yaml(false), &[]);
+    router.wait_replica_up("c", true);
+    let post = || http::request(router.addr, "POST", "/v1/chat/completions", &client, &body);
+    assert_eq!(post().status, 401, "the client's key reached the engine");
+    router.rewrite(&yaml(true));
+    wait_for("the key forwarded", Duration::from_secs(10), || {
+        (post().status == 200).then_some(())
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+}

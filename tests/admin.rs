@@ -193,9 +193,15 @@ fn a_rolling_engine_restart_driven_through_the_admin_api_loses_no_request() {
             before,
             "a drained replica was sent a request"
         );
-        // The engine restarts (a new process on the same port).
+        // The engine stops (its checks fail: it is down), then a new
+        // process starts on the same port.
         let addr = sims[i].addr.to_string();
         sims[i].kill();
+        wait_for(
+            "the stopped engine to be down",
+            Duration::from_secs(20),
+            || (replica(&router, &name)["health"] == "down").then_some(()),
+        );
         sims[i] = Sim::start_on(&addr, &name, &[]);
         wait_for(
             "the restarted engine to pass its checks",

@@ -12,7 +12,7 @@ use serde_json::json;
 
 #[test]
 fn a_response_whose_chunk_head_spans_reads_and_whose_chunks_outgrow_the_buffer_arrives_whole() {
-    // A response body is read 4 KiB at a time at first, more as reads fill
+    // A response body is read 2 KiB at a time at first, more as reads fill
     // the buffer: a 6,000-byte chunk extension is a chunk head no first read
     // holds whole, and 100 KB chunks make the buffer grow, twice over one
     // kept connection.

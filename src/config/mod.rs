@@ -15,7 +15,7 @@ mod sections;
 mod validate;
 
 pub use redis_url::parse_url as parse_redis_url;
-pub use replica::{KvEvents, Replica};
+pub use replica::{KvEvents, Replica, Secret};
 pub use sections::*;
 
 /// The configuration the router runs on when no `--config` is given: two
@@ -124,6 +124,10 @@ pub struct Config {
     /// File of admin API keys, in the same form (hot-reloaded): the admin
     /// API (`/admin/`, see `admin`) on the metrics listener. Unset: none.
     pub admin_keys_file: Option<String>,
+    /// With `api_keys_file`, the client's key (`Authorization`,
+    /// `x-api-key`) stays at the router unless this is true; a replica with
+    /// its own `api_key_file` gets that key instead in any case.
+    pub forward_client_keys: bool,
     /// `text` (default) or `json`: every log line one JSON object.
     pub log_format: LogFormat,
     /// How a single (a one-shot prompt) is placed (see the policy module).
@@ -178,6 +182,7 @@ impl Default for Config {
             placement_headers: true,
             api_keys_file: None,
             admin_keys_file: None,
+            forward_client_keys: false,
             log_format: LogFormat::Text,
             singles: Singles::default(),
             fleet: Fleet::default(),
@@ -206,13 +211,36 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Reads a file (see [`Config::parse`]).
+    /// Reads a file (see [`Config::parse`]) and the replicas' key files.
     pub fn load(path: &Path, env_policy: Option<&str>) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
             source,
         })?;
-        Self::parse(&text, env_policy)
+        let mut cfg = Self::parse(&text, env_policy)?;
+        cfg.read_replica_keys()?;
+        Ok(cfg)
+    }
+
+    /// Reads each replica's `api_key_file` (entries of `replicas` and
+    /// `replicas_dns`); an unreadable one is an error naming the entry.
+    pub fn read_replica_keys(&mut self) -> Result<(), ConfigError> {
+        let lists = [
+            ("replicas", &mut self.replicas),
+            ("replicas_dns", &mut self.replicas_dns),
+        ];
+        for (list, replicas) in lists {
+            for (i, r) in replicas.iter_mut().enumerate() {
+                r.api_key = match &r.api_key_file {
+                    Some(f) => Some(
+                        Secret::read(f)
+                            .map_err(|why| invalid(format!("{list}[{i}].api_key_file"), why))?,
+                    ),
+                    None => None,
+                };
+            }
+        }
+        Ok(())
     }
 
     /// The configuration a reload to `new` runs on: `new`, except the keys a

@@ -28,6 +28,44 @@ pub struct Replica {
     /// Its engine's KV events (see [`KvEvents`]); unset: none read.
     #[serde(default)]
     pub kv_events: Option<KvEvents>,
+    /// A file holding the API key its engine was started with (`--api-key`):
+    /// sent as `Authorization: Bearer` on every request to it, the client's
+    /// own key headers removed. Read when the config is (re)loaded.
+    #[serde(default)]
+    pub api_key_file: Option<String>,
+    /// That key, once read ([`super::Config::read_replica_keys`]).
+    #[serde(skip)]
+    pub api_key: Option<Secret>,
+}
+
+/// A secret read from a file (a replica's API key): sent, never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(std::sync::Arc<str>);
+
+impl Secret {
+    /// Reads `path`: its text, trimmed, must be one non-empty line.
+    pub fn read(path: &str) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+        let key = text.trim();
+        if key.is_empty() || key.contains(['\r', '\n']) {
+            return Err(format!("{path} must hold one key on one line"));
+        }
+        if !key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(format!("{path}: a key is printable ASCII without spaces"));
+        }
+        Ok(Self(key.into()))
+    }
+
+    /// The secret itself.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 /// Where a replica's engine publishes its KV-cache events (vLLM's and

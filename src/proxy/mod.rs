@@ -143,6 +143,22 @@ impl ProxyHttp for Router {
     ) -> Result<()> {
         // Answered by the router already; the replica gets the body at once.
         upstream_request.remove_header("expect");
+        // Keys stay at the edge: a replica with its own key gets that one;
+        // a client's key checked here goes no further unless asked.
+        let replica_key = ctx
+            .attempts
+            .current
+            .as_ref()
+            .and_then(|f| f.replica().api_key());
+        if replica_key.is_some()
+            || (self.keys.is_some() && !self.settings.load().forward_client_keys)
+        {
+            upstream_request.remove_header("authorization");
+            upstream_request.remove_header("x-api-key");
+        }
+        if let Some(key) = replica_key {
+            upstream_request.insert_header("authorization", format!("Bearer {}", key.expose()))?;
+        }
         // The engine gets the path the router classified, not a variant of it.
         if let Some(path) = ctx.read.route.map(Route::path) {
             if session.req_header().uri.path() != path {

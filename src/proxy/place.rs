@@ -149,7 +149,7 @@ impl Router {
                 None => &*tried,
             };
             let (mut decision, panic, at) = STATES.with_borrow_mut(|states| {
-                let panic = Replicas::states_into(list, excluded, model, states);
+                let panic = Replicas::states_into(list, excluded, model, holder, states);
                 if let (Some(chat), Some(r)) = (&ctx.read.chat, ctx.read.request()) {
                     exact::report(chat, r.chain.len(), list, states);
                 }

@@ -247,7 +247,7 @@ impl Router {
         let list = self.replicas.snapshot();
         let mut models = std::collections::BTreeSet::new();
         let mut any_live = false;
-        for r in list.iter().filter(|r| r.live()) {
+        for r in list.iter().filter(|r| r.live() && !r.drained()) {
             any_live = true;
             // A list that cannot be read (an engine behind its own API key):
             // the union would be a guess.

@@ -128,6 +128,8 @@ mod tests {
             prompt_cache: config::PromptCache::Shared,
             models: None,
             kv_events: None,
+            api_key_file: None,
+            api_key: None,
         };
         let set = Replicas::new(&[c], Metrics::standalone());
         Arc::clone(&set.snapshot()[0])

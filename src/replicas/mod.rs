@@ -22,6 +22,7 @@
 //!   the checks had brought up is (panic mode, as Envoy's panic threshold):
 //!   the router never refuses on its own say-so. Health itself: `health`.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -101,6 +102,9 @@ pub struct Replicas {
     metrics: Arc<Metrics>,
     /// No replica was live at the last [`Replicas::panic_changed`].
     panic: AtomicBool,
+    /// Names drained through the admin API: a replica that joins under one
+    /// (its address changed) is drained too. Changed while publishing.
+    drained: Mutex<HashSet<String>>,
 }
 
 impl Replicas {
@@ -113,6 +117,7 @@ impl Replicas {
             ejecting: Mutex::new(()),
             metrics,
             panic: AtomicBool::new(false),
+            drained: Mutex::new(HashSet::new()),
         };
         set.apply(cfg);
         set
@@ -121,6 +126,23 @@ impl Replicas {
     /// The replicas now, in configuration order, with the models each serves.
     pub fn snapshot(&self) -> Arc<View> {
         self.current.load_full()
+    }
+
+    /// Drains the replica named `name` (`true`) or puts it back in service;
+    /// `None` when no replica has that name, else it and whether that
+    /// changed. The name stays drained across reloads while the file keeps
+    /// it, whatever its address.
+    pub fn set_drained(&self, name: &str, drained: bool) -> Option<(Arc<Replica>, bool)> {
+        let _one = self.publishing.lock().unwrap_or_else(|p| p.into_inner());
+        let replica = self.snapshot().iter().find(|r| r.name == name).cloned()?;
+        let changed = replica.drained.swap(drained, Relaxed) != drained;
+        let mut names = self.drained.lock().unwrap_or_else(|p| p.into_inner());
+        if drained {
+            names.insert(name.to_owned());
+        } else {
+            names.remove(name);
+        }
+        Some((replica, changed))
     }
 
     /// Publishes the set again after a replica's served models changed.
@@ -138,15 +160,17 @@ impl Replicas {
         model: Option<&str>,
     ) -> (Vec<ReplicaState>, bool) {
         let mut states = Vec::new();
-        let panic = Self::states_into(view, tried, model, &mut states);
+        let panic = Self::states_into(view, tried, model, None, &mut states);
         (states, panic)
     }
 
     /// The policy's view of the set, in its order, into `states` (cleared
     /// first: a caller keeps one buffer; at a thousand replicas a new one
     /// per request cost more than the placement), excluding replicas in
-    /// `tried`, those that do not serve `model` and drained ones (never
-    /// offered, not even in panic mode). When none of those is
+    /// `tried`, those that do not serve `model` and drained ones (not even
+    /// in panic mode), but for `holder`, the replica holding a request's
+    /// stored response (its engine still answers while drained). When none
+    /// of those is
     /// live, the ejected ones that pass their health checks count as live;
     /// when none does and no replica of the set is live, every replica the
     /// checks brought up once (panic mode: true is returned).
@@ -154,11 +178,14 @@ impl Replicas {
         view: &View,
         tried: &[ReplicaId],
         model: Option<&str>,
+        holder: Option<ReplicaId>,
         states: &mut Vec<ReplicaState>,
     ) -> bool {
         let serves = model.map(|m| view.offers(m));
         let offered = |i: usize, r: &Replica| {
-            !r.drained() && !tried.contains(&r.id) && serves.is_none_or(|s| s[i])
+            (!r.drained() || holder == Some(r.id))
+                && !tried.contains(&r.id)
+                && serves.is_none_or(|s| s[i])
         };
         states.clear();
         states.extend(view.iter().enumerate().map(|(i, r)| {
@@ -270,12 +297,13 @@ impl Replicas {
         Some(kind)
     }
 
-    /// Every live replica has at least `in_flight` requests at it (the
-    /// router's, plus those its engine reported beyond them; and one is
-    /// live: with none, the request is answered `no_replica`).
+    /// Every live replica in service (not drained) has at least
+    /// `in_flight` requests at it (the router's, plus those its engine
+    /// reported beyond them; and one is: with none, the request is answered
+    /// `no_replica`).
     pub fn saturated(&self, in_flight: u32) -> bool {
         let list = self.snapshot();
-        let mut live = list.iter().filter(|r| r.live()).peekable();
+        let mut live = list.iter().filter(|r| r.live() && !r.drained()).peekable();
         live.peek().is_some() && live.all(|r| r.state().load() >= in_flight)
     }
 
@@ -355,6 +383,20 @@ impl Replicas {
             };
             next.push(replica);
         }
+        // Drains go by name: a replica joining under a drained name is
+        // drained; a renamed one keeps its own; names that left are dropped.
+        let mut drained = self.drained.lock().unwrap_or_else(|p| p.into_inner());
+        for r in &next {
+            if drained.contains(&r.name) {
+                r.drained.store(true, Relaxed);
+            }
+        }
+        *drained = next
+            .iter()
+            .filter(|r| r.drained())
+            .map(|r| r.name.clone())
+            .collect();
+        drop(drained);
         change.removed = old
             .iter()
             .filter(|r| !next.iter().any(|n| n.id == r.id))

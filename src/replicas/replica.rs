@@ -73,6 +73,8 @@ pub struct Replica {
     pub(super) declared_models: AtomicBool,
     /// Where its engine's KV events come from. Reloadable.
     pub(super) kv_events: ArcSwapOption<config::KvEvents>,
+    /// The API key its engine takes (`api_key_file`). Reloadable.
+    api_key: ArcSwapOption<config::Secret>,
     /// What its engine holds, as its events say, while they are followed.
     pub(super) engine_blocks: ArcSwapOption<Mutex<EngineBlocks>>,
     /// Checks failed in a row (counted ones) and passed in a row.
@@ -129,6 +131,7 @@ impl Replica {
             models: ArcSwapOption::new(c.models.clone().map(Arc::new)),
             declared_models: AtomicBool::new(c.models.is_some()),
             kv_events: ArcSwapOption::new(c.kv_events.clone().map(Arc::new)),
+            api_key: ArcSwapOption::new(c.api_key.clone().map(Arc::new)),
             engine_blocks: ArcSwapOption::empty(),
             in_flight: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
@@ -170,6 +173,7 @@ impl Replica {
             (&r.judged, &self.judged),
             (&r.went_away, &self.went_away),
             (&r.ejected, &self.ejected),
+            (&r.drained, &self.drained),
         ];
         for (to, from) in flags {
             to.store(from.load(Relaxed), Relaxed);
@@ -208,6 +212,14 @@ impl Replica {
         if self.kv_events.load().as_deref() != c.kv_events.as_ref() {
             self.kv_events.store(c.kv_events.clone().map(Arc::new));
         }
+        if self.api_key.load().as_deref() != c.api_key.as_ref() {
+            self.api_key.store(c.api_key.clone().map(Arc::new));
+        }
+    }
+
+    /// The API key its engine takes, when configured.
+    pub fn api_key(&self) -> Option<Arc<config::Secret>> {
+        self.api_key.load_full()
     }
 
     /// Where its engine's KV events come from, if configured.
@@ -233,11 +245,6 @@ impl Replica {
     /// Drained through the admin API: no request is placed there.
     pub fn drained(&self) -> bool {
         self.drained.load(Relaxed)
-    }
-
-    /// Drains it (`true`) or puts it back in service; whether that changed.
-    pub fn set_drained(&self, drained: bool) -> bool {
-        self.drained.swap(drained, Relaxed) != drained
     }
 
     /// Up by its health checks (ejected or not).

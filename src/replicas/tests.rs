@@ -13,6 +13,8 @@ pub(super) fn cfg(list: &[(&str, &str)]) -> Vec<config::Replica> {
             prompt_cache: PromptCache::Shared,
             models: None,
             kv_events: None,
+            api_key_file: None,
+            api_key: None,
         })
         .collect()
 }
@@ -346,9 +348,13 @@ fn a_chosen_replica_is_found_in_the_set_as_it_is_now() {
 #[test]
 fn a_drained_replica_is_offered_nothing_not_even_in_panic_mode() {
     let now = Instant::now();
-    let (_set, list) = checked_set(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")], now);
-    assert!(list[0].set_drained(true));
-    assert!(!list[0].set_drained(true), "draining twice changed it");
+    let (set, list) = checked_set(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")], now);
+    assert!(set.set_drained("a", true).unwrap().1);
+    assert!(
+        !set.set_drained("a", true).unwrap().1,
+        "draining twice changed it"
+    );
+    assert!(set.set_drained("zz", true).is_none());
     let (states, panic) = Replicas::states(&list, &[], None);
     assert_eq!(
         states.iter().map(|s| s.live).collect::<Vec<_>>(),
@@ -363,6 +369,32 @@ fn a_drained_replica_is_offered_nothing_not_even_in_panic_mode() {
         !states[0].live,
         "a drained replica was offered in panic mode"
     );
-    assert!(list[0].set_drained(false));
+    // The replica holding a request's stored response is offered anyway.
+    let mut states = Vec::new();
+    Replicas::states_into(&list, &[], None, Some(list[0].id), &mut states);
+    assert!(states[0].live, "a drained response holder was not offered");
+    assert!(set.set_drained("a", false).unwrap().1);
     assert!(Replicas::states(&list, &[], None).0[0].live);
+}
+
+#[test]
+fn a_drain_goes_by_name_across_reloads_and_address_changes() {
+    let set = Replicas::new(
+        &cfg(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")]),
+        Metrics::standalone(),
+    );
+    set.set_drained("a", true);
+    set.apply(&cfg(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")]));
+    assert!(set.snapshot()[0].drained(), "a reload undid the drain");
+    // A new address is a new replica under the same name: still drained.
+    set.apply(&cfg(&[("a", "127.0.0.1:9"), ("b", "127.0.0.1:2")]));
+    assert!(
+        set.snapshot()[0].drained(),
+        "an address change undid the drain"
+    );
+    assert!(!set.snapshot()[1].drained());
+    // A name that leaves the file leaves its drain behind.
+    set.apply(&cfg(&[("b", "127.0.0.1:2")]));
+    set.apply(&cfg(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")]));
+    assert!(!set.snapshot()[0].drained());
 }

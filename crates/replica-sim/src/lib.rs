@@ -131,6 +131,10 @@ struct Cli {
     /// replay socket on the next; 0: any two, printed); needs `--tokenizer`.
     #[arg(long, requires = "tokenizer")]
     kv_events_port: Option<u16>,
+    /// Requests to `/v1/` paths must carry `Authorization: Bearer <key>`,
+    /// else 401 (as vLLM's `--api-key`; `/health` and `/metrics` are open).
+    #[arg(long)]
+    api_key: Option<String>,
     /// Appends the `x-soak-id` header of every completion request received,
     /// one per line (the soak counts duplicate deliveries across restarts).
     #[arg(long)]

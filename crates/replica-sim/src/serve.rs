@@ -11,6 +11,15 @@ impl Sim {
             Ok(b) => b.to_bytes(),
             Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
         };
+        if let (Some(key), true) = (&self.cli.api_key, path.starts_with("/v1/")) {
+            let presented = parts
+                .headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok());
+            if presented != Some(format!("Bearer {key}").as_str()) {
+                return error(StatusCode::UNAUTHORIZED, "Unauthorized");
+            }
+        }
         match (&parts.method, path.as_str()) {
             (&Method::GET, "/health") => {
                 let delay = self.health_delay_ms.load(Relaxed);

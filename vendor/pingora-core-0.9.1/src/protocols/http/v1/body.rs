@@ -229,15 +229,15 @@ impl BodyReader {
         body_buf
     }
 
-    /// Grow the body buffer so it has room for `body_buf_size` bytes in total without discarding
+    /// Grow the body buffer so it has room for `size` bytes in total without discarding
     /// what it already holds.
     ///
     /// Used by the partial chunk head path, which must keep the bytes it has already buffered
     /// while making room to read the rest of the head.
-    fn reserve_buf_for_io(&mut self) {
+    fn reserve_buf_for_io(&mut self, size: usize) {
         let body_buf = self.body_buf.get_or_insert_default();
-        if body_buf.len() < self.body_buf_size {
-            body_buf.reserve(self.body_buf_size - body_buf.len());
+        if body_buf.len() < size {
+            body_buf.reserve(size - body_buf.len());
         }
     }
 
@@ -546,9 +546,10 @@ impl BodyReader {
                          * capacity - partial_head_start of room behind it and force the reserve
                          * below to move the same bytes anyway (or reallocate) to fit the read. */
                         // prefix-router patch: a partial head (up to
-                        // PARTIAL_CHUNK_HEAD_LIMIT) leaves room to read the rest.
-                        self.body_buf_size = self.body_buf_size.max(2 * PARTIAL_CHUNK_HEAD_LIMIT);
-                        self.reserve_buf_for_io();
+                        // PARTIAL_CHUNK_HEAD_LIMIT) leaves room to read the
+                        // rest, whatever the buffer's size for other reads.
+                        let room = self.body_buf_size.max(2 * PARTIAL_CHUNK_HEAD_LIMIT);
+                        self.reserve_buf_for_io(room);
                         let body_buf = self
                             .body_buf
                             .as_mut()
@@ -564,7 +565,7 @@ impl BodyReader {
                             .body_state
                             .partial_chunk_head(expecting_from_io, expecting_from_io);
                         let new_bytes = stream
-                            .take((self.body_buf_size - expecting_from_io) as u64)
+                            .take((room - expecting_from_io) as u64)
                             .read_buf(body_buf)
                             .await
                             .or_err(ReadError, "when reading body")?;
