@@ -52,7 +52,7 @@ impl OwnGet {
         let (mut session, _) = self.connector.get_http_session(&peer).await?;
         let mut request = self.request.clone();
         if let Some(key) = key {
-            request.insert_header("Authorization", format!("Bearer {}", key.expose()))?;
+            request.insert_header("Authorization", key.bearer())?;
         }
         session.write_request_header(Box::new(request)).await?;
         session.finish_request_body().await?;

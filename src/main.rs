@@ -100,6 +100,9 @@ fn main() -> anyhow::Result<()> {
     };
     let keys = open_keys(&cfg.api_keys_file, "api_keys_file")?;
     let admin_keys = open_keys(&cfg.admin_keys_file, "admin_keys_file")?;
+    if let Some(warning) = cfg.key_warning() {
+        log::warn!("config: {warning}");
+    }
     #[cfg(feature = "tls")]
     let listen_tls = match &cfg.listen_tls {
         Some(t) => Some((

@@ -59,6 +59,10 @@ pub struct Reloader {
     live: Live,
     /// The text last seen (applied or rejected), so a file is judged once.
     last: Mutex<Option<String>>,
+    /// The replicas' key files (`api_key_file`) that text names, and a hash
+    /// of what they held when it was judged: a key rotated in place (or a
+    /// missing file created) has the text judged again.
+    key_files: Mutex<(u64, Vec<String>)>,
     /// The configuration in force.
     running: Mutex<Config>,
     /// The last error reading each keys file (API, admin), so it is logged once.
@@ -94,12 +98,15 @@ impl Reloader {
     pub fn new(path: PathBuf, running: Config, env_policy: Option<String>, live: Live) -> Self {
         let last = std::fs::read_to_string(&path).ok();
         live.metrics.restart_pending.set(0);
+        let paths = running.replica_key_files();
+        let key_files = Mutex::new((key_files_hash(&paths), paths));
         Self {
             interval: crate::config::ms(running.reload_interval_ms),
             path,
             env_policy,
             live,
             last: Mutex::new(last),
+            key_files,
             running: Mutex::new(running),
             keys_error: Default::default(),
             resolved_at: Mutex::new(Instant::now()),
@@ -125,33 +132,55 @@ impl Reloader {
     /// Re-reads the file if it changed, waiting [`SETTLE`] for a writer to
     /// finish. `Ok(None)`: unchanged, or still being written.
     pub async fn check_settled(&self) -> Result<Option<Change>, ConfigError> {
-        match settled(|| self.read(), |t| self.changed(t)).await {
-            Some(text) => self.judge(text).await,
-            None => Ok(None),
+        if let Some(text) = settled(|| self.read(), |t| self.changed(t)).await {
+            return self.judge(text, false).await;
         }
+        // The text is unchanged: its key files may not be.
+        let (seen, paths) = self
+            .key_files
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let first = key_files_hash(&paths);
+        if paths.is_empty() || first == seen {
+            return Ok(None);
+        }
+        // Read twice, as the file: a key being written is judged once whole.
+        tokio::time::sleep(SETTLE).await;
+        if key_files_hash(&paths) != first {
+            return Ok(None);
+        }
+        self.judge(self.read(), true).await
     }
 
     /// Re-reads the file if it changed (no settling). `Ok(None)`: unchanged.
     #[cfg(test)]
     async fn check(&self) -> Result<Option<Change>, ConfigError> {
-        self.judge(self.read()).await
+        self.judge(self.read(), false).await
     }
 
+    /// Judges `text` once (again with `again`: its key files changed).
     async fn judge(
         &self,
         text: Result<String, ConfigError>,
+        again: bool,
     ) -> Result<Option<Change>, ConfigError> {
         {
             let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
             if let Ok(t) = &text {
-                if last.as_deref() == Some(t.as_str()) {
+                if !again && last.as_deref() == Some(t.as_str()) {
                     return Ok(None);
                 }
                 *last = Some(t.clone());
             }
         }
         let mut cfg = Config::parse(&text?, self.env_policy.as_deref())?;
+        let paths = cfg.replica_key_files();
+        *self.key_files.lock().unwrap_or_else(|p| p.into_inner()) = (key_files_hash(&paths), paths);
         cfg.read_replica_keys()?;
+        if let Some(warning) = cfg.key_warning() {
+            log::warn!("config: {warning}");
+        }
         self.live
             .resolver
             .refresh(&cfg, crate::resolve::LOOKUP_DEADLINE)
@@ -367,6 +396,20 @@ impl Reloader {
             }
         }
     }
+}
+
+/// A hash of what the files at `paths` hold (or of how reading one failed).
+fn key_files_hash(paths: &[String]) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for p in paths {
+        h.update(p.as_bytes());
+        match std::fs::read(p) {
+            Ok(bytes) => h.update(&bytes),
+            Err(e) => h.update(e.kind().to_string().as_bytes()),
+        }
+        h.update(b"\0");
+    }
+    h.digest()
 }
 
 /// Replica names for a log line.

@@ -161,7 +161,7 @@ fn smuggling_probes_never_deliver_a_second_request() {
 fn client_keys_stay_at_the_edge_and_each_replica_gets_its_own() {
     // Engines started with keys of their own (`--api-key`: 401 on /v1/
     // without it); clients present a router key the engines do not take.
-    let a = Sim::start("a", &["--api-key", "engine-a"]);
+    let mut a = Sim::start("a", &["--api-key", "engine-a"]);
     let b = Sim::start("b", &["--api-key", "engine-b"]);
     let dir = std::env::temp_dir().join(format!("prefix-router-edge-keys-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -211,6 +211,23 @@ fn client_keys_stay_at_the_edge_and_each_replica_gets_its_own() {
         &body,
     );
     assert_eq!(r.status, 401);
+    // A key rotated in place: the engine restarts with a new one and its
+    // file is rewritten; the config is not touched.
+    let addr = a.addr.to_string();
+    a.kill();
+    let _a = Sim::start_on(&addr, "a", &["--api-key", "engine-a2"]);
+    std::fs::write(&key_a, "engine-a2\n").unwrap();
+    let mut i = 0;
+    wait_for(
+        "a answered with the rotated key",
+        Duration::from_secs(20),
+        || {
+            i += 1;
+            let body = serde_json::to_vec(&single(&format!("rotated {i}"))).unwrap();
+            let r = http::request(router.addr, "POST", "/v1/chat/completions", &client, &body);
+            (r.status == 200 && r.replica() == "a").then_some(())
+        },
+    );
 
     // An engine that checks the clients' own key: the router keeps the key
     // at the edge unless `forward_client_keys: true`.

@@ -222,6 +222,24 @@ impl Config {
         Ok(cfg)
     }
 
+    /// The replicas' `api_key_file`s (entries of `replicas` and `replicas_dns`).
+    pub fn replica_key_files(&self) -> Vec<String> {
+        (self.replicas.iter().chain(&self.replicas_dns))
+            .filter_map(|r| r.api_key_file.clone())
+            .collect()
+    }
+
+    /// What an operator should hear about the keys as configured: an
+    /// engine's key the router sends for any client (no `api_keys_file`).
+    pub fn key_warning(&self) -> Option<String> {
+        let keyed = self.replica_key_files();
+        (self.api_keys_file.is_none() && !keyed.is_empty()).then(|| {
+            "replicas have an api_key_file but api_keys_file is unset: any client that reaches \
+             the router is sent on with the engines' keys"
+                .to_owned()
+        })
+    }
+
     /// Reads each replica's `api_key_file` (entries of `replicas` and
     /// `replicas_dns`); an unreadable one is an error naming the entry.
     pub fn read_replica_keys(&mut self) -> Result<(), ConfigError> {

@@ -46,7 +46,7 @@ impl Secret {
     /// Reads `path`: its text, trimmed, must be one non-empty line.
     pub fn read(path: &str) -> Result<Self, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-        let key = text.trim();
+        let key = text.trim_start_matches('\u{feff}').trim();
         if key.is_empty() || key.contains(['\r', '\n']) {
             return Err(format!("{path} must hold one key on one line"));
         }
@@ -56,9 +56,13 @@ impl Secret {
         Ok(Self(key.into()))
     }
 
-    /// The secret itself.
-    pub fn expose(&self) -> &str {
-        &self.0
+    /// `Bearer <key>` as a header value marked sensitive (a log of the
+    /// head prints it as such).
+    pub fn bearer(&self) -> http::HeaderValue {
+        let mut v = http::HeaderValue::from_str(&format!("Bearer {}", self.0))
+            .unwrap_or_else(|_| http::HeaderValue::from_static(""));
+        v.set_sensitive(true);
+        v
     }
 }
 

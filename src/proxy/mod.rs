@@ -157,7 +157,14 @@ impl ProxyHttp for Router {
             upstream_request.remove_header("x-api-key");
         }
         if let Some(key) = replica_key {
-            upstream_request.insert_header("authorization", format!("Bearer {}", key.expose()))?;
+            upstream_request.insert_header("authorization", key.bearer())?;
+        }
+        // A key sent on is not printed by Pingora's debug log of the head.
+        for name in ["authorization", "x-api-key"] {
+            if let Some(mut v) = upstream_request.headers.get(name).cloned() {
+                v.set_sensitive(true);
+                upstream_request.insert_header(name, v)?;
+            }
         }
         // The engine gets the path the router classified, not a variant of it.
         if let Some(path) = ctx.read.route.map(Route::path) {
