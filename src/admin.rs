@@ -4,6 +4,7 @@
 //!
 //! - `GET /admin/replicas`: every replica; `GET /admin/replicas/{name}`: one.
 //!   Each: name, address, health (`up`, `ejected`, `down`), `drained`,
+//!   `key_refused` (its engine refused the router's model-list read),
 //!   requests in flight, models (`null`: unknown, any), the pinned working
 //!   set's estimate (bytes of prompt), what its engine last reported (with
 //!   `engine_load`).
@@ -69,12 +70,15 @@ pub fn answer(
             _ => not_allowed("GET"),
         };
     }
-    let Some(replica) = view.iter().find(|r| r.name == name) else {
-        return error(
+    let unknown = || {
+        error(
             StatusCode::NOT_FOUND,
             "replica_not_found",
             &format!("no replica is named {name}"),
-        );
+        )
+    };
+    let Some(replica) = view.iter().find(|r| r.name == name) else {
+        return unknown();
     };
     let drain = match (action, method) {
         (None, &Method::GET) => return ok(describe(replica)),
@@ -87,11 +91,7 @@ pub fn answer(
     // Set by name, under the set's publishing lock: a reload at the same
     // moment keeps it (see `Replicas::set_drained`).
     let Some((replica, changed)) = replicas.set_drained(name, drain) else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "replica_not_found",
-            &format!("no replica is named {name}"),
-        );
+        return unknown();
     };
     if changed {
         metrics.show_drained(&replica.name, drain);
@@ -118,6 +118,7 @@ fn describe(r: &Replica) -> Value {
         "addr": r.addr.to_string(),
         "health": r.health(),
         "drained": r.drained(),
+        "key_refused": r.key_refused(),
         "in_flight": r.in_flight(),
         "models": r.models().map(|m| m.to_vec()),
         "pinned_bytes": r.pinned_bytes(),

@@ -111,10 +111,26 @@ impl HealthProbe {
     /// first `MAX_MODELS`); `None` when it does not answer one within `within`.
     async fn models_of(&self, r: &Replica, within: Duration) -> Option<Vec<String>> {
         let key = r.api_key();
-        let body = tokio::time::timeout(within, self.models.get(r.addr, key.as_deref()))
+        let read = tokio::time::timeout(within, self.models.get(r.addr, key.as_deref()))
             .await
-            .ok()?
             .ok()?;
+        // An engine that refuses the router's key refuses every request it
+        // forwards there too: said once, when that starts and ends.
+        let refused = match &read {
+            Ok(_) => Some(false),
+            Err(e) => matches!(e.etype(), ErrorType::HTTPStatus(401 | 403)).then_some(true),
+        };
+        if let Some(refused) = refused.filter(|now| r.set_key_refused(*now)) {
+            if refused {
+                log::warn!(
+                    "replica {} refuses the router's requests (401/403 on /v1/models): give it an api_key_file with its engine's --api-key, or set forward_client_keys",
+                    r.name
+                );
+            } else {
+                log::info!("replica {} accepts the router's requests again", r.name);
+            }
+        }
+        let body = read.ok()?;
         let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
         let ids = v
             .get("data")?

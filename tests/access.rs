@@ -242,6 +242,8 @@ fn client_keys_stay_at_the_edge_and_each_replica_gets_its_own() {
     router.wait_replica_up("c", true);
     let post = || http::request(router.addr, "POST", "/v1/chat/completions", &client, &body);
     assert_eq!(post().status, 401, "the client's key reached the engine");
+    // Its model list is refused too: the operator is told once.
+    router.wait_log("replica c refuses the router's requests");
     router.rewrite(&yaml(true));
     wait_for("the key forwarded", Duration::from_secs(10), || {
         (post().status == 200).then_some(())

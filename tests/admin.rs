@@ -240,3 +240,44 @@ fn a_rolling_engine_restart_driven_through_the_admin_api_loses_no_request() {
     );
     std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
 }
+
+#[test]
+fn a_drained_replica_still_answers_the_responses_only_its_engine_holds() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let file = keys_file("responses", KEY);
+    let router = Router::start(
+        &[&a, &b],
+        &format!("admin_keys_file: \"{}\"\n", file.display()),
+    );
+    let turn = |input: &str, previous: Option<&str>| {
+        let mut body = serde_json::json!({"model": "sim", "input": input, "max_output_tokens": 2});
+        if let Some(id) = previous {
+            body["previous_response_id"] = serde_json::json!(id);
+        }
+        body
+    };
+    let first = router.post("/v1/responses", &turn("a stored conversation", None));
+    assert_eq!(first.status, 200, "{}", first.text());
+    let (id, holder) = (
+        first.json()["id"].as_str().unwrap().to_owned(),
+        first.replica().to_owned(),
+    );
+    let r = admin(
+        &router,
+        "POST",
+        &format!("/admin/replicas/{holder}/drain"),
+        Some(KEY),
+    );
+    assert_eq!(r.status, 200);
+    // New work goes elsewhere; the turn that needs the stored response goes
+    // to the engine that has it.
+    for i in 0..4 {
+        let r = router.post("/v1/responses", &turn(&format!("new {i}"), None));
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_ne!(r.replica(), holder, "new work reached the drained replica");
+    }
+    let next = router.post("/v1/responses", &turn("and then?", Some(&id)));
+    assert_eq!(next.status, 200, "{}", next.text());
+    assert_eq!(next.replica(), holder);
+    std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
+}

@@ -75,6 +75,8 @@ pub struct Replica {
     pub(super) kv_events: ArcSwapOption<config::KvEvents>,
     /// The API key its engine takes (`api_key_file`). Reloadable.
     api_key: ArcSwapOption<config::Secret>,
+    /// Its engine answered the router's own model-list read 401 or 403.
+    key_refused: AtomicBool,
     /// What its engine holds, as its events say, while they are followed.
     pub(super) engine_blocks: ArcSwapOption<Mutex<EngineBlocks>>,
     /// Checks failed in a row (counted ones) and passed in a row.
@@ -132,6 +134,7 @@ impl Replica {
             declared_models: AtomicBool::new(c.models.is_some()),
             kv_events: ArcSwapOption::new(c.kv_events.clone().map(Arc::new)),
             api_key: ArcSwapOption::new(c.api_key.clone().map(Arc::new)),
+            key_refused: AtomicBool::new(false),
             engine_blocks: ArcSwapOption::empty(),
             in_flight: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
@@ -220,6 +223,17 @@ impl Replica {
     /// The API key its engine takes, when configured.
     pub fn api_key(&self) -> Option<Arc<config::Secret>> {
         self.api_key.load_full()
+    }
+
+    /// Its engine refuses the router's key (or the lack of one).
+    pub fn key_refused(&self) -> bool {
+        self.key_refused.load(Relaxed)
+    }
+
+    /// Records whether its engine refused the router's model-list read;
+    /// whether that changed.
+    pub fn set_key_refused(&self, refused: bool) -> bool {
+        self.key_refused.swap(refused, Relaxed) != refused
     }
 
     /// Where its engine's KV events come from, if configured.
