@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::http;
-use common::{conversation, single, wait_for, Router, Sim};
+use common::{conversation, sha256_hex, single, wait_for, Router, Sim};
 
 #[test]
 fn placement_headers_off_hides_replicas_from_clients() {
@@ -49,14 +49,6 @@ fn path_variants_are_limited_and_routed_as_the_canonical_path() {
         assert_eq!(r.status, 200, "{path}: {}", r.text());
         assert_eq!(r.decision(), "pin", "{path} was not routed by prompt");
     }
-}
-
-fn sha256_hex(key: &str) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 #[test]

@@ -9,17 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::http::{self, Response};
-use common::{conversation, single, wait_for, Router, Sim};
+use common::{conversation, sha256_hex, single, wait_for, Router, Sim};
 
 const KEY: &str = "admin-k1";
-
-fn sha256_hex(key: &str) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 /// A keys file holding `key`'s digest, in a directory of its own.
 fn keys_file(tag: &str, key: &str) -> std::path::PathBuf {
@@ -29,6 +21,14 @@ fn keys_file(tag: &str, key: &str) -> std::path::PathBuf {
     let file = dir.join("admin-keys");
     std::fs::write(&file, format!("# operators\n{}\n", sha256_hex(key))).unwrap();
     file
+}
+
+/// The router in front of `sims` with `extra` config and admin keys
+/// (`KEY`), and the keys file.
+fn start(sims: &[&Sim], tag: &str, extra: &str) -> (Router, std::path::PathBuf) {
+    let file = keys_file(tag, KEY);
+    let yaml = format!("admin_keys_file: \"{}\"\n{extra}", file.display());
+    (Router::start(sims, &yaml), file)
 }
 
 fn admin(router: &Router, method: &str, path: &str, key: Option<&str>) -> Response {
@@ -49,11 +49,7 @@ fn replica(router: &Router, name: &str) -> serde_json::Value {
 #[test]
 fn the_admin_api_takes_only_its_own_keys_and_answers_json() {
     let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
-    let file = keys_file("keys", KEY);
-    let router = Router::start(
-        &[&a, &b],
-        &format!("admin_keys_file: \"{}\"\n", file.display()),
-    );
+    let (router, file) = start(&[&a, &b], "keys", "");
     for key in [None, Some("wrong")] {
         let r = admin(&router, "POST", "/admin/replicas/a/drain", key);
         assert_eq!(r.status, 401, "{key:?}");
@@ -118,14 +114,12 @@ fn the_admin_api_takes_only_its_own_keys_and_answers_json() {
 #[test]
 fn a_rolling_engine_restart_driven_through_the_admin_api_loses_no_request() {
     let mut sims = [Sim::start("a", &[]), Sim::start("b", &[])];
-    let file = keys_file("rolling", KEY);
-    let router = Arc::new(Router::start(
+    let (router, file) = start(
         &sims.iter().collect::<Vec<_>>(),
-        &format!(
-            "admin_keys_file: \"{}\"\nhealth_check: {{interval_ms: 100}}\n",
-            file.display()
-        ),
-    ));
+        "rolling",
+        "health_check: {interval_ms: 100}\n",
+    );
+    let router = Arc::new(router);
     // Steady load: agent conversations (pinned to either replica) and singles.
     let stop = Arc::new(AtomicBool::new(false));
     let answers = Arc::new(Mutex::new(Vec::new()));
@@ -244,11 +238,7 @@ fn a_rolling_engine_restart_driven_through_the_admin_api_loses_no_request() {
 #[test]
 fn a_drained_replica_still_answers_the_responses_only_its_engine_holds() {
     let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
-    let file = keys_file("responses", KEY);
-    let router = Router::start(
-        &[&a, &b],
-        &format!("admin_keys_file: \"{}\"\n", file.display()),
-    );
+    let (router, file) = start(&[&a, &b], "responses", "");
     let turn = |input: &str, previous: Option<&str>| {
         let mut body = serde_json::json!({"model": "sim", "input": input, "max_output_tokens": 2});
         if let Some(id) = previous {

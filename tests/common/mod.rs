@@ -22,6 +22,16 @@ pub use raw::RawReplica;
 #[allow(unused_imports)]
 pub use trickle::TricklingReplica;
 
+/// A keys file's line for `key` (`api_keys_file`, `admin_keys_file`): its
+/// SHA-256 digest in hex.
+pub fn sha256_hex(key: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Polls `f` every 20 ms until it returns `Some`, or panics after `timeout`.
 pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
