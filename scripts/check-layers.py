@@ -20,14 +20,14 @@ MAX_LINES = 600
 # all of them and imports none of them: Cargo enforces that.
 LAYERS = [
     # Leaves: the config's types, the error and path vocabularies, usage
-    # figures, API keys, the response-id store.
-    ["config", "errors", "paths", "usage", "auth", "listen_tls", "response_ids"],
+    # figures, the response-id store.
+    ["config", "errors", "paths", "usage", "listen_tls", "response_ids"],
     # Built from the config: metrics handles, the log, name resolution, the
     # upgrade socket, the router's own requests to engines, the policy's
-    # parameters, admission limits.
-    ["metrics", "access_log", "resolve", "upgrade", "engine_client", "policy_config", "admission"],
+    # parameters, admission limits, API keys.
+    ["metrics", "access_log", "resolve", "upgrade", "engine_client", "policy_config", "admission", "auth"],
     # The replica set, shared pins.
-    ["replicas", "shared_pins"],
+    ["replicas", "shared_pins", "tenants"],
     # The admin API over the set (the status listener serves it).
     ["admin"],
     # What runs over the set: Pingora's balancer and health checks, engine

@@ -134,6 +134,25 @@ ROWS = [
             'sum by (decision) (rate(prefix_router_predicted_cached_tokens_total[5m]))', '{{decision}}'),
           q('max by (replica) (prefix_router_kv_synced)', '{{replica}} events known')]),
     ]),
+    ("Tenants", [
+        ("Requests/s by tenant", "reqps",
+         "Requests admitted per tenant (tenants: an API key's tenant=, the tenant header, "
+         "else the key; names only a header gave show as other).",
+         [q('sum by (tenant) (rate(prefix_router_tenant_requests_total[1m]))', '{{tenant}}')]),
+        ("429s/s by tenant and limit", "reqps",
+         "Requests refused by a tenant's limit: concurrency (max_concurrent), requests "
+         "(requests_per_minute), tokens (prompt_tokens_per_minute).",
+         [q('sum by (tenant, limit) (rate(prefix_router_tenant_refused_total[1m]))',
+            '{{tenant}} {{limit}}')]),
+        ("Prompt tokens/min by tenant", "short",
+         "Prompt tokens charged to each tenant: the engines' reported counts, else the "
+         "router's estimate.",
+         [q('sum by (tenant) (rate(prefix_router_tenant_prompt_tokens_total[5m])) * 60',
+            '{{tenant}}')]),
+        ("Requests in progress by tenant", "short",
+         "Requests from their head to their end, per tenant (max_concurrent caps it).",
+         [q('sum by (tenant) (prefix_router_tenant_in_progress_requests)', '{{tenant}}')]),
+    ]),
     ("Config and index", [
         ("Config reloads", "short",
          "Reloads of the config file and the keys files (API, admin), by result.",

@@ -1,7 +1,8 @@
 //! Client API keys at the edge: a file of SHA-256 digests (hex, one per line,
 //! `#` comments), reloaded when it changes, checked before any body is read.
 //! A presented key is hashed and compared with every digest in constant time;
-//! no key or digest is ever logged.
+//! no key or digest is ever logged. A line may name the key's tenant and
+//! class after its digest: `<digest> tenant=acme class=priority`.
 //!
 //! Make a line with: `printf %s "$KEY" | sha256sum | cut -d' ' -f1`
 
@@ -9,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
+use subtle::{ConditionallySelectable, ConstantTimeEq};
+
+use crate::config::{valid_tenant_name, Class, MAX_TENANT_NAME};
 
 /// Why a keys file could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -21,39 +24,106 @@ pub enum KeysError {
     },
     #[error("line {line}: not a SHA-256 hex digest (64 hex characters)")]
     Digest { line: usize },
+    #[error("line {line}: {what}")]
+    Field { line: usize, what: String },
     #[error("lists no key: every client would be refused")]
     Empty,
 }
 
-/// A set of accepted key digests.
+/// A set of accepted keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiKeys(Vec<[u8; 32]>);
+pub struct ApiKeys(Vec<Key>);
+
+/// One accepted key: its digest and who it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Key {
+    digest: [u8; 32],
+    /// Its tenant: the line's `tenant=`, else `key-` and the digest's first
+    /// 12 hex digits (each unnamed key its own tenant).
+    pub tenant: Arc<str>,
+    /// The line named the tenant (a tenant header does not override it).
+    pub named: bool,
+    pub class: Option<Class>,
+}
 
 impl ApiKeys {
     /// Parses the file's text.
     pub fn parse(text: &str) -> Result<Self, KeysError> {
-        let mut digests = Vec::new();
+        let mut keys = Vec::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            digests.push(parse_digest(line).ok_or(KeysError::Digest { line: i + 1 })?);
+            keys.push(parse_line(line, i + 1)?);
         }
-        if digests.is_empty() {
+        if keys.is_empty() {
             return Err(KeysError::Empty);
         }
-        Ok(Self(digests))
+        Ok(Self(keys))
     }
 
-    /// Whether `key` is accepted. Every digest is compared, in constant time.
-    pub fn accepts(&self, key: &[u8]) -> bool {
+    /// The entry of `key` when it is accepted. Every digest is compared, in
+    /// constant time.
+    pub fn find(&self, key: &[u8]) -> Option<&Key> {
         let presented: [u8; 32] = Sha256::digest(key).into();
-        self.0
-            .iter()
-            .fold(subtle::Choice::from(0), |ok, d| ok | d.ct_eq(&presented))
-            .into()
+        let (mut found, mut at) = (subtle::Choice::from(0), 0u32);
+        for (i, k) in self.0.iter().enumerate() {
+            let eq = k.digest.ct_eq(&presented);
+            at.conditional_assign(&(i as u32), eq);
+            found |= eq;
+        }
+        bool::from(found).then(|| &self.0[at as usize])
     }
+
+    /// Whether `key` is accepted.
+    pub fn accepts(&self, key: &[u8]) -> bool {
+        self.find(key).is_some()
+    }
+
+    /// The tenants the lines name.
+    pub fn tenants(&self) -> impl Iterator<Item = &Key> {
+        self.0.iter()
+    }
+}
+
+fn parse_line(line: &str, n: usize) -> Result<Key, KeysError> {
+    let mut words = line.split_ascii_whitespace();
+    let digest = words
+        .next()
+        .and_then(parse_digest)
+        .ok_or(KeysError::Digest { line: n })?;
+    let field = |what: String| KeysError::Field { line: n, what };
+    let mut key = Key {
+        digest,
+        tenant: Arc::from(format!("key-{}", &line[..12])),
+        named: false,
+        class: None,
+    };
+    for word in words {
+        match word.split_once('=') {
+            Some(("tenant", t)) if valid_tenant_name(t) && t != crate::config::OTHER => {
+                key.tenant = Arc::from(t);
+                key.named = true;
+            }
+            Some(("tenant", _)) => {
+                return Err(field(format!(
+                    "a tenant name is 1 to {MAX_TENANT_NAME} of A-Z a-z 0-9 . _ - (not `other`)"
+                )))
+            }
+            Some(("class", c)) => {
+                key.class = Some(
+                    Class::parse(c).ok_or_else(|| field("class is priority or standard".into()))?,
+                )
+            }
+            _ => {
+                return Err(field(
+                    "after the digest: tenant=NAME and class=CLASS only".into(),
+                ))
+            }
+        }
+    }
+    Ok(key)
 }
 
 /// Reads the keys file's text.
@@ -151,6 +221,31 @@ mod tests {
             ApiKeys::parse(&format!("# team a\n{}\n\n{}\n", digest("k1"), digest("k2"))).unwrap();
         assert!(keys.accepts(b"k1") && keys.accepts(b"k2"));
         assert!(!keys.accepts(b"k3") && !keys.accepts(b""));
+    }
+
+    #[test]
+    fn a_line_names_its_tenant_and_class_and_an_unnamed_key_is_its_own_tenant() {
+        let text = format!(
+            "{} tenant=acme class=priority\n{}\n{}  tenant=acme\n",
+            digest("k1"),
+            digest("k2"),
+            digest("k3")
+        );
+        let keys = ApiKeys::parse(&text).unwrap();
+        let k1 = keys.find(b"k1").unwrap();
+        assert_eq!(
+            (&*k1.tenant, k1.named, k1.class),
+            ("acme", true, Some(Class::Priority))
+        );
+        let k2 = keys.find(b"k2").unwrap();
+        assert_eq!(&*k2.tenant, format!("key-{}", &digest("k2")[..12]));
+        assert!(!k2.named && k2.class.is_none());
+        assert_eq!(&*keys.find(b"k3").unwrap().tenant, "acme");
+        assert!(keys.find(b"k4").is_none());
+        for bad in ["tenant=a/b", "class=gold", "team=a", "tenant=other"] {
+            let e = ApiKeys::parse(&format!("{} {bad}\n", digest("k"))).unwrap_err();
+            assert!(e.to_string().contains("line 1"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -25,10 +25,19 @@ pub enum RouterError {
     Saturated { in_flight: u32 },
     #[error("this client address has {max} requests in progress (limits.max_requests_per_client); retry shortly")]
     ClientLimit { max: usize },
+    #[error("tenant `{tenant}` is at its limit of {what}; retry after {} s", retry_s(*retry_after_ms))]
+    RateLimited {
+        tenant: String,
+        what: String,
+        retry_after_ms: u64,
+        headers: RateHeaders,
+    },
     #[error("`{field}` is longer than {max} bytes")]
     TooLong { field: &'static str, max: usize },
     #[error("invalid API key: send `Authorization: Bearer <key>` with a key this router accepts")]
     Unauthorized,
+    #[error("the tenant header does not name a tenant (1 to 64 of A-Z a-z 0-9 . _ -)")]
+    BadTenant,
     #[error("the model `{model}` is not served by any replica")]
     ModelNotFound { model: String },
     #[error("the replica holding response `{id}` is unavailable; retry shortly, or start a new response")]
@@ -47,7 +56,7 @@ fn named(replica: &Option<String>) -> String {
 
 impl RouterError {
     /// Every `code`, for pre-registering metric labels.
-    pub const CODES: [&'static str; 13] = [
+    pub const CODES: [&'static str; 14] = [
         "no_replica",
         "body_too_large",
         "body_timeout",
@@ -58,6 +67,7 @@ impl RouterError {
         "rate_limit_exceeded",
         "string_above_max_length",
         "invalid_api_key",
+        "invalid_tenant",
         "model_not_found",
         "response_unavailable",
         "internal_error",
@@ -74,8 +84,10 @@ impl RouterError {
             RouterError::Overloaded { .. } => 503,
             RouterError::Saturated { .. } => 429,
             RouterError::ClientLimit { .. } => 429,
+            RouterError::RateLimited { .. } => 429,
             RouterError::TooLong { .. } => 400,
             RouterError::Unauthorized => 401,
+            RouterError::BadTenant => 400,
             RouterError::ModelNotFound { .. } => 404,
             RouterError::ResponseUnavailable { .. } => 503,
             RouterError::Internal(_) => 500,
@@ -92,9 +104,12 @@ impl RouterError {
             RouterError::UpstreamTimeout { .. } => "upstream_timeout",
             RouterError::Overloaded { .. } => "overloaded",
             RouterError::Saturated { .. } => "replicas_saturated",
-            RouterError::ClientLimit { .. } => "rate_limit_exceeded",
+            RouterError::ClientLimit { .. } | RouterError::RateLimited { .. } => {
+                "rate_limit_exceeded"
+            }
             RouterError::TooLong { .. } => "string_above_max_length",
             RouterError::Unauthorized => "invalid_api_key",
+            RouterError::BadTenant => "invalid_tenant",
             RouterError::ModelNotFound { .. } => "model_not_found",
             RouterError::ResponseUnavailable { .. } => "response_unavailable",
             RouterError::Internal(_) => "internal_error",
@@ -112,7 +127,10 @@ impl RouterError {
     };
 
     /// Seconds a client should wait before retrying, for `Retry-After`.
-    pub fn retry_after_s(&self) -> Option<u32> {
+    pub fn retry_after_s(&self) -> Option<u64> {
+        if let RouterError::RateLimited { retry_after_ms, .. } = self {
+            return Some(retry_s(*retry_after_ms));
+        }
         matches!(
             self,
             RouterError::Overloaded { .. }
@@ -133,6 +151,7 @@ impl RouterError {
             RouterError::Overloaded { .. }
             | RouterError::Saturated { .. }
             | RouterError::ClientLimit { .. }
+            | RouterError::RateLimited { .. }
             | RouterError::NoReplica => Some(true),
             _ => None,
         }
@@ -155,6 +174,77 @@ impl RouterError {
         }})
         .to_string()
         .into_bytes()
+    }
+}
+
+/// Whole seconds to wait, at least 1 (`Retry-After` has no fractions).
+fn retry_s(ms: u64) -> u64 {
+    ms.div_ceil(1000).max(1)
+}
+
+/// A tenant's limits and what is left of them, as OpenAI sends them
+/// (`x-ratelimit-limit-requests`, `-remaining-`, `-reset-`, and the same for
+/// tokens).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RateHeaders {
+    pub requests: Option<Rate>,
+    pub tokens: Option<Rate>,
+}
+
+/// One per-minute limit: its size, what is left, and when it is whole again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset_ms: u64,
+}
+
+impl RateHeaders {
+    /// Each header's name and value.
+    pub fn each(&self, mut f: impl FnMut(&'static str, String)) {
+        for (rate, [limit, remaining, reset]) in [
+            (
+                self.requests,
+                [
+                    "x-ratelimit-limit-requests",
+                    "x-ratelimit-remaining-requests",
+                    "x-ratelimit-reset-requests",
+                ],
+            ),
+            (
+                self.tokens,
+                [
+                    "x-ratelimit-limit-tokens",
+                    "x-ratelimit-remaining-tokens",
+                    "x-ratelimit-reset-tokens",
+                ],
+            ),
+        ] {
+            if let Some(r) = rate {
+                f(limit, r.limit.to_string());
+                f(remaining, r.remaining.to_string());
+                f(reset, duration_text(r.reset_ms));
+            }
+        }
+    }
+}
+
+/// A duration as OpenAI's reset headers write it: `20ms`, `1.5s`, `6m0s`.
+pub fn duration_text(ms: u64) -> String {
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let (m, s, frac) = (ms / 60_000, ms / 1000 % 60, ms % 1000);
+    let secs = if frac == 0 {
+        format!("{s}s")
+    } else {
+        let f = format!("{frac:03}");
+        format!("{s}.{}s", f.trim_end_matches('0'))
+    };
+    if m > 0 {
+        format!("{m}m{secs}")
+    } else {
+        secs
     }
 }
 
@@ -193,5 +283,37 @@ mod tests {
         ] {
             assert!(RouterError::CODES.contains(&e.code()), "{e:?}");
         }
+    }
+
+    #[test]
+    fn a_tenant_limit_says_when_to_retry_in_whole_seconds_and_resets_in_go_durations() {
+        let e = RouterError::RateLimited {
+            tenant: "acme".into(),
+            what: "600 requests per minute".into(),
+            retry_after_ms: 1_100,
+            headers: RateHeaders::default(),
+        };
+        assert_eq!(
+            (e.status(), e.code(), e.retry_after_s()),
+            (429, "rate_limit_exceeded", Some(2))
+        );
+        assert!(e.to_string().contains("retry after 2 s"), "{e}");
+        let texts: Vec<_> = [0, 20, 1000, 1500, 60_000, 360_250]
+            .map(duration_text)
+            .into();
+        assert_eq!(texts, ["0ms", "20ms", "1s", "1.5s", "1m0s", "6m0.25s"]);
+        let mut names = Vec::new();
+        let rate = Rate {
+            limit: 60,
+            remaining: 0,
+            reset_ms: 1000,
+        };
+        RateHeaders {
+            requests: Some(rate),
+            tokens: None,
+        }
+        .each(|n, v| names.push((n, v)));
+        assert_eq!(names[1], ("x-ratelimit-remaining-requests", "0".to_owned()));
+        assert_eq!(names.len(), 3);
     }
 }

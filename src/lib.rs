@@ -47,5 +47,6 @@ pub mod response_ids;
 pub mod settings;
 pub mod shared_pins;
 pub mod status;
+pub mod tenants;
 pub mod upgrade;
 pub mod usage;

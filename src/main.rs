@@ -290,6 +290,7 @@ fn main() -> anyhow::Result<()> {
         replicas: Arc::clone(&replicas),
         admission: Arc::clone(&admission),
         keys: keys.clone(),
+        tenants: prefix_router::tenants::Tenants::new(Arc::clone(&metrics)),
         responses: Arc::clone(&responses),
         shared: shared.clone(),
         checkpoints: Arc::new({

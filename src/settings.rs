@@ -1,10 +1,12 @@
 //! The proxy's settings, read from the config and swapped whole on reload:
 //! body limits, timeouts, placement headers, outlier rules.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{ms, Config, ReplicaTls};
 use crate::replicas::OutlierRules;
+use crate::tenants::Rules;
 
 /// Proxy settings; a reload swaps them whole (`block_bytes` and `tls` stay
 /// as started).
@@ -32,6 +34,8 @@ pub struct Settings {
     pub shed_in_flight: Option<u32>,
     pub outlier: OutlierRules,
     pub tls: ReplicaTls,
+    /// `tenants`, when set.
+    pub tenants: Option<Arc<Rules>>,
 }
 
 impl Settings {
@@ -56,6 +60,7 @@ impl Settings {
             shed_in_flight: c.shed_in_flight,
             outlier: OutlierRules::from(&c.outlier),
             tls: c.replica_tls.clone(),
+            tenants: c.tenants.as_ref().map(|t| Arc::new(Rules::new(t))),
         }
     }
 }

@@ -115,6 +115,14 @@ impl UsageScan {
         self.state = State::Idle;
     }
 
+    /// The request's prompt tokens as the engine counted them (Anthropic's
+    /// input tokens with those read from and written to its cache).
+    pub fn prompt_tokens(&self) -> Option<u64> {
+        let read = self.read.unwrap_or(0);
+        let prompt = self.prompt?.saturating_add(read);
+        Some(prompt.saturating_add(self.written.unwrap_or(0))).filter(|p| *p <= u64::from(u32::MAX))
+    }
+
     /// `(cached, prompt)` tokens when the response reported both, sensibly.
     pub fn figures(&self) -> Option<(u64, u64)> {
         let (cached, prompt) = match self.read {

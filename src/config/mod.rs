@@ -12,11 +12,13 @@ use serde::Deserialize;
 pub mod redis_url;
 mod replica;
 mod sections;
+mod tenants;
 mod validate;
 
 pub use redis_url::parse_url as parse_redis_url;
 pub use replica::{KvEvents, Replica, Secret};
 pub use sections::*;
+pub use tenants::{valid_tenant_name, Class, TenantLimits, Tenants, MAX_TENANT_NAME, OTHER};
 
 /// The configuration the router runs on when no `--config` is given: two
 /// simulated replicas on localhost (see the README).
@@ -128,6 +130,9 @@ pub struct Config {
     /// `x-api-key`) stays at the router unless this is true; a replica with
     /// its own `api_key_file` gets that key instead in any case.
     pub forward_client_keys: bool,
+    /// Per-tenant limits and shares (see `tenants`); unset: requests are
+    /// not told apart by tenant.
+    pub tenants: Option<Tenants>,
     /// `text` (default) or `json`: every log line one JSON object.
     pub log_format: LogFormat,
     /// How a single (a one-shot prompt) is placed (see the policy module).
@@ -183,6 +188,7 @@ impl Default for Config {
             api_keys_file: None,
             admin_keys_file: None,
             forward_client_keys: false,
+            tenants: None,
             log_format: LogFormat::Text,
             singles: Singles::default(),
             fleet: Fleet::default(),

@@ -15,6 +15,9 @@ impl Config {
                 .parse::<SocketAddr>()
                 .map_err(|e| invalid(field, format!("`{value}` is not IP:port ({e})")))?;
         }
+        if let Some(t) = &self.tenants {
+            t.validate()?;
+        }
         if self.max_body_bytes == 0 {
             return Err(invalid("max_body_bytes", "must be positive"));
         }

@@ -18,10 +18,12 @@ mod kv_events;
 mod log_drops;
 mod prompts;
 mod replica;
+mod tenants;
 
 pub use kv_events::{KvEventMetrics, KvOutcome};
 pub use prompts::PromptMetrics;
 pub use replica::{Ejection, Repair, ReplicaCounters};
+pub use tenants::{TenantCounters, TenantMetrics, TENANT_LIMITS};
 
 use crate::policy::{Reason, Shape};
 
@@ -106,6 +108,8 @@ pub struct Metrics {
     pub prompts: PromptMetrics,
     /// The engines' KV events, by replica.
     pub kv: KvEventMetrics,
+    /// Per tenant.
+    pub tenants: TenantMetrics,
     registry: Registry,
 }
 
@@ -345,6 +349,7 @@ impl Metrics {
             )?,
             prompts: PromptMetrics::new(registry)?,
             kv: KvEventMetrics::new(registry)?,
+            tenants: TenantMetrics::new(registry)?,
             registry: registry.clone(),
         })
     }

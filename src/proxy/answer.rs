@@ -6,7 +6,7 @@ use pingora_core::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
-use crate::errors::RouterError;
+use crate::errors::{RateHeaders, RouterError};
 use crate::metrics::Metrics;
 
 /// Writes an OpenAI-style JSON error and counts it.
@@ -23,11 +23,32 @@ pub(super) async fn respond(
     if let Some(s) = err.retry_after_s() {
         resp.insert_header("retry-after", s.to_string())?;
     }
+    if let RouterError::RateLimited {
+        retry_after_ms,
+        headers,
+        ..
+    } = err
+    {
+        // The OpenAI SDKs read this before `retry-after`.
+        resp.insert_header("retry-after-ms", retry_after_ms.to_string())?;
+        rate_headers(&mut resp, headers)?;
+    }
     if let Some(retry) = err.should_retry() {
         resp.insert_header("x-should-retry", if retry { "true" } else { "false" })?;
     }
     session.write_response_header(Box::new(resp), false).await?;
     session.write_response_body(Some(body), true).await
+}
+
+/// A tenant's `x-ratelimit-*` headers.
+pub(super) fn rate_headers(resp: &mut ResponseHeader, headers: &RateHeaders) -> Result<()> {
+    let mut result = Ok(());
+    headers.each(|name, value| {
+        if result.is_ok() {
+            result = resp.insert_header(name, value).map(|_| ());
+        }
+    });
+    result
 }
 
 /// A JSON answer of the router's own.

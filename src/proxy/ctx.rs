@@ -16,6 +16,7 @@ use crate::policy::{Decision, ReplicaId, Request};
 use crate::replicas::InFlight;
 use crate::request::Turns;
 use crate::response_ids::IdScan;
+use crate::tenants::Admitted;
 use crate::usage::UsageScan;
 
 /// Per-request state.
@@ -40,6 +41,8 @@ pub struct Ctx {
 pub struct Read {
     /// Counted in progress (and against its client address) until it ends.
     pub(super) arrival: Option<Arrival>,
+    /// Counted against its tenant's limits (with `tenants`) until it ends.
+    pub(super) tenant: Option<Admitted>,
     /// The route the request was recognised as (forwarded as its path).
     pub(super) route: Option<Route>,
     /// Its body bytes under `limits`, and its slot once placed; released

@@ -69,6 +69,7 @@ use crate::request::Checkpoints;
 use crate::response_ids::ResponseIds;
 use crate::settings::Settings;
 use crate::shared_pins::SharedPins;
+use crate::tenants::Tenants;
 
 /// Response header naming the replica that served the request.
 pub const REPLICA_HEADER: &str = "x-prefix-router-replica";
@@ -86,6 +87,8 @@ pub struct Router {
     pub admission: Arc<Admission>,
     /// Client API keys, when `api_keys_file` is set.
     pub keys: Option<Arc<KeyFile>>,
+    /// Each tenant's counts against its limits (`tenants`).
+    pub tenants: Arc<Tenants>,
     /// Which replica holds each Responses API response.
     pub responses: Arc<ResponseIds>,
     /// Pins shared with other router instances (`fleet: redis`).

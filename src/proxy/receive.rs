@@ -1,10 +1,11 @@
 //! Receiving a request (`request_filter`): the count of requests in progress
-//! (per client address when capped), the API key, the router's own
+//! (per client address when capped), the API key, the tenant's limits, the router's own
 //! `/v1/models` answers, any body read whole within its limits (a routed
 //! POST's parsed into the policy's view of the prompt), and the refusals on
 //! the way, each answered at once and the connection closed.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use pingora_core::Result;
 use pingora_proxy::Session;
@@ -14,7 +15,7 @@ use super::{Ctx, Prompt, Router, SESSION_HEADER};
 use crate::body;
 use crate::errors::RouterError;
 use crate::paths::{response_id, route, Route};
-use crate::policy::Request;
+use crate::policy::{Request, BYTES_PER_TOKEN};
 use crate::response_ids::IdScan;
 
 impl Router {
@@ -31,13 +32,9 @@ impl Router {
                 return self.refuse(session, ctx, &err, true).await;
             }
         }
-        match self.authorised(session) {
-            Some(key) => ctx.read.source = key.unwrap_or_else(|| source_of_address(client)),
-            None => {
-                return self
-                    .refuse(session, ctx, &RouterError::Unauthorized, true)
-                    .await
-            }
+        match self.identify(session, ctx, client) {
+            Ok(source) => ctx.read.source = source,
+            Err(err) => return self.refuse(session, ctx, &err, true).await,
         }
         // The head is held until the request ends: its bytes count too.
         let head = head_bytes(session.req_header());
@@ -124,6 +121,9 @@ impl Router {
         }
         ctx.read.body = Some(body);
         if let Err(err) = self.read_prompt(session, ctx).await {
+            return self.refuse(session, ctx, &err, false).await;
+        }
+        if let Err(err) = self.charge_tokens(ctx) {
             return self.refuse(session, ctx, &err, false).await;
         }
         if let Some(model) = ctx.read.model.as_deref() {
@@ -220,19 +220,57 @@ impl Router {
             .max(64 << 20)
     }
 
-    /// The API key check: `None` when the client may not go on, else the
-    /// hash of the key it presented when keys are checked.
-    fn authorised(&self, session: &Session) -> Option<Option<u64>> {
-        let Some(keys) = &self.keys else {
-            return Some(None);
-        };
+    /// The API key check, then (with `tenants`) the request counted against
+    /// its tenant's limits (in `ctx`); the request's source (see
+    /// `Read::source`), or why it may not go on.
+    fn identify(
+        &self,
+        session: &Session,
+        ctx: &mut Ctx,
+        client: Option<std::net::IpAddr>,
+    ) -> std::result::Result<u64, RouterError> {
         let h = &session.req_header().headers;
-        let key = crate::auth::presented(
-            h.get("authorization").map(|v| v.as_bytes()),
-            h.get("x-api-key").map(|v| v.as_bytes()),
-        );
-        let key = key.filter(|k| keys.keys().accepts(k))?;
-        Some(Some(xxhash_rust::xxh3::xxh3_64(key)))
+        let keys = self.keys.as_ref().map(|k| k.keys());
+        let key = match &keys {
+            None => None,
+            Some(keys) => {
+                let presented = crate::auth::presented(
+                    h.get("authorization").map(|v| v.as_bytes()),
+                    h.get("x-api-key").map(|v| v.as_bytes()),
+                );
+                let key = presented.ok_or(RouterError::Unauthorized)?;
+                let entry = keys.find(key).ok_or(RouterError::Unauthorized)?;
+                Some((xxhash_rust::xxh3::xxh3_64(key), entry))
+            }
+        };
+        if let Some(rules) = &self.settings.load().tenants {
+            let named = rules.header().and_then(|name| h.get(name));
+            let tenant = rules
+                .identify(key.map(|k| k.1), named.map(|v| v.as_bytes()))
+                .ok_or(RouterError::BadTenant)?;
+            let admitted = self.tenants.arrive(rules, &tenant, Instant::now())?;
+            ctx.read.tenant = Some(admitted);
+        }
+        Ok(key.map_or_else(|| source_of_address(client), |k| k.0))
+    }
+
+    /// With `tenants`: charges the parsed request's estimated prompt tokens
+    /// (canonical bytes, or body bytes when the prompt was cut at
+    /// `max_prompt_bytes`) to its tenant.
+    fn charge_tokens(&self, ctx: &mut Ctx) -> std::result::Result<(), RouterError> {
+        if ctx.read.tenant.is_none() {
+            return Ok(());
+        }
+        let body = ctx.read.body.as_ref().map_or(0, |b| b.len());
+        let bytes = match ctx.read.request().map(|r| r.chain.len()) {
+            Some(n) if n < self.settings.load().max_prompt_bytes => n,
+            _ if ctx.read.route.is_some() => body,
+            _ => 0,
+        };
+        let Some(admitted) = ctx.read.tenant.as_mut() else {
+            return Ok(());
+        };
+        admitted.charge((bytes as u64).div_ceil(BYTES_PER_TOKEN), Instant::now())
     }
 
     /// The router's own answer to `GET /v1/models` (the union of the live

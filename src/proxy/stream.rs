@@ -9,6 +9,7 @@ use pingora_core::Result;
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
+use super::answer::rate_headers;
 use super::{Ctx, Router, DECISION_HEADER, REPLICA_HEADER};
 use crate::metrics::Repair;
 use crate::paths::Route;
@@ -43,6 +44,9 @@ impl Router {
             head.insert_header(REPLICA_HEADER, r.name.as_str())?;
             let reason = http::HeaderValue::from_static(d.reason.as_str());
             head.insert_header(DECISION_HEADER, reason)?;
+        }
+        if let Some(t) = &ctx.read.tenant {
+            rate_headers(head, t.headers())?;
         }
         r.counters.routed(d.reason, d.shape);
         let model = ctx.read.model.as_deref();
@@ -99,6 +103,9 @@ impl Router {
             // the whole answer finds it in the metrics.
             if end {
                 u.finish();
+                if let (Some(t), Some(p)) = (ctx.read.tenant.as_mut(), u.prompt_tokens()) {
+                    t.correct(p);
+                }
                 // A whole answer to a prompt: the replica is serving (see
                 // `replicas::health`).
                 r.answered(std::time::Instant::now());
