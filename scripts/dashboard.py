@@ -149,9 +149,16 @@ ROWS = [
          "router's estimate.",
          [q('sum by (tenant) (rate(prefix_router_tenant_prompt_tokens_total[5m])) * 60',
             '{{tenant}}')]),
-        ("Requests in progress by tenant", "short",
-         "Requests from their head to their end, per tenant (max_concurrent caps it).",
-         [q('sum by (tenant) (prefix_router_tenant_in_progress_requests)', '{{tenant}}')]),
+        ("Requests in progress by tenant, and waiting", "short",
+         "Requests from their head to their end, per tenant (max_concurrent caps it), and "
+         "(queue) those waiting for a place under shed_in_flight now.",
+         [q('sum by (tenant) (prefix_router_tenant_in_progress_requests)', '{{tenant}}'),
+          q('prefix_router_queue_waiting_requests', 'waiting in the queue')]),
+        ("Queue wait p90 by tenant", "s",
+         "With queue: the p90 of the time each tenant's routed requests waited for a place "
+         "(0 for those that went on at once). A flooding tenant waits; the others should not.",
+         [q('histogram_quantile(0.9, sum by (le, tenant) '
+            '(rate(prefix_router_tenant_queue_wait_seconds_bucket[5m])))', '{{tenant}}')]),
     ]),
     ("Config and index", [
         ("Config reloads", "short",

@@ -2,7 +2,9 @@
 //! `#` comments), reloaded when it changes, checked before any body is read.
 //! A presented key is hashed and compared with every digest in constant time;
 //! no key or digest is ever logged. A line may name the key's tenant and
-//! class after its digest: `<digest> tenant=acme class=priority`.
+//! class after its digest (`<digest> tenant=acme class=priority`), or mark
+//! a gateway's key, whose requests name their tenant in a header
+//! (`<digest> gateway`).
 //!
 //! Make a line with: `printf %s "$KEY" | sha256sum | cut -d' ' -f1`
 
@@ -38,24 +40,34 @@ pub struct ApiKeys(Vec<Key>);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Key {
     digest: [u8; 32],
-    /// Its tenant: the line's `tenant=`, else `key-` and the digest's first
-    /// 12 hex digits (each unnamed key its own tenant).
+    /// Its tenant: the line's `tenant=`, else `key-` and its digest (each
+    /// unnamed key its own tenant; never shown: see `named`).
     pub tenant: Arc<str>,
-    /// The line named the tenant (a tenant header does not override it).
+    /// The line named the tenant.
     pub named: bool,
+    /// `gateway`: a gateway's key, whose requests' tenant header names
+    /// their tenant.
+    pub gateway: bool,
     pub class: Option<Class>,
 }
 
 impl ApiKeys {
     /// Parses the file's text.
     pub fn parse(text: &str) -> Result<Self, KeysError> {
-        let mut keys = Vec::new();
+        let mut keys: Vec<Key> = Vec::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            keys.push(parse_line(line, i + 1)?);
+            let key = parse_line(line, i + 1)?;
+            if keys.iter().any(|k| k.digest == key.digest) {
+                return Err(KeysError::Field {
+                    line: i + 1,
+                    what: "this digest is listed already".into(),
+                });
+            }
+            keys.push(key);
         }
         if keys.is_empty() {
             return Err(KeysError::Empty);
@@ -94,13 +106,19 @@ fn parse_line(line: &str, n: usize) -> Result<Key, KeysError> {
         .and_then(parse_digest)
         .ok_or(KeysError::Digest { line: n })?;
     let field = |what: String| KeysError::Field { line: n, what };
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     let mut key = Key {
         digest,
-        tenant: Arc::from(format!("key-{}", &line[..12])),
+        tenant: Arc::from(format!("key-{hex}")),
         named: false,
+        gateway: false,
         class: None,
     };
     for word in words {
+        if word == "gateway" {
+            key.gateway = true;
+            continue;
+        }
         match word.split_once('=') {
             Some(("tenant", t)) if valid_tenant_name(t) && t != crate::config::OTHER => {
                 key.tenant = Arc::from(t);
@@ -118,7 +136,7 @@ fn parse_line(line: &str, n: usize) -> Result<Key, KeysError> {
             }
             _ => {
                 return Err(field(
-                    "after the digest: tenant=NAME and class=CLASS only".into(),
+                    "after the digest: tenant=NAME, class=CLASS and gateway only".into(),
                 ))
             }
         }
@@ -238,14 +256,25 @@ mod tests {
             ("acme", true, Some(Class::Priority))
         );
         let k2 = keys.find(b"k2").unwrap();
-        assert_eq!(&*k2.tenant, format!("key-{}", &digest("k2")[..12]));
-        assert!(!k2.named && k2.class.is_none());
+        assert_eq!(&*k2.tenant, format!("key-{}", digest("k2")));
+        assert!(!k2.named && !k2.gateway && k2.class.is_none());
         assert_eq!(&*keys.find(b"k3").unwrap().tenant, "acme");
         assert!(keys.find(b"k4").is_none());
-        for bad in ["tenant=a/b", "class=gold", "team=a", "tenant=other"] {
+        let gateway = ApiKeys::parse(&format!("{} gateway\n", digest("g"))).unwrap();
+        assert!(gateway.find(b"g").unwrap().gateway);
+        for bad in [
+            "tenant=a/b",
+            "class=gold",
+            "team=a",
+            "tenant=other",
+            "gateway=1",
+        ] {
             let e = ApiKeys::parse(&format!("{} {bad}\n", digest("k"))).unwrap_err();
             assert!(e.to_string().contains("line 1"), "{bad}: {e}");
         }
+        let twice = format!("{}\n{} tenant=b\n", digest("k"), digest("k"));
+        let e = ApiKeys::parse(&twice).unwrap_err();
+        assert!(e.to_string().contains("line 2"), "{e}");
     }
 
     #[test]

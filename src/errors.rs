@@ -25,13 +25,18 @@ pub enum RouterError {
     Saturated { in_flight: u32 },
     #[error("this client address has {max} requests in progress (limits.max_requests_per_client); retry shortly")]
     ClientLimit { max: usize },
-    #[error("tenant `{tenant}` is at its limit of {what}; retry after {} s", retry_s(*retry_after_ms))]
+    #[error("{who} is at its limit of {what}; retry after {} s", retry_s(*retry_after_ms))]
     RateLimited {
-        tenant: String,
+        /// `tenant `acme``, or `this API key`.
+        who: String,
         what: String,
         retry_after_ms: u64,
         headers: RateHeaders,
     },
+    #[error("every replica is busy and {max_waiting} requests are waiting, most of them this tenant's; retry shortly")]
+    QueueFull { max_waiting: usize },
+    #[error("no replica had room within {ms} ms (queue.deadline_ms); retry shortly")]
+    QueueTimeout { ms: u64 },
     #[error("`{field}` is longer than {max} bytes")]
     TooLong { field: &'static str, max: usize },
     #[error("invalid API key: send `Authorization: Bearer <key>` with a key this router accepts")]
@@ -56,7 +61,7 @@ fn named(replica: &Option<String>) -> String {
 
 impl RouterError {
     /// Every `code`, for pre-registering metric labels.
-    pub const CODES: [&'static str; 14] = [
+    pub const CODES: [&'static str; 16] = [
         "no_replica",
         "body_too_large",
         "body_timeout",
@@ -64,6 +69,8 @@ impl RouterError {
         "upstream_timeout",
         "overloaded",
         "replicas_saturated",
+        "queue_full",
+        "queue_timeout",
         "rate_limit_exceeded",
         "string_above_max_length",
         "invalid_api_key",
@@ -85,6 +92,8 @@ impl RouterError {
             RouterError::Saturated { .. } => 429,
             RouterError::ClientLimit { .. } => 429,
             RouterError::RateLimited { .. } => 429,
+            RouterError::QueueFull { .. } => 429,
+            RouterError::QueueTimeout { .. } => 503,
             RouterError::TooLong { .. } => 400,
             RouterError::Unauthorized => 401,
             RouterError::BadTenant => 400,
@@ -107,6 +116,8 @@ impl RouterError {
             RouterError::ClientLimit { .. } | RouterError::RateLimited { .. } => {
                 "rate_limit_exceeded"
             }
+            RouterError::QueueFull { .. } => "queue_full",
+            RouterError::QueueTimeout { .. } => "queue_timeout",
             RouterError::TooLong { .. } => "string_above_max_length",
             RouterError::Unauthorized => "invalid_api_key",
             RouterError::BadTenant => "invalid_tenant",
@@ -136,6 +147,8 @@ impl RouterError {
             RouterError::Overloaded { .. }
                 | RouterError::Saturated { .. }
                 | RouterError::ClientLimit { .. }
+                | RouterError::QueueFull { .. }
+                | RouterError::QueueTimeout { .. }
                 | RouterError::NoReplica
                 | RouterError::ResponseUnavailable { .. }
         )
@@ -152,6 +165,8 @@ impl RouterError {
             | RouterError::Saturated { .. }
             | RouterError::ClientLimit { .. }
             | RouterError::RateLimited { .. }
+            | RouterError::QueueFull { .. }
+            | RouterError::QueueTimeout { .. }
             | RouterError::NoReplica => Some(true),
             _ => None,
         }
@@ -288,7 +303,7 @@ mod tests {
     #[test]
     fn a_tenant_limit_says_when_to_retry_in_whole_seconds_and_resets_in_go_durations() {
         let e = RouterError::RateLimited {
-            tenant: "acme".into(),
+            who: "tenant `acme`".into(),
             what: "600 requests per minute".into(),
             retry_after_ms: 1_100,
             headers: RateHeaders::default(),

@@ -291,6 +291,7 @@ fn main() -> anyhow::Result<()> {
         admission: Arc::clone(&admission),
         keys: keys.clone(),
         tenants: prefix_router::tenants::Tenants::new(Arc::clone(&metrics)),
+        queue: Arc::default(),
         responses: Arc::clone(&responses),
         shared: shared.clone(),
         checkpoints: Arc::new({

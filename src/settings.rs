@@ -32,6 +32,7 @@ pub struct Settings {
     pub repair_on_miss_s: Option<u32>,
     /// `shed_in_flight`.
     pub shed_in_flight: Option<u32>,
+    pub queue: Option<crate::config::Queue>,
     pub outlier: OutlierRules,
     pub tls: ReplicaTls,
     /// `tenants`, when set.
@@ -58,6 +59,7 @@ impl Settings {
             forward_client_keys: c.forward_client_keys,
             repair_on_miss_s: c.prefix_index.repair_on_miss_s,
             shed_in_flight: c.shed_in_flight,
+            queue: c.queue.clone(),
             outlier: OutlierRules::from(&c.outlier),
             tls: c.replica_tls.clone(),
             tenants: c.tenants.as_ref().map(|t| Arc::new(Rules::new(t))),

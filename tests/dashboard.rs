@@ -207,7 +207,7 @@ fn every_panel_and_alert_query_returns_data_in_a_real_prometheus() {
     let a = Sim::start("a", &args);
     let b = Sim::start("b", &args);
     let extra = format!(
-        "engine_load: {{interval_ms: 100}}\ntokenizers: {{sim: \"{dir}\"}}\ntenants: {{}}\n"
+        "engine_load: {{interval_ms: 100}}\ntokenizers: {{sim: \"{dir}\"}}\ntenants: {{}}\nshed_in_flight: 64\nqueue: {{}}\n"
     );
     let router = Router::start(&[&a, &b], &extra);
     let _traffic = Traffic::start(router.addr);
@@ -365,7 +365,8 @@ fn docs_metrics_md_lists_every_series_the_router_exports() {
     // Its engine's KV events followed (from a port nobody listens on: the
     // series show at 0).
     let addr = format!("addr: \"{}\"", a.addr);
-    let yaml = Router::yaml(&[&a], "engine_load: {interval_ms: 100}\ntenants: {}\n").replace(
+    let extra = "engine_load: {interval_ms: 100}\ntenants: {}\nshed_in_flight: 64\nqueue: {}\n";
+    let yaml = Router::yaml(&[&a], extra).replace(
         &addr,
         &format!("{addr}, kv_events: {{endpoint: \"tcp://127.0.0.1:9\"}}"),
     );

@@ -312,3 +312,28 @@ fn the_oracle_arm_finds_the_card_holding_each_prompt() {
         "oracle {oracle} %, roundrobin {roundrobin} %"
     );
 }
+
+#[test]
+fn noisy_neighbour_runs_agents_as_tenants_beside_a_flood_that_waits_its_turn() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(
+        &[&a, &b],
+        "shed_in_flight: 2\nqueue: {}\ntenants: {header: x-tenant, named: {agent0: {}, agent1: {}, flood: {}}}\n",
+    );
+    let samples = run(&router, &a, "noisy-neighbour", &out_dir("noisy"));
+    let of = |group: &'static str| samples.iter().filter(move |s| s["group"] == group);
+    for phase in ["alone", "flooded"] {
+        assert_eq!(of(phase).count(), 8, "{phase}: 2 agents of 4 turns");
+        for s in of(phase).filter(|s| s["turn"].as_u64() > Some(0)) {
+            assert_eq!(s["decision"], "pin", "{s}");
+        }
+    }
+    assert!(of("flood").count() > 0);
+    // Each is counted as its own tenant, and the flood waited for places.
+    for tenant in ["agent0", "agent1", "flood"] {
+        let series = format!("prefix_router_tenant_requests_total{{tenant=\"{tenant}\"}}");
+        assert!(router.metric(&series) > 0.0, "{series}");
+    }
+    let waits = "prefix_router_tenant_queue_wait_seconds_count{tenant=\"flood\"}";
+    assert_eq!(router.metric(waits), of("flood").count() as f64);
+}

@@ -18,7 +18,7 @@ mod validate;
 pub use redis_url::parse_url as parse_redis_url;
 pub use replica::{KvEvents, Replica, Secret};
 pub use sections::*;
-pub use tenants::{valid_tenant_name, Class, TenantLimits, Tenants, MAX_TENANT_NAME, OTHER};
+pub use tenants::{valid_tenant_name, Class, Queue, TenantLimits, Tenants, MAX_TENANT_NAME, OTHER};
 
 /// The configuration the router runs on when no `--config` is given: two
 /// simulated replicas on localhost (see the README).
@@ -91,6 +91,9 @@ pub struct Config {
     /// new routed request is answered 429 with `Retry-After` at once instead
     /// of queueing at an engine. Off (`null`) until measured.
     pub shed_in_flight: Option<u32>,
+    /// With `shed_in_flight`: requests wait for a free place, tenants
+    /// taking turns, instead of 429 (see `tenants::queue`). Off (`null`).
+    pub queue: Option<Queue>,
     /// After SIGTERM the router stops accepting and lets requests and streams
     /// in flight run for up to this long, then ends what is left and exits 0
     /// (at once when nothing is in flight). Keep it under the orchestrator's
@@ -174,6 +177,7 @@ impl Default for Config {
             load_guard_in_flight: None,
             engine_load: None,
             shed_in_flight: None,
+            queue: None,
             shutdown_grace_s: 20,
             upgrade_sock: None,
             reload_interval_ms: 1_000,

@@ -36,6 +36,35 @@ impl Default for Tenants {
     }
 }
 
+/// `queue:` — with `shed_in_flight`, the replicas' in-flight places are
+/// shared fairly: a routed request waits here (before its body is read)
+/// while every place is taken or its tenant holds its share, instead of
+/// being answered 429; tenants take turns by `weight`, `priority` first.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Queue {
+    /// Requests waiting at once; past it, the newest waiter of the tenant
+    /// with the most waiting is answered 429 (or the newcomer, when that is
+    /// its own tenant).
+    pub max_waiting: usize,
+    /// A request waiting this long is answered 503 `queue_timeout`.
+    pub deadline_ms: u64,
+    /// A tenant that held places within this long keeps as many in its
+    /// share (an agent between turns finds its place free when it comes
+    /// back); the others share the rest by weight.
+    pub share_window_ms: u64,
+}
+
+impl Default for Queue {
+    fn default() -> Self {
+        Self {
+            max_waiting: 1024,
+            deadline_ms: 30_000,
+            share_window_ms: 10_000,
+        }
+    }
+}
+
 /// One tenant's limits; unset (or 0): no limit.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]

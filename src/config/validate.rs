@@ -18,6 +18,20 @@ impl Config {
         if let Some(t) = &self.tenants {
             t.validate()?;
         }
+        if let Some(q) = &self.queue {
+            if self.shed_in_flight.is_none() {
+                return Err(invalid(
+                    "queue",
+                    "needs shed_in_flight: the in-flight bound requests wait for",
+                ));
+            }
+            if q.max_waiting == 0 || q.deadline_ms == 0 {
+                return Err(invalid(
+                    "queue",
+                    "max_waiting and deadline_ms must be positive",
+                ));
+            }
+        }
         if self.max_body_bytes == 0 {
             return Err(invalid("max_body_bytes", "must be positive"));
         }

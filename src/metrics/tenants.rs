@@ -1,21 +1,31 @@
 //! Per tenant (see `tenants`): requests admitted, refused by which limit,
-//! in progress, prompt tokens charged. The `tenant` label is a name the
+//! in progress, prompt tokens charged, time waited in the queue. The `tenant` label is a name the
 //! config or the API keys file gives (or `anonymous`); names only a request
 //! header gave are counted as `other`.
 
 use prometheus::{
-    register_int_counter_vec_with_registry, register_int_gauge_vec_with_registry, IntCounter,
-    IntCounterVec, IntGauge, IntGaugeVec, Registry,
+    register_histogram_vec_with_registry, register_int_counter_vec_with_registry,
+    register_int_gauge_vec_with_registry, register_int_gauge_with_registry, Histogram,
+    HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
 };
 
-/// The limits a request can be refused by, as the `limit` label.
-pub const TENANT_LIMITS: [&str; 3] = ["concurrency", "requests", "tokens"];
+/// The limits a request can be refused by, as the `limit` label (`queue`:
+/// the queue was full, or its deadline passed).
+pub const TENANT_LIMITS: [&str; 4] = ["concurrency", "requests", "tokens", "queue"];
+
+/// Seconds waited in the queue: a turn (milliseconds) to a deadline.
+const WAIT_BUCKETS: [f64; 12] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0,
+];
 
 pub struct TenantMetrics {
     requests: IntCounterVec,
     refused: IntCounterVec,
     in_flight: IntGaugeVec,
     prompt_tokens: IntCounterVec,
+    pub queue_wait: HistogramVec,
+    /// Requests waiting in the queue now (all tenants).
+    pub queue_waiting: IntGauge,
 }
 
 /// One tenant's handles, resolved once per tenant.
@@ -23,9 +33,10 @@ pub struct TenantMetrics {
 pub struct TenantCounters {
     pub requests: IntCounter,
     /// By `TENANT_LIMITS`.
-    pub refused: [IntCounter; 3],
+    pub refused: [IntCounter; 4],
     pub in_flight: IntGauge,
     pub prompt_tokens: IntCounter,
+    pub queue_wait: Histogram,
 }
 
 impl TenantMetrics {
@@ -55,6 +66,18 @@ impl TenantMetrics {
                 &["tenant"],
                 registry
             )?,
+            queue_wait: register_histogram_vec_with_registry!(
+                "prefix_router_tenant_queue_wait_seconds",
+                "Time routed requests waited for a place under shed_in_flight (queue), by tenant: 0 for those that went on at once",
+                &["tenant"],
+                WAIT_BUCKETS.to_vec(),
+                registry
+            )?,
+            queue_waiting: register_int_gauge_with_registry!(
+                "prefix_router_queue_waiting_requests",
+                "Requests waiting in the queue for a replica under shed_in_flight",
+                registry
+            )?,
         })
     }
 
@@ -65,6 +88,7 @@ impl TenantMetrics {
             refused: TENANT_LIMITS.map(|l| self.refused.with_label_values(&[label, l])),
             in_flight: self.in_flight.with_label_values(&[label]),
             prompt_tokens: self.prompt_tokens.with_label_values(&[label]),
+            queue_wait: self.queue_wait.with_label_values(&[label]),
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::policy::{Decision, ReplicaId, Request};
 use crate::replicas::InFlight;
 use crate::request::Turns;
 use crate::response_ids::IdScan;
+use crate::tenants::queue::Pass;
 use crate::tenants::Admitted;
 use crate::usage::UsageScan;
 
@@ -43,6 +44,9 @@ pub struct Read {
     pub(super) arrival: Option<Arrival>,
     /// Counted against its tenant's limits (with `tenants`) until it ends.
     pub(super) tenant: Option<Admitted>,
+    /// Let through by the queue (`queue`): counted in its tenant's share
+    /// until it ends.
+    pub(super) pass: Option<Pass>,
     /// The route the request was recognised as (forwarded as its path).
     pub(super) route: Option<Route>,
     /// Its body bytes under `limits`, and its slot once placed; released
@@ -132,6 +136,9 @@ impl Read {
     /// the request's budget.
     pub(super) fn placed(&mut self) {
         self.turns = Turns::default();
+        if let Some(p) = self.pass.as_mut() {
+            p.placed();
+        }
         if let Prompt::Parsed(r) = std::mem::replace(&mut self.prompt, Prompt::Placed) {
             let chat = self.chat.take().map_or(0, |c| c.heap_bytes());
             if let Some(t) = self.ticket.as_mut() {

@@ -85,6 +85,10 @@ impl Router {
             duration,
             error: e.map(|e| e as &dyn std::fmt::Display),
         });
+        // Its place is free: the next waiter's turn.
+        drop(current);
+        ctx.read.pass = None;
+        self.let_waiters_in();
     }
 
     /// The replica's name for error bodies, unless placement is hidden.

@@ -36,6 +36,7 @@
 //! (`fail_to_proxy`, `logging`); `answer` writes the router's own answers
 //! and `ctx` holds the request's state, one part per phase.
 
+mod admit;
 mod answer;
 mod ctx;
 mod failover;
@@ -69,6 +70,7 @@ use crate::request::Checkpoints;
 use crate::response_ids::ResponseIds;
 use crate::settings::Settings;
 use crate::shared_pins::SharedPins;
+use crate::tenants::queue::Queue;
 use crate::tenants::Tenants;
 
 /// Response header naming the replica that served the request.
@@ -89,6 +91,8 @@ pub struct Router {
     pub keys: Option<Arc<KeyFile>>,
     /// Each tenant's counts against its limits (`tenants`).
     pub tenants: Arc<Tenants>,
+    /// Requests waiting for a replica (`queue`).
+    pub queue: Arc<Queue>,
     /// Which replica holds each Responses API response.
     pub responses: Arc<ResponseIds>,
     /// Pins shared with other router instances (`fleet: redis`).

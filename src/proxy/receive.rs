@@ -84,10 +84,10 @@ impl Router {
             return self.refuse(session, ctx, &err, true).await;
         }
         ctx.read.route = routed;
-        // Shed at once when every replica is saturated, before reading anything.
-        if let (Some(in_flight), Some(_)) = (self.settings.load().shed_in_flight, routed) {
-            if self.replicas.saturated(in_flight) {
-                let err = RouterError::Saturated { in_flight };
+        // Shed (or wait, with `queue`) when every replica is saturated,
+        // before reading anything.
+        if let (Some(bound), Some(_)) = (self.settings.load().shed_in_flight, routed) {
+            if let Err(err) = self.wait_for_room(ctx, bound).await {
                 return self.refuse(session, ctx, &err, true).await;
             }
         }
@@ -201,6 +201,10 @@ impl Router {
         drain: bool,
     ) -> Result<bool> {
         ctx.read.ticket = None;
+        // Nothing reached an engine: the tenant gets its request back.
+        if let Some(t) = ctx.read.tenant.as_mut() {
+            t.refund();
+        }
         session.set_keepalive(None);
         respond(session, err, &self.metrics).await?;
         let waits_for_continue =
@@ -244,9 +248,14 @@ impl Router {
             }
         };
         if let Some(rules) = &self.settings.load().tenants {
-            let named = rules.header().and_then(|name| h.get(name));
+            // One value: a second (a gateway that appends) is refused.
+            let mut named = rules.header().map(|name| h.get_all(name).iter());
+            let value = named.as_mut().and_then(Iterator::next);
+            if named.and_then(|mut n| n.next()).is_some() {
+                return Err(RouterError::BadTenant);
+            }
             let tenant = rules
-                .identify(key.map(|k| k.1), named.map(|v| v.as_bytes()))
+                .identify(key.map(|k| k.1), value.map(|v| v.as_bytes()))
                 .ok_or(RouterError::BadTenant)?;
             let admitted = self.tenants.arrive(rules, &tenant, Instant::now())?;
             ctx.read.tenant = Some(admitted);
@@ -254,23 +263,15 @@ impl Router {
         Ok(key.map_or_else(|| source_of_address(client), |k| k.0))
     }
 
-    /// With `tenants`: charges the parsed request's estimated prompt tokens
-    /// (canonical bytes, or body bytes when the prompt was cut at
-    /// `max_prompt_bytes`) to its tenant.
+    /// With `tenants`: charges the request's estimated prompt tokens (its
+    /// body's bytes / 4: everything it sends the engine, tools and
+    /// documents too) to its tenant.
     fn charge_tokens(&self, ctx: &mut Ctx) -> std::result::Result<(), RouterError> {
-        if ctx.read.tenant.is_none() {
-            return Ok(());
+        let bytes = ctx.read.body.as_ref().map_or(0, |b| b.len()) as u64;
+        match ctx.read.tenant.as_mut() {
+            Some(t) => t.charge(bytes.div_ceil(BYTES_PER_TOKEN), Instant::now()),
+            None => Ok(()),
         }
-        let body = ctx.read.body.as_ref().map_or(0, |b| b.len());
-        let bytes = match ctx.read.request().map(|r| r.chain.len()) {
-            Some(n) if n < self.settings.load().max_prompt_bytes => n,
-            _ if ctx.read.route.is_some() => body,
-            _ => 0,
-        };
-        let Some(admitted) = ctx.read.tenant.as_mut() else {
-            return Ok(());
-        };
-        admitted.charge((bytes as u64).div_ceil(BYTES_PER_TOKEN), Instant::now())
     }
 
     /// The router's own answer to `GET /v1/models` (the union of the live

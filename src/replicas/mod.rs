@@ -301,6 +301,18 @@ impl Replicas {
     /// `in_flight` requests at it (the router's, plus those its engine
     /// reported beyond them; and one is: with none, the request is answered
     /// `no_replica`).
+    /// In-flight places under `in_flight` over the live, undrained
+    /// replicas: free ones and all; `None` when none is live.
+    pub fn places(&self, in_flight: u32) -> Option<(usize, usize)> {
+        let list = self.snapshot();
+        let live = list.iter().filter(|r| r.live() && !r.drained());
+        live.fold(None, |places, r| {
+            let (free, total) = places.unwrap_or((0, 0));
+            let idle = in_flight.saturating_sub(r.state().load()) as usize;
+            Some((free + idle, total + in_flight as usize))
+        })
+    }
+
     pub fn saturated(&self, in_flight: u32) -> bool {
         let list = self.snapshot();
         let mut live = list.iter().filter(|r| r.live() && !r.drained()).peekable();

@@ -12,6 +12,8 @@ use crate::errors::Rate;
 pub struct Bucket {
     level: f64,
     at: Instant,
+    /// The limit it was last refilled for (0: none).
+    limit: u64,
 }
 
 const MINUTE: f64 = 60.0;
@@ -22,12 +24,18 @@ impl Bucket {
         Self {
             level: limit as f64,
             at: now,
+            limit,
         }
     }
 
     /// Refills for the time since the last look (never past `limit`: a
-    /// lowered limit takes effect at once).
+    /// lowered limit takes effect at once; a raised one, or one set anew,
+    /// adds what it raised).
     pub fn refill(&mut self, limit: u64, now: Instant) {
+        if limit > self.limit {
+            self.level += (limit - self.limit) as f64;
+        }
+        self.limit = limit;
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
         self.level = (self.level + elapsed * limit as f64 / MINUTE).min(limit as f64);
         self.at = now;
@@ -117,10 +125,18 @@ mod tests {
     }
 
     #[test]
-    fn a_lowered_limit_takes_effect_at_once() {
+    fn a_lowered_limit_takes_effect_at_once_and_a_raised_one_adds_the_difference() {
         let t0 = Instant::now();
         let mut b = Bucket::full(100, t0);
         b.refill(10, t0);
         assert_eq!(b.rate(10).remaining, 10);
+        b.take(10, 5).unwrap();
+        b.refill(60, t0);
+        assert_eq!(b.rate(60).remaining, 55);
+        // A limit set where there was none starts full.
+        let mut none = Bucket::full(0, t0);
+        none.refill(0, t0 + Duration::from_secs(5));
+        none.refill(600, t0 + Duration::from_secs(5));
+        assert!(none.is_full(600));
     }
 }

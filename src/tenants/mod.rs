@@ -1,22 +1,25 @@
-//! Tenants: who a request belongs to (its API key's line, else the
-//! configured header, else its key, else `anonymous`) and what each tenant
-//! holds of its limits: requests in progress, and two per-minute buckets,
-//! requests and prompt tokens. A request is admitted at its head (all three
-//! checked before its body is read; a tenant in token debt waits), charged
-//! its estimated prompt tokens once parsed, and corrected by the engine's
-//! reported count at its end.
+//! Tenants: who a request belongs to (its API key's `tenant=`; a gateway
+//! key's requests, or any request when keys are not checked, by the
+//! configured header; an unnamed key is its own tenant; else `anonymous`)
+//! and what each tenant holds of its limits: requests in progress, and two
+//! per-minute buckets, requests and prompt tokens. A request is admitted at
+//! its head (in progress, requests and token debt checked before its body
+//! is read), charged its estimated prompt tokens once its body is read,
+//! and corrected by the engine's reported count at its end; a request the
+//! router itself refuses later is given back.
 //!
 //! Counts are kept per tenant name, sharded; an idle tenant whose buckets
 //! are full is let go when `max_tracked` is reached (it is then the same
-//! as a new one), and past that, names only a header gave share `other`.
-//! Time is passed in.
+//! as a new one; looked for at most once a second), and past that, names
+//! only a header gave share `other`. Time is passed in.
 
 mod bucket;
+pub mod queue;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bucket::Bucket;
 
@@ -45,9 +48,9 @@ impl Rules {
                 .header
                 .as_deref()
                 .and_then(|h| http::HeaderName::from_bytes(h.as_bytes()).ok()),
-            default: c.default.clone(),
+            default: unlimited_zero(c.default.clone()),
             named: (c.named.iter())
-                .map(|(n, l)| (n.clone(), l.over(&c.default)))
+                .map(|(n, l)| (n.clone(), unlimited_zero(l.over(&c.default))))
                 .collect(),
             max_tracked: c.max_tracked,
         }
@@ -63,38 +66,81 @@ impl Rules {
     }
 
     /// The tenant of a request with this `key` (when keys are checked) and
-    /// this value of the tenant header; `None`: the header value cannot
-    /// name a tenant.
+    /// this value of the tenant header (trusted without keys, or from a
+    /// gateway's key); `None`: the header cannot name a tenant.
     pub fn identify(&self, key: Option<&Key>, header: Option<&[u8]>) -> Option<Tenant> {
-        let (name, labelled) = match (key, header) {
-            (Some(k), _) if k.named => (Arc::clone(&k.tenant), true),
-            (_, Some(h)) => {
-                let name = std::str::from_utf8(h)
-                    .ok()
-                    .filter(|n| valid_tenant_name(n))?;
-                (Arc::from(name), self.named.contains_key(name))
-            }
-            (Some(k), None) => (Arc::clone(&k.tenant), true),
-            (None, None) => (Arc::from(ANONYMOUS), true),
+        let from_header = || -> Option<Option<(Arc<str>, Label)>> {
+            let Some(h) = header.filter(|_| self.header.is_some()) else {
+                return Some(None);
+            };
+            let name = std::str::from_utf8(h)
+                .ok()
+                .filter(|n| valid_tenant_name(n) && *n != OTHER)?;
+            let label = if self.named.contains_key(name) {
+                Label::Own
+            } else {
+                Label::Other
+            };
+            Some(Some((Arc::from(name), label)))
         };
-        let class = (self.limits(&name).class)
-            .or(key.and_then(|k| k.class))
+        let (name, label) = match key {
+            Some(k) if k.named => (Arc::clone(&k.tenant), Label::Own),
+            Some(k) if k.gateway => from_header()?.unwrap_or((Arc::clone(&k.tenant), Label::Key)),
+            Some(k) => (Arc::clone(&k.tenant), Label::Key),
+            None => from_header()?.unwrap_or((Arc::from(ANONYMOUS), Label::Own)),
+        };
+        let class = (key.and_then(|k| k.class))
+            .or(self.limits(&name).class)
             .unwrap_or_default();
-        Some(Tenant {
-            name,
-            class,
-            labelled,
-        })
+        Some(Tenant { name, class, label })
     }
 }
+
+/// A limit of 0 is no limit.
+fn unlimited_zero(mut l: TenantLimits) -> TenantLimits {
+    l.max_concurrent = l.max_concurrent.filter(|n| *n > 0);
+    l.requests_per_minute = l.requests_per_minute.filter(|n| *n > 0);
+    l.prompt_tokens_per_minute = l.prompt_tokens_per_minute.filter(|n| *n > 0);
+    l
+}
+
+/// How a tenant is shown (metrics, errors): by name, as `other` (a name
+/// only a header gave), or as an unnamed key (its name holds the digest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Label {
+    Own,
+    Other,
+    Key,
+}
+
+/// The metric label of unnamed keys.
+pub const UNNAMED_KEY: &str = "unnamed-key";
 
 /// Who a request belongs to.
 #[derive(Debug, Clone)]
 pub struct Tenant {
     pub name: Arc<str>,
     pub class: Class,
-    /// Counted under its own name in the metrics (else as `other`).
-    labelled: bool,
+    label: Label,
+}
+
+impl Tenant {
+    /// Its metric label.
+    fn label(&self) -> &str {
+        match self.label {
+            Label::Own => &self.name,
+            Label::Other => OTHER,
+            Label::Key => UNNAMED_KEY,
+        }
+    }
+
+    /// How a refusal names it.
+    fn shown(&self) -> String {
+        match self.label {
+            Label::Key => "this API key".to_owned(),
+            _ => format!("tenant `{}`", self.name),
+        }
+    }
 }
 
 /// One tenant's counts.
@@ -102,25 +148,38 @@ struct State {
     in_progress: u32,
     requests: Bucket,
     tokens: Bucket,
+    /// Its metric label, and the handles under it.
+    label: String,
     counters: TenantCounters,
 }
 
 impl State {
-    fn new(limits: &TenantLimits, counters: TenantCounters, now: Instant) -> Self {
+    fn new(limits: &TenantLimits, label: &str, counters: TenantCounters, now: Instant) -> Self {
         Self {
             in_progress: 0,
             requests: Bucket::full(limits.requests_per_minute.unwrap_or(0), now),
             tokens: Bucket::full(limits.prompt_tokens_per_minute.unwrap_or(0), now),
+            label: label.to_owned(),
             counters,
         }
     }
 
+    /// Refills both buckets (a limit unset counts as 0: set again later,
+    /// its bucket is given the whole of it).
     fn refill(&mut self, l: &TenantLimits, now: Instant) {
-        if let Some(rpm) = l.requests_per_minute {
-            self.requests.refill(rpm, now);
-        }
-        if let Some(tpm) = l.prompt_tokens_per_minute {
-            self.tokens.refill(tpm, now);
+        self.requests
+            .refill(l.requests_per_minute.unwrap_or(0), now);
+        self.tokens
+            .refill(l.prompt_tokens_per_minute.unwrap_or(0), now);
+    }
+
+    /// Moves its counts to `label` (a reload named or unnamed the tenant).
+    fn relabel(&mut self, label: &str, metrics: &Metrics) {
+        if self.label != label {
+            let counters = metrics.tenants.of(label);
+            self.counters.in_flight.sub(i64::from(self.in_progress));
+            counters.in_flight.add(i64::from(self.in_progress));
+            (self.label, self.counters) = (label.to_owned(), counters);
         }
     }
 
@@ -147,6 +206,8 @@ const SHARDS: usize = 16;
 pub struct Tenants {
     shards: [Mutex<HashMap<Arc<str>, State>>; SHARDS],
     tracked: AtomicUsize,
+    /// When idle tenants were last looked for (at `max_tracked`).
+    swept: Mutex<Option<Instant>>,
     metrics: Arc<Metrics>,
 }
 
@@ -163,6 +224,7 @@ impl Tenants {
         Arc::new(Self {
             shards: Default::default(),
             tracked: AtomicUsize::new(0),
+            swept: Mutex::new(None),
             metrics,
         })
     }
@@ -187,32 +249,33 @@ impl Tenants {
         now: Instant,
     ) -> Result<Admitted, RouterError> {
         let mut name = Arc::clone(&tenant.name);
+        let mut label = tenant.label();
         if self.tracked() >= rules.max_tracked && !self.shard(&name).contains_key(&name) {
             self.let_go_idle(rules, now);
-            if self.tracked() >= rules.max_tracked && !tenant.labelled {
-                name = Arc::from(OTHER);
+            if self.tracked() >= rules.max_tracked && tenant.label == Label::Other {
+                (name, label) = (Arc::from(OTHER), OTHER);
             }
         }
         let limits = rules.limits(&name);
         let mut shard = self.shard(&name);
         let state = shard.entry(Arc::clone(&name)).or_insert_with(|| {
             self.tracked.fetch_add(1, Relaxed);
-            let label = if tenant.labelled { &*name } else { OTHER };
-            State::new(limits, self.metrics.tenants.of(label), now)
+            State::new(limits, label, self.metrics.tenants.of(label), now)
         });
+        state.relabel(label, &self.metrics);
         state.refill(limits, now);
-        let refuse = |state: &State, what: String, wait: std::time::Duration, i: usize| {
+        let refuse = |state: &State, what: String, wait: Duration, i: usize| {
             state.counters.refused[i].inc();
             RouterError::RateLimited {
-                tenant: name.to_string(),
+                who: tenant.shown(),
                 what,
-                retry_after_ms: wait.as_millis() as u64,
+                retry_after_ms: whole_ms(wait),
                 headers: state.headers(limits),
             }
         };
         if let Some(max) = limits.max_concurrent.filter(|m| state.in_progress >= *m) {
             let what = format!("{max} requests in progress (max_concurrent)");
-            return Err(refuse(state, what, std::time::Duration::from_secs(1), 0));
+            return Err(refuse(state, what, Duration::from_secs(1), 0));
         }
         if let Some(rpm) = limits.requests_per_minute {
             if let Err(wait) = state.requests.take(rpm, 1) {
@@ -236,14 +299,24 @@ impl Tenants {
             tenants: Arc::clone(self),
             rules: Arc::clone(rules),
             name,
+            shown: tenant.shown(),
             class: tenant.class,
             charged: 0,
+            refunded: false,
             headers: state.headers(limits),
         })
     }
 
-    /// Lets go of every idle tenant (at `max_tracked`).
+    /// Lets go of every idle tenant (at `max_tracked`), at most once a
+    /// second.
     fn let_go_idle(&self, rules: &Rules, now: Instant) {
+        {
+            let mut swept = self.swept.lock().unwrap_or_else(|p| p.into_inner());
+            if swept.is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1)) {
+                return;
+            }
+            *swept = Some(now);
+        }
         for shard in &self.shards {
             let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
             shard.retain(|name, state| {
@@ -259,14 +332,23 @@ impl Tenants {
     }
 }
 
+/// A wait in whole milliseconds, rounded up (at least 1: the OpenAI SDKs
+/// ignore a `retry-after-ms` of 0).
+fn whole_ms(d: Duration) -> u64 {
+    (d.as_micros().div_ceil(1000) as u64).max(1)
+}
+
 /// An admitted request's hold on its tenant's counts, released when it drops.
 pub struct Admitted {
     tenants: Arc<Tenants>,
     rules: Arc<Rules>,
     name: Arc<str>,
+    /// How a refusal names its tenant.
+    shown: String,
     pub class: Class,
     /// Prompt tokens charged so far.
     charged: u64,
+    refunded: bool,
     /// The limits as they stood when it was admitted or charged.
     headers: RateHeaders,
 }
@@ -276,6 +358,29 @@ impl Admitted {
         &self.name
     }
 
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// Its tenant's share when requests wait (`weight`, default 1).
+    pub fn weight(&self) -> u32 {
+        self.rules.limits(&self.name).weight.unwrap_or(1)
+    }
+
+    /// Counts a refusal by the queue (full, or its deadline passed).
+    pub fn turned_away(&self) {
+        if let Some(state) = self.tenants.shard(&self.name).get(&self.name) {
+            state.counters.refused[3].inc();
+        }
+    }
+
+    /// Observes the time it waited in the queue.
+    pub fn waited(&self, d: std::time::Duration) {
+        if let Some(state) = self.tenants.shard(&self.name).get(&self.name) {
+            state.counters.queue_wait.observe(d.as_secs_f64());
+        }
+    }
+
     /// The `x-ratelimit-*` headers for its answer (empty without limits).
     pub fn headers(&self) -> &RateHeaders {
         &self.headers
@@ -283,7 +388,8 @@ impl Admitted {
 
     /// Charges the request's estimated prompt tokens: refused (429) when
     /// fewer are left and the bucket is not full (a prompt larger than the
-    /// whole limit passes alone); its request is then given back.
+    /// whole limit passes alone; the refusal's `refund` gives its request
+    /// back).
     pub fn charge(&mut self, tokens: u64, now: Instant) -> Result<(), RouterError> {
         let limits = self.rules.limits(&self.name);
         let Some(tpm) = limits.prompt_tokens_per_minute else {
@@ -302,18 +408,34 @@ impl Admitted {
                 Ok(())
             }
             Err(wait) => {
-                if let Some(rpm) = limits.requests_per_minute {
-                    state.requests.give(rpm, 1);
-                }
                 state.counters.refused[2].inc();
                 Err(RouterError::RateLimited {
-                    tenant: self.name.to_string(),
+                    who: self.shown.clone(),
                     what: format!("{tpm} prompt tokens per minute"),
-                    retry_after_ms: wait.as_millis() as u64,
+                    retry_after_ms: whole_ms(wait),
                     headers: state.headers(limits),
                 })
             }
         }
+    }
+
+    /// The router refused the request after its head (nothing reached an
+    /// engine): its request and the tokens charged are given back.
+    pub fn refund(&mut self) {
+        if std::mem::replace(&mut self.refunded, true) {
+            return;
+        }
+        let limits = self.rules.limits(&self.name);
+        let mut shard = self.tenants.shard(&self.name);
+        if let Some(state) = shard.get_mut(&self.name) {
+            if let Some(rpm) = limits.requests_per_minute {
+                state.requests.give(rpm, 1);
+            }
+            if let Some(tpm) = limits.prompt_tokens_per_minute {
+                state.tokens.give(tpm, self.charged);
+            }
+        }
+        self.charged = 0;
     }
 
     /// The engine reported `tokens` prompt tokens: the estimate charged is

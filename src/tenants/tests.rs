@@ -66,6 +66,8 @@ fn a_token_debt_reported_by_the_engine_holds_the_next_request_until_paid() {
     drop(first);
     let e = t.arrive(&rules, &anon, t0).err().unwrap();
     assert_eq!(retry_ms(e), 20_010);
+    // A refused head costs nothing: the same wait after it.
+    assert_eq!(retry_ms(t.arrive(&rules, &anon, t0).err().unwrap()), 20_010);
     let mut next = t
         .arrive(&rules, &anon, t0 + Duration::from_secs(21))
         .unwrap();
@@ -77,7 +79,7 @@ fn a_token_debt_reported_by_the_engine_holds_the_next_request_until_paid() {
 }
 
 #[test]
-fn a_refused_charge_gives_its_request_back() {
+fn a_refused_charge_gives_its_request_back_once() {
     let (t, rules) = tenants("{default: {requests_per_minute: 2, prompt_tokens_per_minute: 100}}");
     let anon = rules.identify(None, None).unwrap();
     let t0 = Instant::now();
@@ -85,6 +87,8 @@ fn a_refused_charge_gives_its_request_back() {
     a.charge(90, t0).unwrap();
     let mut b = t.arrive(&rules, &anon, t0).unwrap();
     assert!(b.charge(50, t0).is_err());
+    b.refund();
+    b.refund();
     drop(b);
     // The refused request's one is back: two more heads fit.
     t.arrive(&rules, &anon, t0).unwrap();
@@ -92,7 +96,7 @@ fn a_refused_charge_gives_its_request_back() {
 }
 
 #[test]
-fn a_key_naming_its_tenant_wins_over_the_header_and_an_unnamed_key_yields_to_it() {
+fn a_key_names_its_tenant_and_only_a_gateway_key_lets_the_header_name_it() {
     let (_, rules) = tenants("{header: x-tenant, named: {gold: {class: priority}}}");
     let digest = |k: &str| {
         use sha2::Digest;
@@ -102,19 +106,74 @@ fn a_key_naming_its_tenant_wins_over_the_header_and_an_unnamed_key_yields_to_it(
             .collect::<String>()
     };
     let keys = ApiKeys::parse(&format!(
-        "{} tenant=acme class=priority\n{}\n",
+        "{} tenant=acme class=standard\n{}\n{} gateway\n",
         digest("k1"),
-        digest("k2")
+        digest("k2"),
+        digest("gw")
     ))
     .unwrap();
-    let (k1, k2) = (keys.find(b"k1"), keys.find(b"k2"));
+    let (k1, k2, gw) = (keys.find(b"k1"), keys.find(b"k2"), keys.find(b"gw"));
     let t = rules.identify(k1, Some(b"gold")).unwrap();
-    assert_eq!((&*t.name, t.class), ("acme", Class::Priority));
+    assert_eq!(
+        (&*t.name, t.class, t.label()),
+        ("acme", Class::Standard, "acme")
+    );
+    // An unnamed key is its own tenant, whatever the header says; its
+    // name (its digest) is never shown.
     let t = rules.identify(k2, Some(b"gold")).unwrap();
-    assert_eq!((&*t.name, t.class), ("gold", Class::Priority));
-    let t = rules.identify(k2, None).unwrap();
     assert!(t.name.starts_with("key-") && t.class == Class::Standard);
-    assert!(rules.identify(None, Some(b"a b")).is_none());
+    assert_eq!(
+        (t.label(), t.shown().as_str()),
+        (UNNAMED_KEY, "this API key")
+    );
+    // A gateway's requests are named by the header.
+    let t = rules.identify(gw, Some(b"gold")).unwrap();
+    assert_eq!(
+        (&*t.name, t.class, t.label()),
+        ("gold", Class::Priority, "gold")
+    );
+    let t = rules.identify(gw, Some(b"team-x")).unwrap();
+    assert_eq!((&*t.name, t.label()), ("team-x", OTHER));
+    assert!(rules.identify(gw, None).unwrap().name.starts_with("key-"));
+    for bad in [&b"a b"[..], b"other", b""] {
+        assert!(rules.identify(None, Some(bad)).is_none(), "{bad:?}");
+    }
+    // Without a configured header, a header value names nothing.
+    let (_, plain) = tenants("{}");
+    assert_eq!(
+        &*plain.identify(None, Some(b"gold")).unwrap().name,
+        ANONYMOUS
+    );
+}
+
+#[test]
+fn a_limit_of_zero_is_no_limit() {
+    let (t, rules) = tenants(
+        "{default: {max_concurrent: 0, requests_per_minute: 0, prompt_tokens_per_minute: 0}}",
+    );
+    let anon = rules.identify(None, None).unwrap();
+    let t0 = Instant::now();
+    let held: Vec<_> = (0..100)
+        .map(|_| {
+            let mut a = t.arrive(&rules, &anon, t0).unwrap();
+            a.charge(1_000_000, t0).unwrap();
+            a
+        })
+        .collect();
+    assert_eq!(held[0].headers(), &RateHeaders::default());
+}
+
+#[test]
+fn a_limit_set_by_a_reload_starts_full() {
+    let (t, before) = tenants("{}");
+    let anon = before.identify(None, None).unwrap();
+    let t0 = Instant::now();
+    drop(t.arrive(&before, &anon, t0).unwrap());
+    let (_, after) = tenants("{default: {requests_per_minute: 60}}");
+    let a = t
+        .arrive(&after, &anon, t0 + Duration::from_secs(1))
+        .unwrap();
+    assert_eq!(a.headers().requests.unwrap().remaining, 59);
 }
 
 #[test]

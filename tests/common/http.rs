@@ -290,13 +290,25 @@ pub struct EventStream {
 impl EventStream {
     /// `POST path` with a JSON body; returns once the response head arrived.
     pub fn open(addr: SocketAddr, path: &str, body: &serde_json::Value) -> EventStream {
+        Self::open_with(addr, path, &[], body)
+    }
+
+    /// As [`EventStream::open`], with more request headers.
+    pub fn open_with(
+        addr: SocketAddr,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &serde_json::Value,
+    ) -> EventStream {
         let bytes = serde_json::to_vec(body).expect("json");
         let mut s = connect(addr).expect("connect");
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
         write_head(
             &mut s,
             "POST",
             path,
-            &[("content-type", "application/json")],
+            &all,
             Framing::ContentLength,
             bytes.len(),
         )

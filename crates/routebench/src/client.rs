@@ -46,6 +46,8 @@ pub struct Client {
     /// longest prefix of its prompt (the `oracle` arm).
     oracle: bool,
     pub model: String,
+    /// Sent as `x-tenant` (`noisy-neighbour`: the router's `tenants.header`).
+    pub tenant: Option<Arc<str>>,
     /// Model seconds per wall second (the simulators' `--time-scale`; 1 for real engines).
     pub scale: f64,
     pub epoch: Instant,
@@ -75,6 +77,7 @@ impl Client {
             pick: Arc::new(AtomicU64::new(0x9e37_79b9_7f4a_7c15)),
             oracle: false,
             model: model.to_owned(),
+            tenant: None,
             scale,
             epoch: Instant::now(),
         }
@@ -86,6 +89,13 @@ impl Client {
     pub fn oracle(replicas: &[String], model: &str, scale: f64) -> Self {
         let mut c = Self::spread(replicas, model, scale);
         c.oracle = true;
+        c
+    }
+
+    /// The same endpoint, its requests naming `tenant` (header `x-tenant`).
+    pub fn as_tenant(&self, tenant: &str) -> Self {
+        let mut c = self.clone();
+        c.tenant = Some(Arc::from(tenant));
         c
     }
 
@@ -246,9 +256,12 @@ impl Client {
         let body = Bytes::from(body.to_string());
         let base = self.base(&body).await;
         let send = || {
-            let req = Request::post(format!("{base}{path}"))
-                .header("content-type", "application/json")
-                .body(Full::new(body.clone()));
+            let mut req =
+                Request::post(format!("{base}{path}")).header("content-type", "application/json");
+            if let Some(t) = &self.tenant {
+                req = req.header("x-tenant", &**t);
+            }
+            let req = req.body(Full::new(body.clone()));
             async move {
                 match req {
                     Ok(r) => self.http.request(r).await.map_err(|e| e.to_string()),

@@ -17,7 +17,9 @@
 //! at 4, 8 and 12 questions a second, each with bursts and the first card's
 //! cache emptied halfway; run it with `--sims 4`), and
 //! `agent-loop-shared` (`agent-loop` with every agent starting from one
-//! system prompt). The `oracle` arm has no router: each request goes straight
+//! system prompt), and `noisy-neighbour` (agent loops, each its own tenant
+//! in the `x-tenant` header, alone and then while one more tenant floods
+//! the fleet with one-shots at ten times its share). The `oracle` arm has no router: each request goes straight
 //! to the simulated card that holds the longest prefix of its prompt then. Every run salts its
 //! prompts; every median comes with its p90 and sample size. Times are model
 //! seconds: wall seconds times `--time-scale` (the simulators' own; 1 for real engines).
@@ -32,6 +34,8 @@
 mod client;
 mod fleet;
 mod hold;
+mod noisy;
+mod plot;
 mod report;
 mod scenarios;
 mod stubs;
@@ -45,7 +49,7 @@ use clap::{Parser, Subcommand};
 use client::{Client, Sample};
 use scenarios::Sizes;
 
-const ALL: [&str; 14] = [
+const ALL: [&str; 15] = [
     "agent-loop",
     "burst",
     "mixed",
@@ -60,6 +64,7 @@ const ALL: [&str; 14] = [
     "shared-prefix-bursts",
     "agent-loop-shared",
     "many-tenants",
+    "noisy-neighbour",
 ];
 /// Run when no `--scenario` is given (the others are asked for by name).
 const DEFAULT: usize = 5;
@@ -222,6 +227,7 @@ async fn scenario(name: &str, c: &Client, probe: &Client, s: &Sizes) -> Vec<Samp
         "many-tenants" => {
             scenarios::shared_prefix(c, &salt, s, s.many_tenants, true, Some(probe)).await
         }
+        "noisy-neighbour" => noisy::noisy_neighbour(c, &salt, s).await,
         _ => Vec::new(),
     }
 }
@@ -531,7 +537,7 @@ async fn compare(
         let text = example.split("] ").last().unwrap_or(example);
         md.push_str(&format!("\nFor example: `{text}`\n"));
     }
-    let svg = report::svg("agent-loop: median TTFT per turn (model s)", &turns);
+    let svg = plot::svg("agent-loop: median TTFT per turn (model s)", &turns);
     if let Some(path) = results.as_ref().filter(|_| !turns.is_empty()) {
         let name = path.with_extension("svg");
         let name = name

@@ -196,6 +196,7 @@ pub fn summarize(scenario: &str, samples: &[Sample]) -> Cells {
             ));
             row.push(("placement".into(), placement(ok(samples))));
         }
+        "noisy-neighbour" => noisy_cells(samples, &mut row),
         name if name.starts_with("shared-prefix") || name == "many-tenants" => {
             for (g, v) in groups(samples) {
                 if g.starts_with("burst") {
@@ -242,11 +243,56 @@ pub fn summarize(scenario: &str, samples: &[Sample]) -> Cells {
     finish(scenario, samples, row)
 }
 
+/// `noisy-neighbour`'s cells: the agents' warm-turn TTFT flooded against
+/// alone, their errors, the flood's goodput and refusals.
+fn noisy_cells(samples: &[Sample], row: &mut Cells) {
+    let warm = |g: &str| {
+        Stat::of(
+            ok(samples)
+                .filter(|s| s.group == g && s.turn > 0)
+                .map(|s| s.ttft_s)
+                .collect(),
+        )
+    };
+    let (alone, flooded) = (warm("alone"), warm("flooded"));
+    row.push(("agents alone: warm TTFT".into(), alone.show()));
+    row.push(("agents flooded: warm TTFT".into(), flooded.show()));
+    row.push((
+        "flooded / alone (p50, p90)".into(),
+        format!(
+            "{:.2}x, {:.2}x",
+            flooded.median / alone.median.max(1e-9),
+            flooded.p90 / alone.p90.max(1e-9)
+        ),
+    ));
+    let agents = || samples.iter().filter(|s| s.group != "flood");
+    row.push((
+        "agents' errors".into(),
+        agents().filter(|s| s.status != 200).count().to_string(),
+    ));
+    let flood: Vec<&Sample> = samples.iter().filter(|s| s.group == "flood").collect();
+    let served = flood.iter().filter(|s| s.status == 200).count();
+    let refused = flood
+        .iter()
+        .filter(|s| matches!(s.status, 429 | 503))
+        .count();
+    row.push((
+        "flood: served, refused".into(),
+        format!(
+            "{:.2} req/s ({served}), {refused}",
+            served as f64 / makespan(flood.iter().copied()).max(1e-9)
+        ),
+    ));
+}
 /// The cells every scenario ends with: errors, requests and duration.
 fn finish(scenario: &str, samples: &[Sample], mut row: Cells) -> Cells {
     // A shed request is the point of `overload`, not an error there.
     let shed = match scenario {
         "overload" => samples.iter().filter(|s| s.status == 429).count(),
+        // The flood's refusals are the point; the agents' are counted above.
+        "noisy-neighbour" => (samples.iter())
+            .filter(|s| s.group == "flood" && s.status != 200)
+            .count(),
         _ => 0,
     };
     row.push(("errors".into(), (errors(samples) - shed).to_string()));
@@ -455,99 +501,6 @@ pub fn per_turn(samples: &[Sample]) -> Vec<(usize, f64)> {
     by.into_iter()
         .map(|(t, v)| (t, Stat::of(v).median))
         .collect()
-}
-
-/// A line chart (SVG) of TTFT per turn, one line per series.
-pub fn svg(title: &str, series: &[(String, Vec<(usize, f64)>)]) -> String {
-    let (w, h, left, bottom, top, right) = (640.0, 360.0, 60.0, 40.0, 40.0, 130.0);
-    let max_turn = series
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|(t, _)| *t))
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64;
-    let max_y = series
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|(_, y)| *y))
-        .fold(0.1, f64::max)
-        * 1.1;
-    let x = |t: f64| left + t / max_turn * (w - left - right);
-    let y = |v: f64| top + (1.0 - v / max_y) * (h - top - bottom);
-    let colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
-    let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"20\" font-size=\"14\">{title}</text>\n"
-    );
-    let _ = writeln!(
-        out,
-        "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>",
-        y(0.0),
-        w - right,
-        y(0.0)
-    );
-    let _ = writeln!(
-        out,
-        "<line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{}\" stroke=\"black\"/>",
-        y(0.0)
-    );
-    for i in 0..=4 {
-        let v = max_y * i as f64 / 4.0;
-        let _ = writeln!(
-            out,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{v:.1} s</text>",
-            left - 6.0,
-            y(v) + 4.0
-        );
-    }
-    for t in 0..=max_turn as usize {
-        let _ = writeln!(
-            out,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{t}</text>",
-            x(t as f64),
-            y(0.0) + 16.0
-        );
-    }
-    let _ = writeln!(
-        out,
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">turn (0 = cold first turn)</text>",
-        (left + w - right) / 2.0,
-        h - 6.0
-    );
-    for (i, (name, points)) in series.iter().enumerate() {
-        let c = colors[i % colors.len()];
-        let pts: Vec<String> = points
-            .iter()
-            .map(|(t, v)| format!("{:.1},{:.1}", x(*t as f64), y(*v)))
-            .collect();
-        let _ = writeln!(
-            out,
-            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>",
-            pts.join(" ")
-        );
-        for (t, v) in points {
-            let _ = writeln!(
-                out,
-                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{c}\"/>",
-                x(*t as f64),
-                y(*v)
-            );
-        }
-        let ly = top + 20.0 * i as f64;
-        let _ = writeln!(
-            out,
-            "<line x1=\"{}\" y1=\"{ly}\" x2=\"{}\" y2=\"{ly}\" stroke=\"{c}\" stroke-width=\"2\"/>",
-            w - right + 10.0,
-            w - right + 30.0
-        );
-        let _ = writeln!(
-            out,
-            "<text x=\"{}\" y=\"{}\">{name}</text>",
-            w - right + 36.0,
-            ly + 4.0
-        );
-    }
-    out.push_str("</svg>\n");
-    out
 }
 
 #[cfg(test)]

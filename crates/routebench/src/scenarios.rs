@@ -43,6 +43,9 @@ pub struct Sizes {
     pub many_tenants: usize,
     /// Its arrival rates, each with bursts and an emptied card.
     pub many_rates: Vec<f64>,
+    /// `noisy-neighbour`: clients of the flooding tenant, each sending
+    /// `overload`'s one-shots back to back.
+    pub flood_clients: usize,
 }
 
 impl Sizes {
@@ -81,6 +84,9 @@ impl Sizes {
             // From light (the cards mostly idle) to the engines' queues
             // building: where placing by cache alone starts to pile up.
             many_rates: vec![4.0, 8.0, 12.0],
+            // 10x its share of 8 places (2 cards, shed_in_flight 4) among
+            // 3 tenants (2 agents and itself).
+            flood_clients: 27,
         }
     }
 
@@ -116,6 +122,7 @@ impl Sizes {
             tenant_questions: 48,
             many_tenants: 16,
             many_rates: vec![0.0],
+            flood_clients: 8,
         }
     }
 
@@ -150,6 +157,7 @@ impl Sizes {
             tenant_questions: 30,
             many_tenants: 12,
             many_rates: vec![4.0],
+            flood_clients: 6,
         }
     }
 }
@@ -175,7 +183,7 @@ fn reply(max_tokens: u64) -> String {
 
 /// The first context of an agent conversation: its own, or with `shared`
 /// one every agent of the run starts from (an agent platform's system prompt).
-fn agent_prompt(salt: &str, name: &str, s: &Sizes, shared: bool) -> String {
+pub fn agent_prompt(salt: &str, name: &str, s: &Sizes, shared: bool) -> String {
     let whose = if shared { "every agent" } else { name };
     format!(
         "{salt} {whose}: you are a coding agent.\n{}",
@@ -541,6 +549,6 @@ pub async fn overload(c: &Client, salt: &str, s: &Sizes) -> Vec<Sample> {
     join_all(runs).await.into_iter().flatten().collect()
 }
 
-async fn sleep_model(c: &Client, model_s: f64) {
+pub async fn sleep_model(c: &Client, model_s: f64) {
     tokio::time::sleep(std::time::Duration::from_secs_f64(model_s / c.scale)).await;
 }
