@@ -55,13 +55,14 @@ impl ApiKeys {
     /// Parses the file's text.
     pub fn parse(text: &str) -> Result<Self, KeysError> {
         let mut keys: Vec<Key> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
             let key = parse_line(line, i + 1)?;
-            if keys.iter().any(|k| k.digest == key.digest) {
+            if !seen.insert(key.digest) {
                 return Err(KeysError::Field {
                     line: i + 1,
                     what: "this digest is listed already".into(),

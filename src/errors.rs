@@ -33,7 +33,7 @@ pub enum RouterError {
         retry_after_ms: u64,
         headers: RateHeaders,
     },
-    #[error("every replica is busy and {max_waiting} requests are waiting, most of them this tenant's; retry shortly")]
+    #[error("every replica is busy and the queue is full ({max_waiting} waiting); retry shortly")]
     QueueFull { max_waiting: usize },
     #[error("no replica had room within {ms} ms (queue.deadline_ms); retry shortly")]
     QueueTimeout { ms: u64 },

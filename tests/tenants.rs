@@ -312,3 +312,24 @@ fn a_request_waiting_past_the_queue_deadline_is_answered_503() {
         (router.post("/v1/chat/completions", &single("again")).status == 200).then_some(())
     });
 }
+
+#[test]
+fn a_reload_that_turns_the_queue_off_lets_its_waiters_go_on() {
+    let a = Sim::start("a", &["--decode-tps", "10"]);
+    let router = Router::start(&[&a], "shed_in_flight: 1\nqueue: {deadline_ms: 60000}\n");
+    let held = http::EventStream::open(
+        router.addr,
+        "/v1/chat/completions",
+        &common::streaming("holds the place", 1000),
+    );
+    assert_eq!(held.status, 200);
+    let (done, answers) = std::sync::mpsc::channel();
+    post_in_background(&router, "waiter", &done);
+    wait_for("one waiting", Duration::from_secs(10), || {
+        (router.metric("prefix_router_queue_waiting_requests") == 1.0).then_some(())
+    });
+    router.rewrite(&Router::yaml(&[&a], ""));
+    let (_, r) = answers.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    drop(held);
+}

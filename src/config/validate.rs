@@ -25,11 +25,14 @@ impl Config {
                     "needs shed_in_flight: the in-flight bound requests wait for",
                 ));
             }
-            if q.max_waiting == 0 || q.deadline_ms == 0 {
-                return Err(invalid(
-                    "queue",
-                    "max_waiting and deadline_ms must be positive",
-                ));
+            for (field, v, max) in [
+                ("queue.max_waiting", q.max_waiting as u64, 1_000_000),
+                ("queue.deadline_ms", q.deadline_ms, 3_600_000),
+                ("queue.share_window_ms", q.share_window_ms, 3_600_000),
+            ] {
+                if v == 0 || v > max {
+                    return Err(invalid(field, format!("must be 1 to {max}")));
+                }
             }
         }
         if self.max_body_bytes == 0 {

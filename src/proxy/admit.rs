@@ -17,8 +17,8 @@ impl Router {
     /// Whether a request may go on to be placed under the in-flight
     /// `bound`: at once, after its turn in the queue, or not (the error).
     pub(super) async fn wait_for_room(&self, ctx: &mut Ctx, bound: u32) -> Result<(), RouterError> {
-        let s = self.settings.load();
-        let Some(q) = &s.queue else {
+        // Copied out: no settings held over the wait.
+        let Some(q) = self.settings.load().queue.clone() else {
             return match self.replicas.saturated(bound) {
                 true => Err(RouterError::Saturated { in_flight: bound }),
                 false => Ok(()),
@@ -29,9 +29,8 @@ impl Router {
             None => (Arc::from(ANONYMOUS), Class::Standard, 1),
         };
         let started = Instant::now();
-        let entered = self
-            .queue
-            .enter(&tenant, class, weight, self.places(bound), self.terms(q));
+        let places = || self.places(Some(bound));
+        let entered = (self.queue).enter(&tenant, class, weight, places, self.terms(&q));
         let result = match entered {
             Ok(Entry::Pass(pass)) => Ok(pass),
             Ok(Entry::Wait(waiter)) => {
@@ -68,10 +67,11 @@ impl Router {
     }
 
     /// The in-flight places under `bound`: free, and all.
-    fn places(&self, bound: u32) -> Places {
-        match self.replicas.places(bound) {
+    fn places(&self, bound: Option<u32>) -> Places {
+        match bound.and_then(|b| self.replicas.places(b)) {
             Some((free, total)) => Places { free, total },
-            // No replica is live: nothing to wait for (it fails at once).
+            // No replica is live, or no bound any more (a reload): nothing
+            // to wait for.
             None => Places {
                 free: usize::MAX,
                 total: usize::MAX,
@@ -87,16 +87,17 @@ impl Router {
         }
     }
 
-    /// Lets waiters through into the places free now.
+    /// Lets waiters through into the places free now (every one of them
+    /// when a reload took the queue or the bound away).
     pub(super) fn let_waiters_in(&self) {
         if self.queue.waiting() == 0 {
             return;
         }
         let s = self.settings.load();
-        let (Some(bound), Some(q)) = (s.shed_in_flight, &s.queue) else {
-            return;
-        };
-        self.queue.dispatch(self.places(bound), self.terms(q));
+        let bound = s.shed_in_flight.filter(|_| s.queue.is_some());
+        let q = s.queue.clone().unwrap_or_default();
+        drop(s);
+        self.queue.dispatch(|| self.places(bound), self.terms(&q));
         (self.metrics.tenants.queue_waiting).set(self.queue.waiting() as i64);
     }
 }

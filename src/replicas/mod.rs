@@ -297,10 +297,6 @@ impl Replicas {
         Some(kind)
     }
 
-    /// Every live replica in service (not drained) has at least
-    /// `in_flight` requests at it (the router's, plus those its engine
-    /// reported beyond them; and one is: with none, the request is answered
-    /// `no_replica`).
     /// In-flight places under `in_flight` over the live, undrained
     /// replicas: free ones and all; `None` when none is live.
     pub fn places(&self, in_flight: u32) -> Option<(usize, usize)> {
@@ -313,6 +309,10 @@ impl Replicas {
         })
     }
 
+    /// Every live replica in service (not drained) has at least
+    /// `in_flight` requests at it (the router's, plus those its engine
+    /// reported beyond them; and one is: with none, the request is answered
+    /// `no_replica`).
     pub fn saturated(&self, in_flight: u32) -> bool {
         let list = self.snapshot();
         let mut live = list.iter().filter(|r| r.live() && !r.drained()).peekable();

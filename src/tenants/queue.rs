@@ -13,17 +13,18 @@
 //!   turns by weight (deficit round-robin: a turn lets `weight` requests
 //!   through), a tenant at its share passed over.
 //! - **Bounds**: a full queue pushes out the newest waiter of the tenant
-//!   with the most waiting, never one of a tenant with fewer than the
-//!   newcomer's own (a flood cannot lock others out); a waiter past its
-//!   deadline gives up.
+//!   with the most waiting when it has at least two more than the
+//!   newcomer's own (a flood cannot lock others out), or of a lower class;
+//!   else the newcomer is turned away. A waiter past its deadline gives up.
 //!
 //! A request let through holds a [`Pass`] until it ends: counted against
 //! its tenant's share, and against the free places until it is placed (so
-//! one place is not given twice). Fairness decides when; the policy still
-//! decides where. Time and places are passed in.
+//! one place is not given twice: the places are counted under the queue's
+//! lock, after the passes not yet placed). Fairness decides when; the
+//! policy still decides where. Time and places are passed in.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -34,7 +35,7 @@ use crate::config::Class;
 /// Why a waiter did not get through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Turned {
-    /// The queue is full and this tenant has the most waiting.
+    /// The queue is full (its place went to another tenant's request).
     Full,
     /// Its deadline passed.
     Deadline,
@@ -48,20 +49,16 @@ enum Verdict {
 type Sender = oneshot::Sender<Verdict>;
 
 /// The places now: free ones (bound minus load, over live replicas) and
-/// all of them (`None`: no replica is live; everyone goes on, to fail fast).
+/// all of them.
 #[derive(Debug, Clone, Copy)]
 pub struct Places {
     pub free: usize,
     pub total: usize,
 }
 
-/// One tenant's use of the places.
-struct Share {
-    held: usize,
-    /// The most it held lately, and when.
-    peak: usize,
-    peak_at: Instant,
-    weight: u32,
+/// A tenant's requests waiting in one class.
+#[derive(Default)]
+struct Line {
     /// Requests its current turn may still let through.
     deficit: u32,
     waiters: VecDeque<Sender>,
@@ -69,7 +66,31 @@ struct Share {
     in_turn: bool,
 }
 
+impl Line {
+    /// Drops the senders of waiters that gave up; how many.
+    fn purge(&mut self) -> usize {
+        let before = self.waiters.len();
+        self.waiters.retain(|w| !w.is_closed());
+        before - self.waiters.len()
+    }
+}
+
+/// One tenant's use of the places.
+struct Share {
+    held: usize,
+    /// The most it held lately, and when it last held that many.
+    peak: usize,
+    peak_at: Instant,
+    weight: u32,
+    /// `priority`, `standard`.
+    lines: [Line; 2],
+}
+
 impl Share {
+    fn waiting(&self) -> usize {
+        self.lines.iter().map(|l| l.waiters.len()).sum()
+    }
+
     /// Places it wants: what it holds and waits for, or held lately.
     fn demand(&self, now: Instant, window: Duration) -> usize {
         let lately = if now.saturating_duration_since(self.peak_at) <= window {
@@ -77,7 +98,7 @@ impl Share {
         } else {
             0
         };
-        lately.max(self.held + self.waiters.len())
+        lately.max(self.held + self.waiting())
     }
 
     /// Takes a place; the peak kept is the most held within `window`.
@@ -92,8 +113,8 @@ impl Share {
 
 struct Inner {
     shares: HashMap<Arc<str>, Share>,
-    /// Tenants with waiters, per class (`priority`, `standard`), in turn
-    /// order: the front one is being served.
+    /// Tenants with waiters, per class, in turn order: the front one is
+    /// being served.
     turns: [VecDeque<Arc<str>>; 2],
     /// Senders held, including those whose waiter gave up.
     entries: usize,
@@ -109,7 +130,8 @@ fn lane(class: Class) -> usize {
 }
 
 /// Max-min fair shares of `total` places by weight, over `(name, demand,
-/// weight)`: every tenant at least one place.
+/// weight)`: water-filled, then rounded so they add up to what was given
+/// (largest remainders first); every tenant at least one place.
 fn allocate(total: usize, mut wants: Vec<(Arc<str>, usize, u32)>) -> HashMap<Arc<str>, usize> {
     wants.sort_by(|a, b| {
         let (x, y) = (a.1 as f64 / a.2 as f64, b.1 as f64 / b.2 as f64);
@@ -117,14 +139,36 @@ fn allocate(total: usize, mut wants: Vec<(Arc<str>, usize, u32)>) -> HashMap<Arc
     });
     let mut left = total as f64;
     let mut weights: f64 = wants.iter().map(|w| f64::from(w.2)).sum();
-    let mut out = HashMap::with_capacity(wants.len());
+    let mut given = Vec::with_capacity(wants.len());
     for (name, demand, weight) in wants {
         let fair = left * f64::from(weight) / weights.max(1.0);
-        let given = (demand as f64).min(fair);
-        left -= given;
+        let g = (demand as f64).min(fair);
+        left -= g;
         weights -= f64::from(weight);
-        out.insert(name, (given.floor() as usize).max(1));
+        given.push((name, g));
     }
+    let whole: f64 = given.iter().map(|(_, g)| g.floor()).sum();
+    let sum: f64 = given.iter().map(|(_, g)| g).sum();
+    let mut extra = (sum.round() - whole).max(0.0) as usize;
+    let mut by_remainder: Vec<usize> = (0..given.len()).collect();
+    by_remainder.sort_by(|&a, &b| {
+        let r = |i: usize| given[i].1 - given[i].1.floor();
+        r(b).total_cmp(&r(a))
+    });
+    let mut out: HashMap<Arc<str>, usize> = given
+        .iter()
+        .map(|(n, g)| (Arc::clone(n), g.floor() as usize))
+        .collect();
+    for i in by_remainder {
+        if extra == 0 {
+            break;
+        }
+        if let Some(v) = out.get_mut(&given[i].0) {
+            *v += 1;
+            extra -= 1;
+        }
+    }
+    out.values_mut().for_each(|v| *v = (*v).max(1));
     out
 }
 
@@ -135,6 +179,10 @@ pub struct Queue {
     waiting: AtomicUsize,
     /// Passes not yet placed.
     unplaced: AtomicUsize,
+    /// When a waiter last looked for room (ms since `epoch`): one look
+    /// serves all waiting.
+    looked: AtomicU64,
+    epoch: Instant,
 }
 
 impl std::fmt::Debug for Queue {
@@ -156,6 +204,8 @@ impl Default for Queue {
             }),
             waiting: AtomicUsize::new(0),
             unplaced: AtomicUsize::new(0),
+            looked: AtomicU64::new(0),
+            epoch: Instant::now(),
         }
     }
 }
@@ -184,18 +234,30 @@ impl Queue {
         self.waiting.load(Relaxed)
     }
 
+    /// Free places under the lock: the passes not yet placed are read
+    /// before the replicas' loads (a pass placed in between is counted
+    /// twice, never missed).
+    fn free(&self, places: &impl Fn() -> Places) -> Places {
+        let unplaced = self.unplaced.load(Relaxed);
+        let p = places();
+        Places {
+            free: p.free.saturating_sub(unplaced),
+            total: p.total,
+        }
+    }
+
     /// A request of `tenant` asks for a place: a pass at once when a place
     /// is free, nobody waits, and its share allows; else in line. At
     /// `max_waiting`, the newest waiter of the tenant with the most waiting
-    /// (in this class or, for a priority request, in `standard`) is pushed
-    /// out for it when that tenant has more waiting than this one; else this
-    /// one is turned away.
+    /// is pushed out for it when that tenant has at least two more waiting
+    /// than this one (or waits in a lower class); else this one is turned
+    /// away.
     pub fn enter(
         self: &Arc<Self>,
         tenant: &Arc<str>,
         class: Class,
         weight: u32,
-        places: Places,
+        places: impl Fn() -> Places,
         terms: Terms,
     ) -> Result<Entry, Turned> {
         let mut inner = self.lock();
@@ -210,17 +272,17 @@ impl Queue {
                 peak: 0,
                 peak_at: terms.now,
                 weight,
-                deficit: 0,
-                waiters: VecDeque::new(),
-                in_turn: false,
+                lines: Default::default(),
             });
         share.weight = weight.max(1);
-        let free = places.free.saturating_sub(self.unplaced.load(Relaxed));
-        if self.waiting() == 0 && free > 0 {
-            let within = share.held == 0 || {
-                let shares = self.shares_of(&inner, places.total, terms, Some(tenant));
-                inner.shares[tenant].held < shares.get(tenant).copied().unwrap_or(1)
-            };
+        let held = share.held;
+        if self.waiting() == 0 {
+            let p = self.free(&places);
+            let within = p.free > 0
+                && (held == 0 || {
+                    let shares = self.shares_of(&inner, p.total, terms, Some(tenant));
+                    held < shares.get(tenant).copied().unwrap_or(1)
+                });
             if within {
                 return Ok(Entry::Pass(self.pass(&mut inner, tenant, terms)));
             }
@@ -228,15 +290,21 @@ impl Queue {
         if self.waiting() >= terms.max_waiting {
             self.push_out(&mut inner, tenant, class)?;
         }
-        if inner.entries > 2 * terms.max_waiting + 16 {
-            purge(&mut inner);
+        if inner.entries > terms.max_waiting.saturating_mul(2).saturating_add(16) {
+            let mut dropped = 0;
+            for s in inner.shares.values_mut() {
+                dropped += s.lines.iter_mut().map(Line::purge).sum::<usize>();
+            }
+            inner.entries -= dropped;
         }
         let (tx, rx) = oneshot::channel();
         let Some(share) = inner.shares.get_mut(tenant) else {
             return Err(Turned::Full);
         };
-        share.waiters.push_back(tx);
-        if !std::mem::replace(&mut share.in_turn, true) {
+        let line = &mut share.lines[lane(class)];
+        line.waiters.push_back(tx);
+        let newly = !std::mem::replace(&mut line.in_turn, true);
+        if newly {
             inner.turns[lane(class)].push_back(Arc::clone(tenant));
         }
         inner.entries += 1;
@@ -282,20 +350,28 @@ impl Queue {
     }
 
     fn push_out(&self, inner: &mut Inner, tenant: &Arc<str>, class: Class) -> Result<(), Turned> {
-        let waiting =
-            |inner: &Inner, name: &Arc<str>| inner.shares.get(name).map_or(0, |s| s.waiters.len());
-        let own = waiting(inner, tenant);
+        // Live waiters only: those that gave up are dropped first.
+        let mut dropped = 0;
+        for s in inner.shares.values_mut() {
+            dropped += s.lines.iter_mut().map(Line::purge).sum::<usize>();
+        }
+        inner.entries -= dropped;
+        let waiting = |inner: &Inner, name: &Arc<str>, i: usize| {
+            inner
+                .shares
+                .get(name)
+                .map_or(0, |s| s.lines[i].waiters.len())
+        };
+        let own = waiting(inner, tenant, lane(class));
         let victim = (lane(class)..2)
             .flat_map(|i| inner.turns[i].iter().map(move |n| (i, n)))
-            .map(|(i, n)| (i, n, waiting(inner, n)))
-            .filter(|(i, _, n)| *i > lane(class) || *n > own + 1)
-            .max_by_key(|(_, _, n)| *n)
-            .map(|(_, n, _)| Arc::clone(n))
+            .map(|(i, n)| (i, n, waiting(inner, n, i)))
+            .filter(|(i, _, n)| *n > 0 && (*i > lane(class) || *n > own + 1))
+            .max_by_key(|(i, _, n)| (*i, *n))
+            .map(|(i, n, _)| (i, Arc::clone(n)))
             .ok_or(Turned::Full)?;
-        let pushed = inner
-            .shares
-            .get_mut(&victim)
-            .and_then(|s| s.waiters.pop_back());
+        let pushed =
+            (inner.shares.get_mut(&victim.1)).and_then(|s| s.lines[victim.0].waiters.pop_back());
         if let Some(w) = pushed {
             inner.entries -= 1;
             // Its waiter stops waiting when it reads this.
@@ -306,28 +382,46 @@ impl Queue {
 
     /// Lets waiters through into the free places, by class and turn, each
     /// within its tenant's share.
-    pub fn dispatch(self: &Arc<Self>, places: Places, terms: Terms) {
-        let mut free = places.free.saturating_sub(self.unplaced.load(Relaxed));
-        if free == 0 || self.waiting() == 0 {
+    pub fn dispatch(self: &Arc<Self>, places: impl Fn() -> Places, terms: Terms) {
+        if self.waiting() == 0 {
             return;
         }
-        let mut inner = self.lock();
-        let shares = self.shares_of(&inner, places.total, terms, None);
-        // Passes a waiter gone meanwhile hands back drop after the lock.
+        // Passes a waiter gone meanwhile hands back: dropped after the lock.
         let mut returned = Vec::new();
-        while free > 0 {
-            let Some((tenant, w)) = next(&mut inner, &shares) else {
-                break;
-            };
-            let pass = self.pass(&mut inner, &tenant, terms);
-            match w.send(Verdict::Go(pass)) {
-                Ok(()) => free -= 1,
-                Err(verdict) => returned.push(verdict),
+        let mut inner = self.lock();
+        let p = self.free(&places);
+        let mut free = p.free;
+        if free > 0 {
+            let shares = self.shares_of(&inner, p.total, terms, None);
+            while free > 0 {
+                let Some((tenant, w)) = next(&mut inner, &shares) else {
+                    break;
+                };
+                let pass = self.pass(&mut inner, &tenant, terms);
+                match w.send(Verdict::Go(pass)) {
+                    Ok(()) => free -= 1,
+                    Err(verdict) => returned.push(verdict),
+                }
             }
         }
-        prune(&mut inner, terms);
+        if inner.shares.len() >= inner.prune_at {
+            prune(&mut inner, terms);
+        }
         drop(inner);
         drop(returned);
+    }
+
+    /// Whether a waiter should look for room now: not when another did
+    /// within a fifth of [`LOOK_EVERY`].
+    fn time_to_look(&self) -> bool {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let last = self.looked.load(Relaxed);
+        let gap = LOOK_EVERY.as_millis() as u64 / 5;
+        now >= last + gap
+            && self
+                .looked
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
     }
 }
 
@@ -340,8 +434,8 @@ fn next(inner: &mut Inner, shares: &HashMap<Arc<str>, usize>) -> Option<(Arc<str
         entries,
         ..
     } = inner;
-    for turn in turns.iter_mut() {
-        // Each tenant in line is looked at once per pass over the lane.
+    for (i, turn) in turns.iter_mut().enumerate() {
+        // Each tenant in line is looked at once per pass over the class.
         let mut looked = 0;
         while looked < turn.len() {
             let Some(name) = turn.front().cloned() else {
@@ -351,31 +445,33 @@ fn next(inner: &mut Inner, shares: &HashMap<Arc<str>, usize>) -> Option<(Arc<str
                 turn.pop_front();
                 continue;
             };
-            while s.waiters.front().is_some_and(Sender::is_closed) {
-                s.waiters.pop_front();
+            let at_share = s.held >= shares.get(&name).copied().unwrap_or(1);
+            let line = &mut s.lines[i];
+            while line.waiters.front().is_some_and(Sender::is_closed) {
+                line.waiters.pop_front();
                 *entries -= 1;
             }
-            if s.waiters.is_empty() {
-                (s.deficit, s.in_turn) = (0, false);
+            if line.waiters.is_empty() || !line.in_turn {
+                (line.deficit, line.in_turn) = (0, false);
                 turn.pop_front();
                 continue;
             }
-            if s.held >= shares.get(&name).copied().unwrap_or(1) {
-                s.deficit = 0;
+            if at_share {
+                line.deficit = 0;
                 turn.rotate_left(1);
                 looked += 1;
                 continue;
             }
-            if s.deficit == 0 {
-                s.deficit = s.weight;
+            if line.deficit == 0 {
+                line.deficit = s.weight;
             }
-            s.deficit -= 1;
-            let w = s.waiters.pop_front()?;
+            line.deficit -= 1;
+            let w = line.waiters.pop_front()?;
             *entries -= 1;
-            if s.waiters.is_empty() {
-                (s.deficit, s.in_turn) = (0, false);
+            if line.waiters.is_empty() {
+                (line.deficit, line.in_turn) = (0, false);
                 turn.pop_front();
-            } else if s.deficit == 0 {
+            } else if line.deficit == 0 {
                 turn.rotate_left(1);
             }
             return Some((name, w));
@@ -384,22 +480,22 @@ fn next(inner: &mut Inner, shares: &HashMap<Arc<str>, usize>) -> Option<(Arc<str
     None
 }
 
-/// Lets go of tenants no longer active (their shares are then as new).
+/// Lets go of tenants no longer active (their shares are then as new), and
+/// of names in the turns whose tenant has no waiters there.
 fn prune(inner: &mut Inner, terms: Terms) {
     inner.shares.retain(|_, s| {
         s.held > 0
-            || !s.waiters.is_empty()
+            || s.waiting() > 0
             || terms.now.saturating_duration_since(s.peak_at) <= terms.window
     });
-    inner.prune_at = 2 * inner.shares.len() + 64;
-}
-
-fn purge(inner: &mut Inner) {
-    for s in inner.shares.values_mut() {
-        let before = s.waiters.len();
-        s.waiters.retain(|w| !w.is_closed());
-        inner.entries -= before - s.waiters.len();
+    let Inner { shares, turns, .. } = inner;
+    for (i, turn) in turns.iter_mut().enumerate() {
+        let mut seen = HashSet::new();
+        turn.retain(|n| {
+            shares.get(n).is_some_and(|s| s.lines[i].in_turn) && seen.insert(Arc::clone(n))
+        });
     }
+    inner.prune_at = 2 * inner.shares.len() + 64;
 }
 
 /// A request in line.
@@ -419,12 +515,17 @@ impl Waiter {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(Turned::Deadline);
+                // A pass given at the last moment is taken, not lost.
+                return match self.rx.try_recv() {
+                    Ok(Verdict::Go(pass)) => Ok(pass),
+                    _ => Err(Turned::Deadline),
+                };
             }
             match tokio::time::timeout(left.min(LOOK_EVERY), &mut self.rx).await {
                 Ok(Ok(Verdict::Go(pass))) => return Ok(pass),
                 Ok(Ok(Verdict::PushedOut) | Err(_)) => return Err(Turned::Full),
-                Err(_) => look(),
+                Err(_) if self.queue.time_to_look() => look(),
+                Err(_) => {}
             }
         }
     }
@@ -465,6 +566,11 @@ impl Drop for Pass {
     fn drop(&mut self) {
         self.placed();
         if let Some(s) = self.queue.lock().shares.get_mut(&self.tenant) {
+            // Recent use is timed from its end: a tenant that held this
+            // many until now keeps them in its share for the window.
+            if s.held >= s.peak {
+                s.peak_at = Instant::now();
+            }
             s.held = s.held.saturating_sub(1);
         }
     }

@@ -66,9 +66,12 @@ impl Publisher {
 
     /// Publishes empty batches until `heard` (a PUB socket drops what it
     /// sends before a subscription is in; the router asks the replay socket
-    /// for what it missed).
+    /// for what it missed). Within a minute: after a publisher restarts,
+    /// the SUB socket's own reconnection backs off (0.1 s doubling), so on
+    /// a loaded machine whose publisher took seconds to bind again the
+    /// next attempt can be 13 s later (seen once in CI at 20 s).
     pub fn probe(&mut self, mut heard: impl FnMut() -> bool) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while !heard() {
             assert!(
                 std::time::Instant::now() < deadline,

@@ -21,7 +21,7 @@ fn wait(
     places: Places,
     now: Instant,
 ) -> Waiter {
-    match q.enter(&name(tenant), class, weight, places, terms(now)) {
+    match q.enter(&name(tenant), class, weight, || places, terms(now)) {
         Ok(Entry::Wait(w)) => w,
         Ok(Entry::Pass(_)) => panic!("{tenant} passed"),
         Err(e) => panic!("{tenant}: {e:?}"),
@@ -29,7 +29,7 @@ fn wait(
 }
 
 fn pass(q: &Arc<Queue>, tenant: &str, places: Places, now: Instant) -> Pass {
-    match q.enter(&name(tenant), Class::Standard, 1, places, terms(now)) {
+    match q.enter(&name(tenant), Class::Standard, 1, || places, terms(now)) {
         Ok(Entry::Pass(p)) => p,
         Ok(Entry::Wait(_)) => panic!("{tenant} waits"),
         Err(e) => panic!("{tenant}: {e:?}"),
@@ -72,7 +72,7 @@ fn tenants_take_turns_by_weight() {
     let mut order = Vec::new();
     for _ in 0..8 {
         let free = passes.len() + 1;
-        q.dispatch(Places { free, total: 100 }, terms(now));
+        q.dispatch(|| Places { free, total: 100 }, terms(now));
         order.extend(through(&mut waiters, &mut passes));
     }
     assert_eq!(order, ["a0", "a1", "a2", "b0", "a3", "a4", "a5", "b1"]);
@@ -96,16 +96,16 @@ fn priority_goes_first_and_a_pass_holds_its_free_place_until_placed() {
         free: 1,
         total: 100,
     };
-    q.dispatch(one, terms(now));
+    q.dispatch(|| one, terms(now));
     assert_eq!(through(&mut waiters, &mut passes), ["p"]);
     // Let through, not placed: the free place is its.
-    q.dispatch(one, terms(now));
+    q.dispatch(|| one, terms(now));
     assert!(through(&mut waiters, &mut passes).is_empty());
     passes[0].placed();
-    q.dispatch(one, terms(now));
+    q.dispatch(|| one, terms(now));
     assert_eq!(through(&mut waiters, &mut passes), ["s"]);
     q.dispatch(
-        Places {
+        || Places {
             free: 2,
             total: 100,
         },
@@ -133,7 +133,7 @@ fn a_flood_is_held_to_what_a_quiet_tenant_leaves_and_has_everything_alone() {
     // Alone past the window, the flood has every place.
     drop(passes);
     let later = t0 + Duration::from_secs(11);
-    q.dispatch(places(1), terms(later));
+    q.dispatch(|| places(1), terms(later));
     assert!(matches!(waiting.rx.try_recv(), Ok(Verdict::Go(_))));
 }
 
@@ -146,7 +146,7 @@ fn a_full_queue_pushes_out_the_longest_tenant_never_a_shorter_one() {
         ..terms(now)
     };
     let flood = name("flood");
-    let enter = |tenant: &Arc<str>| q.enter(tenant, Class::Standard, 1, FULL, t);
+    let enter = |tenant: &Arc<str>| q.enter(tenant, Class::Standard, 1, || FULL, t);
     let mut held: Vec<Waiter> = (0..4)
         .map(|_| match enter(&flood) {
             Ok(Entry::Wait(w)) => w,
@@ -163,7 +163,7 @@ fn a_full_queue_pushes_out_the_longest_tenant_never_a_shorter_one() {
     held.pop();
     assert_eq!(q.waiting(), 4);
     q.dispatch(
-        Places {
+        || Places {
             free: 2,
             total: 100,
         },
@@ -182,15 +182,15 @@ fn waiters_that_gave_up_are_skipped_and_purged() {
         ..terms(now)
     };
     for _ in 0..100 {
-        drop(q.enter(&name("a"), Class::Standard, 1, FULL, t));
+        drop(q.enter(&name("a"), Class::Standard, 1, || FULL, t));
     }
     assert_eq!(q.waiting(), 0);
     assert!(q.lock().entries <= 2 * 4 + 16 + 1, "{}", q.lock().entries);
-    let Ok(Entry::Wait(mut live)) = q.enter(&name("a"), Class::Standard, 1, FULL, t) else {
+    let Ok(Entry::Wait(mut live)) = q.enter(&name("a"), Class::Standard, 1, || FULL, t) else {
         panic!("a")
     };
     q.dispatch(
-        Places {
+        || Places {
             free: 1,
             total: 100,
         },
@@ -222,7 +222,52 @@ fn shares_are_max_min_fair_by_weight() {
         10,
         vec![(name("a"), 1, 1), (name("b"), 100, 1), (name("c"), 100, 3)],
     );
-    assert_eq!((shares["a"], shares["b"], shares["c"]), (1, 2, 6));
+    // b and c share the 9 left 1:3, rounded to add up: 2 and 7.
+    assert_eq!((shares["a"], shares["b"], shares["c"]), (1, 2, 7));
+    // Two floods on 5 places: all 5 given (3 and 2), none idle.
+    let two = allocate(5, vec![(name("x"), 100, 1), (name("y"), 100, 1)]);
+    assert_eq!(two["x"] + two["y"], 5);
     let alone = allocate(10, vec![(name("b"), 100, 1)]);
     assert_eq!(alone["b"], 10);
+}
+
+#[test]
+fn a_turn_longer_than_the_window_keeps_its_place_from_when_it_ended() {
+    let q = Arc::new(Queue::default());
+    let now = Instant::now();
+    let Some(long_ago) = now.checked_sub(Duration::from_secs(20)) else {
+        return;
+    };
+    let places = |free| Places { free, total: 4 };
+    // A 20 s turn, ended just now.
+    drop(pass(&q, "agent", places(4), long_ago));
+    let mut flood: Vec<Pass> = (0..3).map(|_| pass(&q, "flood", places(4), now)).collect();
+    flood.iter_mut().for_each(Pass::placed);
+    // The fourth place stays the agent's.
+    let _waiting = wait(&q, "flood", Class::Standard, 1, places(1), now);
+}
+
+#[test]
+fn a_tenants_priority_requests_go_before_its_standard_ones() {
+    let q = Arc::new(Queue::default());
+    let now = Instant::now();
+    let mut waiters = vec![
+        (
+            "standard".to_owned(),
+            wait(&q, "t", Class::Standard, 1, FULL, now),
+        ),
+        (
+            "priority".to_owned(),
+            wait(&q, "t", Class::Priority, 1, FULL, now),
+        ),
+    ];
+    let mut passes = Vec::new();
+    q.dispatch(
+        || Places {
+            free: 1,
+            total: 100,
+        },
+        terms(now),
+    );
+    assert_eq!(through(&mut waiters, &mut passes), ["priority"]);
 }
