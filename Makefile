@@ -59,8 +59,9 @@ bench-scale: prepare
 # side by side, on simulated cards (3 salts, ~15 min; then steady singles behind
 # many tenants' prompts, 2 salts, ~20 min; engine_load and the
 # load guard on `unseen-load`, ~6 min, the capacity wall's levers, ~5 min,
-# agent loops on the Responses API, ~3 min, and 150 tenants overflowing 4
-# cards against an oracle, ~5 min)
+# agent loops on the Responses API, ~3 min, 150 tenants overflowing 4
+# cards against an oracle, ~5 min, and a tenant flooding the fleet beside
+# agent loops, with and without fair admission, ~5 min)
 # and on two real llama.cpp replicas (~15 min, then agent loops amid bursts in
 # 3 rounds, each engine on its own CPU, ~19 min, then steady singles behind
 # tenants' prompts on engines of 4 slots, ~10 min); rewrites docs/results.md and
@@ -97,6 +98,10 @@ results: prepare
 	  --policies shape,shape+kv_events,roundrobin,oracle --sim-arg=--tokenizer=$(CURDIR)/.real-engine/tokenizer \
 	  --label "4 simulated cards with SmolLM2's tokenizer, 150 tenants of 6k-token prompts, twice what the cards hold (replica-sim)" \
 	  --out bench-out/many-tenants --results bench-out/results-many-tenants.md
+	target/release/routebench compare --time-scale 10 --salts 3 --scenario noisy-neighbour \
+	  --policies 'shape,shape+shed_in_flight=4,shape+shed_in_flight=4+queue.max_waiting=1024,shape+shed_in_flight=4+queue.max_waiting=1024+tenants.header=x-tenant,shape+shed_in_flight=2+queue.max_waiting=1024+tenants.header=x-tenant' \
+	  --label "simulated replicas, a tenant flooding the fleet beside agent loops (replica-sim)" \
+	  --out bench-out/noisy --results bench-out/results-noisy.md
 	ENGINE_CPUS="0 1" \
 	  LABEL="real llama.cpp replicas, each engine on its own CPU (xllamacpp, SmolLM2-135M cut to 4 blocks, 1 thread, 1 slot of 4096 tokens)" \
 	  scripts/real-engine.sh compare
@@ -111,7 +116,8 @@ results: prepare
 	cat docs/results-preface.md bench-out/results-sim.md bench-out/results-shared.md \
 	  bench-out/results-unseen.md \
 	  bench-out/results-capacity.md bench-out/results-capacity-one.md \
-	  bench-out/results-responses.md bench-out/results-many-tenants.md bench-out/results-real.md \
+	  bench-out/results-responses.md bench-out/results-many-tenants.md bench-out/results-noisy.md \
+	  bench-out/results-real.md \
 	  bench-out/results-real-mixed.md bench-out/results-real-shared.md > docs/results.md
 	cp bench-out/results-sim.svg bench-out/results-responses.svg bench-out/results-real.svg \
 	  bench-out/results-real-mixed.svg docs/

@@ -402,6 +402,10 @@ pub type Headline = (String, usize, String, f64);
 /// This run's headline figures per arm (every salt's, in run order), with the
 /// seed's measurements beside them when the run used the seed's sizes.
 pub fn seed_table(headline: &[Headline], arms: &[String], with_seed: bool) -> String {
+    // Scenarios without headline measures (`noisy-neighbour`): no table.
+    if headline.is_empty() {
+        return String::new();
+    }
     let cell = |arm: &str, measure: &str| {
         let values: Vec<String> = headline
             .iter()
