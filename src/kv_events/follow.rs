@@ -17,17 +17,21 @@
 //! restart) also makes the router's own index forget the replica's prefixes
 //! at once (`Repair::Events`), instead of after a failed health check or a
 //! miss; an old clear read in a replay of the engine's first batches (SGLang
-//! clears at start) does not. A socket that fails, or whose replica fails
-//! its health checks (ZMTP has no heartbeat, so a host gone silently would
-//! hold a dead connection), is opened again after a pause (1 s doubling to
-//! 10 s); the sequence carries over, so batches lost meanwhile are asked
-//! for too. A message of another topic or shape is skipped and counted.
+//! clears at start) does not. A socket that fails, whose publisher closes
+//! the connection (an engine restarting: the socket library's own
+//! reconnection, backing off to 30 s, was seen not to hear the new process
+//! for over a minute), or whose replica fails its health checks (ZMTP has
+//! no heartbeat, so a host gone silently would hold a dead connection), is
+//! opened again after a pause (1 s doubling to 10 s); the sequence carries
+//! over, so batches lost meanwhile are asked for too. A message of another
+//! topic or shape is skipped and counted.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use zeromq::{Socket, SocketOptions, SocketRecv, SubSocket};
+use futures_util::StreamExt;
+use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket};
 
 use super::replay::{replay, CONNECT_TIMEOUT};
 use crate::config::KvEvents;
@@ -91,6 +95,7 @@ impl Follow {
         let mut options = SocketOptions::default();
         options.connect_timeout(CONNECT_TIMEOUT);
         let mut sub = SubSocket::with_options(options);
+        let mut events = sub.monitor();
         sub.connect(endpoint).await.map_err(|e| e.to_string())?;
         (sub.subscribe(&self.config.topic).await).map_err(|e| e.to_string())?;
         if std::mem::take(failing) {
@@ -103,6 +108,12 @@ impl Follow {
         loop {
             let message = tokio::select! {
                 m = sub.recv() => m.map_err(|e| e.to_string())?,
+                event = events.next() => match event {
+                    Some(SocketEvent::Disconnected(_)) | None => {
+                        return Err("the publisher closed the connection".into());
+                    }
+                    Some(_) => continue,
+                },
                 _ = check.tick() => {
                     if self.replica.has_been_checked() && !self.replica.checked() {
                         return Err("its health checks fail".into());
