@@ -25,7 +25,7 @@ LAYERS = [
     # Built from the config: metrics handles, the log, name resolution, the
     # upgrade socket, the router's own requests to engines, the policy's
     # parameters, admission limits, API keys.
-    ["metrics", "access_log", "resolve", "upgrade", "engine_client", "policy_config", "admission", "auth"],
+    ["metrics", "access_log", "resolve", "upgrade", "engine_client", "policy_config", "admission", "auth", "traces"],
     # The replica set, shared pins.
     ["replicas", "shared_pins", "tenants"],
     # The admin API over the set (the status listener serves it).

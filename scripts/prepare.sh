@@ -55,6 +55,13 @@ if ! ls .kv/wheels/sglang-0.5.23-*.whl >/dev/null 2>&1; then
   .kv/venv/bin/pip download --quiet --no-deps 'sglang==0.5.23' -d .kv/wheels
 fi
 
+# An OTLP receiver for tests/traces.rs (tests/common/otlp_receiver.py): the
+# official OTLP protobuf definitions, decoding what the router exports.
+if [ ! -x .otel/venv/bin/python ] || ! .otel/venv/bin/python -c 'import opentelemetry.proto' 2>/dev/null; then
+  python3 -m venv .otel/venv
+  .otel/venv/bin/pip install --quiet 'opentelemetry-proto==1.45.2' 'protobuf==7.36.2'
+fi
+
 # The schemas tests/kubernetes.rs checks the manifests against (offline).
 if [ ! -x .kube/venv/bin/kubernetes-validate ]; then
   python3 -m venv .kube/venv

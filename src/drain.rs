@@ -12,6 +12,7 @@ use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 
 use crate::admission::Admission;
+use crate::traces::Traces;
 
 /// Connections accepted just before the signal get this long to send their
 /// request before an empty count means "drained".
@@ -21,6 +22,8 @@ const POLL: Duration = Duration::from_millis(50);
 /// Exits the process once a graceful stop has nothing left in flight.
 pub struct Drain {
     pub admission: Arc<Admission>,
+    /// Sent before exiting.
+    pub traces: Option<Arc<Traces>>,
 }
 
 #[async_trait]
@@ -34,6 +37,9 @@ impl BackgroundService for Drain {
             tokio::time::sleep(POLL).await;
         }
         log::info!("stopping: nothing in flight, exiting");
+        if let Some(t) = &self.traces {
+            t.flush();
+        }
         std::process::exit(0);
     }
 }

@@ -48,5 +48,6 @@ pub mod settings;
 pub mod shared_pins;
 pub mod status;
 pub mod tenants;
+pub mod traces;
 pub mod upgrade;
 pub mod usage;

@@ -100,6 +100,10 @@ fn main() -> anyhow::Result<()> {
     };
     let keys = open_keys(&cfg.api_keys_file, "api_keys_file")?;
     let admin_keys = open_keys(&cfg.admin_keys_file, "admin_keys_file")?;
+    let traces = match &cfg.traces {
+        Some(t) => Some(Arc::new(prefix_router::traces::Traces::start(t)?)),
+        None => None,
+    };
     if let Some(warning) = cfg.key_warning() {
         log::warn!("config: {warning}");
     }
@@ -292,6 +296,7 @@ fn main() -> anyhow::Result<()> {
         keys: keys.clone(),
         tenants: prefix_router::tenants::Tenants::new(Arc::clone(&metrics)),
         queue: Arc::default(),
+        traces: traces.clone(),
         responses: Arc::clone(&responses),
         shared: shared.clone(),
         checkpoints: Arc::new({
@@ -392,7 +397,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(shared) = shared {
         server.add_service(background_service("shared pins", SharedPinsTask(shared)));
     }
-    server.add_service(background_service("drain", Drain { admission }));
+    server.add_service(background_service("drain", Drain { admission, traces }));
     server.add_service(background_service("capacity", capacity));
     server.add_service(balancer_service);
     server.add_service(proxy).add_dependency(&gate);

@@ -13,12 +13,14 @@ pub mod redis_url;
 mod replica;
 mod sections;
 mod tenants;
+mod traces;
 mod validate;
 
 pub use redis_url::parse_url as parse_redis_url;
 pub use replica::{KvEvents, Replica, Secret};
 pub use sections::*;
 pub use tenants::{valid_tenant_name, Class, Queue, TenantLimits, Tenants, MAX_TENANT_NAME, OTHER};
+pub use traces::Traces;
 
 /// The configuration the router runs on when no `--config` is given: two
 /// simulated replicas on localhost (see the README).
@@ -136,6 +138,8 @@ pub struct Config {
     /// Per-tenant limits and shares (see `tenants`); unset: requests are
     /// not told apart by tenant.
     pub tenants: Option<Tenants>,
+    /// OpenTelemetry traces of requests (see `traces`); unset: none.
+    pub traces: Option<Traces>,
     /// `text` (default) or `json`: every log line one JSON object.
     pub log_format: LogFormat,
     /// How a single (a one-shot prompt) is placed (see the policy module).
@@ -193,6 +197,7 @@ impl Default for Config {
             admin_keys_file: None,
             forward_client_keys: false,
             tenants: None,
+            traces: None,
             log_format: LogFormat::Text,
             singles: Singles::default(),
             fleet: Fleet::default(),
@@ -307,6 +312,7 @@ impl Config {
             "fleet.redis_budget_ms" => fleet.redis_budget_ms;
             "fleet.redis_ttl_s" => fleet.redis_ttl_s;
             "tokenizers" => tokenizers;
+            "traces" => traces;
         }
         // The shared pins' connection is started once: into or out of
         // `redis` needs a restart (between local and rendezvous does not).

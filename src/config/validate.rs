@@ -18,6 +18,9 @@ impl Config {
         if let Some(t) = &self.tenants {
             t.validate()?;
         }
+        if let Some(t) = &self.traces {
+            t.validate()?;
+        }
         if let Some(q) = &self.queue {
             if self.shed_in_flight.is_none() {
                 return Err(invalid(

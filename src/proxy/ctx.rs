@@ -18,6 +18,7 @@ use crate::request::Turns;
 use crate::response_ids::IdScan;
 use crate::tenants::queue::Pass;
 use crate::tenants::Admitted;
+use crate::traces::RequestTrace;
 use crate::usage::UsageScan;
 
 /// Per-request state.
@@ -35,6 +36,8 @@ pub struct Ctx {
     pub(super) answer: Answer,
     /// An error the router answers itself.
     pub(super) error: Option<RouterError>,
+    /// Its spans, when `traces` is set.
+    pub(super) trace: Option<Box<RequestTrace>>,
 }
 
 /// What the request brought, read before it is placed.
@@ -171,6 +174,7 @@ impl Ctx {
             attempts: Attempts::default(),
             answer: Answer::default(),
             error: None,
+            trace: None,
         }
     }
 }

@@ -30,6 +30,9 @@ impl Router {
         ctx: &mut Ctx,
         mut e: Box<Error>,
     ) -> Box<Error> {
+        if let Some(t) = ctx.trace.as_mut() {
+            t.end_attempt(Some(e.to_string()));
+        }
         if let Some(attempt) = ctx.attempts.current.take() {
             let r = attempt.replica();
             let failure = match e.etype() {
@@ -64,6 +67,9 @@ impl Router {
         client_reused: bool,
     ) -> Box<Error> {
         let mut e = e.more_context(format!("replica {peer}"));
+        if let Some(t) = ctx.trace.as_mut() {
+            t.end_attempt(Some(e.to_string()));
+        }
         let writing = failed_writing_request(&e);
         if let Some(r) = ctx.attempts.current.as_ref().map(InFlight::replica) {
             // A pooled connection the engine had closed is not the engine

@@ -7,6 +7,8 @@ use pingora_proxy::{FailToProxy, Session};
 
 use super::answer::{respond, response_started};
 use super::{Ctx, Router};
+use opentelemetry::KeyValue;
+
 use crate::access_log;
 use crate::body;
 use crate::errors::RouterError;
@@ -85,6 +87,14 @@ impl Router {
             duration,
             error: e.map(|e| e as &dyn std::fmt::Display),
         });
+        if let Some(t) = ctx.trace.take() {
+            let mut attributes = Vec::new();
+            if let (Some(a), Some(d)) = (&current, d) {
+                attributes.push(KeyValue::new("replica", a.replica().name.clone()));
+                attributes.push(KeyValue::new("decision", d.reason.as_str()));
+            }
+            t.end(status, e.map(|e| e.to_string()), attributes);
+        }
         // Its place is free: the next waiter's turn.
         drop(current);
         ctx.read.pass = None;

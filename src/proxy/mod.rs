@@ -72,6 +72,7 @@ use crate::settings::Settings;
 use crate::shared_pins::SharedPins;
 use crate::tenants::queue::Queue;
 use crate::tenants::Tenants;
+use crate::traces::Traces;
 
 /// Response header naming the replica that served the request.
 pub const REPLICA_HEADER: &str = "x-prefix-router-replica";
@@ -93,6 +94,8 @@ pub struct Router {
     pub tenants: Arc<Tenants>,
     /// Requests waiting for a replica (`queue`).
     pub queue: Arc<Queue>,
+    /// Spans of requests, when `traces` is set.
+    pub traces: Option<Arc<Traces>>,
     /// Which replica holds each Responses API response.
     pub responses: Arc<ResponseIds>,
     /// Pins shared with other router instances (`fleet: redis`).
@@ -165,6 +168,9 @@ impl ProxyHttp for Router {
         }
         if let Some(key) = replica_key {
             upstream_request.insert_header("authorization", key.bearer())?;
+        }
+        if let Some(t) = &ctx.trace {
+            t.inject(upstream_request);
         }
         // A key sent on is not printed by Pingora's debug log of the head.
         for name in ["authorization", "x-api-key"] {

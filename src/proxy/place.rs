@@ -18,7 +18,7 @@ use super::{Ctx, Prompt, Router};
 use crate::errors::RouterError;
 use crate::exact::{self, Chat, Continuity};
 use crate::paths::Route;
-use crate::policy::{Decision, Hint, Reason, ReplicaId, ReplicaState, Shape};
+use crate::policy::{Decision, Hint, Reason, ReplicaId, ReplicaState, Shape, BYTES_PER_TOKEN};
 use crate::replicas::{Replica, Replicas, View};
 use crate::shared_pins::LOOKUP_ENDS;
 
@@ -32,6 +32,7 @@ impl Router {
     /// when none is left (or the response head's deadline has passed).
     pub(super) async fn place(&self, session: &Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
         ctx.attempts.current = None;
+        let mut step = ctx.trace.as_ref().map(|t| t.step("place"));
         // A retry after the response-head deadline would start already late.
         if (ctx.attempts.first)
             .is_some_and(|t| t.elapsed() >= self.settings.load().response_header_timeout)
@@ -87,6 +88,18 @@ impl Router {
                 .map(|(_, k)| k)
                 .collect();
             shared.record(&keys, &replica.name);
+        }
+        if let (Some(step), Some(t)) = (step.as_mut(), ctx.trace.as_mut()) {
+            step.set("replica", replica.name.clone());
+            step.set("decision", decision.reason.as_str());
+            step.set(
+                "matched_tokens",
+                (decision.matched_bytes as u64 / BYTES_PER_TOKEN) as i64,
+            );
+            if let Some(m) = &ctx.read.model {
+                step.set("model", m.clone());
+            }
+            t.attempt(&replica.name);
         }
         let a = &mut ctx.attempts;
         a.evidence = request.is_some_and(|r| !r.cache_bypass);

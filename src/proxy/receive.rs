@@ -21,6 +21,10 @@ use crate::response_ids::IdScan;
 impl Router {
     /// `request_filter`: `true` when the router answered the request itself.
     pub(super) async fn receive(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        if let Some(t) = &self.traces {
+            ctx.trace = Some(Box::new(t.begin(session.req_header())));
+        }
+        let admission = ctx.trace.as_ref().map(|t| t.step("admission"));
         let client = session
             .client_addr()
             .and_then(|a| a.as_inet())
@@ -97,9 +101,11 @@ impl Router {
                 .refuse(session, ctx, &RouterError::OVER_BUDGET, true)
                 .await;
         }
+        drop(admission);
         if expects_continue(session) {
             session.write_continue_response().await?;
         }
+        let read_body = ctx.trace.as_ref().map(|t| t.step("read body"));
         let deadline = self.settings.load().body_read_timeout;
         let ticket = (ctx.read.ticket).get_or_insert_with(|| self.admission.receive());
         let read = body::read(session, limit, declared, ticket);
@@ -116,9 +122,11 @@ impl Router {
                 return self.refuse(session, ctx, &err, drain).await;
             }
         };
+        drop(read_body);
         if routed.is_some() {
             self.metrics.request_body_bytes.observe(body.len() as f64);
         }
+        let _parse = ctx.trace.as_ref().map(|t| t.step("parse"));
         ctx.read.body = Some(body);
         if let Err(err) = self.read_prompt(session, ctx).await {
             return self.refuse(session, ctx, &err, false).await;

@@ -174,8 +174,14 @@ pub fn post_json(addr: SocketAddr, path: &str, body: &serde_json::Value) -> Resp
 /// Server side, for hand-made replicas: reads one whole request (head and a
 /// Content-Length body); its request line, `None` once the client closed.
 pub fn read_request(r: &mut impl BufRead) -> Option<String> {
-    let mut first = String::new();
-    if r.read_line(&mut first).ok()? == 0 {
+    let head = read_request_head(r)?;
+    Some(head.lines().next().unwrap_or_default().to_owned() + "\r\n")
+}
+
+/// Reads one request (its body read and dropped); returns its head.
+pub fn read_request_head(r: &mut impl BufRead) -> Option<String> {
+    let mut head = String::new();
+    if r.read_line(&mut head).ok()? == 0 {
         return None;
     }
     let mut length = 0;
@@ -190,9 +196,10 @@ pub fn read_request(r: &mut impl BufRead) -> Option<String> {
         if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
             length = v.trim().parse().unwrap_or(0);
         }
+        head.push_str(&line);
     }
     r.read_exact(&mut vec![0; length]).ok()?;
-    Some(first)
+    Some(head)
 }
 
 fn read_head(r: &mut impl BufRead) -> io::Result<(u16, String)> {
