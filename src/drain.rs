@@ -37,8 +37,8 @@ impl BackgroundService for Drain {
             tokio::time::sleep(POLL).await;
         }
         log::info!("stopping: nothing in flight, exiting");
-        if let Some(t) = &self.traces {
-            t.flush();
+        if let Some(t) = self.traces.clone() {
+            let _ = tokio::task::spawn_blocking(move || t.stop()).await;
         }
         std::process::exit(0);
     }

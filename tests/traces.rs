@@ -195,3 +195,25 @@ fn without_traces_a_client_s_traceparent_goes_to_the_engine_unchanged() {
     assert_eq!(post(&router, &[("traceparent", incoming)]).status, 200);
     assert_eq!(engine_traceparent(&engine).join("-"), incoming);
 }
+
+#[test]
+fn a_request_sampled_by_the_ratio_starts_a_trace_and_a_dead_collector_costs_no_request() {
+    let receiver = Receiver::start();
+    let engine = engine();
+    let router = traced_router(&engine, &receiver, 1.0);
+    assert_eq!(post(&router, &[]).status, 200);
+    let started = engine_traceparent(&engine);
+    assert_eq!(started[3], "01", "sampled at a ratio of 1");
+    let spans = receiver.until(&started[1], &["POST /v1/chat/completions", "attempt"]);
+    let root = spans
+        .iter()
+        .find(|s| s["name"] == "POST /v1/chat/completions")
+        .unwrap();
+    assert_eq!(root["parent_span_id"], "", "a trace of its own");
+    // The collector gone: requests are answered as before.
+    drop(receiver);
+    for _ in 0..20 {
+        let r = post(&router, &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+}

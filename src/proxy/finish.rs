@@ -93,7 +93,8 @@ impl Router {
                 attributes.push(KeyValue::new("replica", a.replica().name.clone()));
                 attributes.push(KeyValue::new("decision", d.reason.as_str()));
             }
-            t.end(status, e.map(|e| e.to_string()), attributes);
+            let name = (ctx.read.route).map(|r| format!("{} {}", req.method, r.path()));
+            t.end(name, status, e.map(|e| e.to_string()), attributes);
         }
         // Its place is free: the next waiter's turn.
         drop(current);

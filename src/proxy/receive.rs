@@ -5,7 +5,7 @@
 //! the way, each answered at once and the connection closed.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use pingora_core::Result;
 use pingora_proxy::Session;
@@ -21,10 +21,6 @@ use crate::response_ids::IdScan;
 impl Router {
     /// `request_filter`: `true` when the router answered the request itself.
     pub(super) async fn receive(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
-        if let Some(t) = &self.traces {
-            ctx.trace = Some(Box::new(t.begin(session.req_header())));
-        }
-        let admission = ctx.trace.as_ref().map(|t| t.step("admission"));
         let client = session
             .client_addr()
             .and_then(|a| a.as_inet())
@@ -40,6 +36,13 @@ impl Router {
             Ok(source) => ctx.read.source = source,
             Err(err) => return self.refuse(session, ctx, &err, true).await,
         }
+        // Traced once its key is checked: a client that is refused makes no
+        // span (and cannot ask for one to be kept).
+        if let Some(t) = &self.traces {
+            let started = SystemTime::now() - ctx.started.elapsed();
+            ctx.trace = Some(Box::new(t.begin(session.req_header(), started)));
+        }
+        let admission = ctx.trace.as_ref().map(|t| t.step("admission"));
         // The head is held until the request ends: its bytes count too.
         let head = head_bytes(session.req_header());
         let ticket = ctx.read.ticket.insert(self.admission.receive());

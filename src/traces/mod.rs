@@ -10,7 +10,7 @@
 mod client;
 
 use std::borrow::Cow;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
@@ -36,7 +36,14 @@ const EXPORT_EVERY: Duration = Duration::from_millis(500);
 pub struct Traces {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
+    /// How long a last export may take at a stop.
+    timeout: Duration,
 }
+
+/// The longest path kept in `url.path` (a client chooses it).
+const MAX_PATH: usize = 256;
+/// A longer incoming `tracestate` is dropped (W3C: at least 512 kept).
+const MAX_TRACESTATE: usize = 512;
 
 impl std::fmt::Debug for Traces {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -74,21 +81,31 @@ impl Traces {
             )
             .build();
         let tracer = provider.tracer("prefix-router");
-        Ok(Self { provider, tracer })
+        Ok(Self {
+            provider,
+            tracer,
+            timeout,
+        })
     }
 
-    /// A request's trace, its root span started now: continued from the
-    /// request's `traceparent` when it has one.
-    pub fn begin(&self, head: &pingora_http::RequestHeader) -> RequestTrace {
+    /// A request's trace, its root span started at `started` (named by its
+    /// method until its route is known): continued from the request's
+    /// `traceparent` when it has one.
+    pub fn begin(&self, head: &pingora_http::RequestHeader, started: SystemTime) -> RequestTrace {
         let parent = TraceContextPropagator::new().extract(&Incoming(&head.headers));
-        let name = format!("{} {}", head.method, head.uri.path());
+        let path = head.uri.path();
+        let mut cut = path.len().min(MAX_PATH);
+        while !path.is_char_boundary(cut) {
+            cut -= 1;
+        }
         let root = self
             .tracer
-            .span_builder(name)
+            .span_builder(head.method.as_str().to_owned())
             .with_kind(SpanKind::Server)
+            .with_start_time(started)
             .with_attributes([
                 KeyValue::new("http.request.method", head.method.as_str().to_owned()),
-                KeyValue::new("url.path", head.uri.path().to_owned()),
+                KeyValue::new("url.path", path[..cut].to_owned()),
             ])
             .start_with_context(&self.tracer, &parent);
         let sampled = root.span_context().is_sampled();
@@ -100,9 +117,11 @@ impl Traces {
         }
     }
 
-    /// Sends what is batched (at a graceful stop).
-    pub fn flush(&self) {
-        if let Err(e) = self.provider.force_flush() {
+    /// Sends what is batched and stops (at a graceful stop), within the
+    /// export timeout and a second; blocks.
+    pub fn stop(&self) {
+        let within = self.timeout + Duration::from_secs(1);
+        if let Err(e) = self.provider.shutdown_with_timeout(within) {
             log::warn!("traces: the last spans could not be sent: {e}");
         }
     }
@@ -169,13 +188,23 @@ impl RequestTrace {
         TraceContextPropagator::new().inject_context(cx, &mut Outgoing(head));
     }
 
-    /// Ends the request's span with its status and error.
-    pub fn end(mut self, status: u16, error: Option<String>, attributes: Vec<KeyValue>) {
+    /// Ends the request's span with its status and error; `name`: its
+    /// route, when it had one (`POST /v1/chat/completions`).
+    pub fn end(
+        mut self,
+        name: Option<String>,
+        status: u16,
+        error: Option<String>,
+        attributes: Vec<KeyValue>,
+    ) {
         let failed = error
             .clone()
             .or_else(|| (status >= 500).then(|| status.to_string()));
         self.end_attempt(failed.clone());
         let span = self.root.span();
+        if let Some(name) = name {
+            span.update_name(name);
+        }
         span.set_attribute(KeyValue::new(
             "http.response.status_code",
             i64::from(status),
@@ -194,7 +223,8 @@ struct Incoming<'a>(&'a http::HeaderMap);
 
 impl Extractor for Incoming<'_> {
     fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|v| v.to_str().ok())
+        let value = self.0.get(key).and_then(|v| v.to_str().ok())?;
+        (key != "tracestate" || value.len() <= MAX_TRACESTATE).then_some(value)
     }
 
     fn keys(&self) -> Vec<&str> {
@@ -231,7 +261,7 @@ mod tests {
             pingora_http::RequestHeader::build("POST", b"/v1/chat/completions", None).unwrap();
         let incoming = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
         head.insert_header("traceparent", incoming).unwrap();
-        let mut trace = traces.begin(&head);
+        let mut trace = traces.begin(&head, SystemTime::now());
         trace.attempt("gpu0");
         let mut upstream = head.clone();
         trace.inject(&mut upstream);
@@ -243,6 +273,6 @@ mod tests {
         assert_ne!(parts[2], "b7ad6b7169203331");
         assert_eq!(parts[3], "01");
         assert!(upstream.headers.get("tracestate").is_none());
-        trace.end(200, None, Vec::new());
+        trace.end(None, 200, None, Vec::new());
     }
 }
