@@ -89,11 +89,15 @@ impl Router {
         });
         if let Some(t) = ctx.trace.take() {
             let mut attributes = Vec::new();
-            if let (Some(a), Some(d)) = (&current, d) {
-                attributes.push(KeyValue::new("replica", a.replica().name.clone()));
-                attributes.push(KeyValue::new("decision", d.reason.as_str()));
+            let mut name = None;
+            // What an unsampled span would drop is not made.
+            if t.sampled() {
+                if let (Some(a), Some(d)) = (&current, d) {
+                    attributes.push(KeyValue::new("replica", a.replica().name.clone()));
+                    attributes.push(KeyValue::new("decision", d.reason.as_str()));
+                }
+                name = (ctx.read.route).map(|r| format!("{} {}", req.method, r.path()));
             }
-            let name = (ctx.read.route).map(|r| format!("{} {}", req.method, r.path()));
             t.end(name, status, e.map(|e| e.to_string()), attributes);
         }
         // Its place is free: the next waiter's turn.

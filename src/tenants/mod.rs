@@ -136,9 +136,13 @@ impl Tenant {
 
     /// How a refusal names it.
     fn shown(&self) -> String {
-        match self.label {
+        Self::shown_as(&self.name, self.label)
+    }
+
+    fn shown_as(name: &str, label: Label) -> String {
+        match label {
             Label::Key => "this API key".to_owned(),
-            _ => format!("tenant `{}`", self.name),
+            _ => format!("tenant `{name}`"),
         }
     }
 }
@@ -299,7 +303,7 @@ impl Tenants {
             tenants: Arc::clone(self),
             rules: Arc::clone(rules),
             name,
-            shown: tenant.shown(),
+            label: tenant.label,
             class: tenant.class,
             charged: 0,
             refunded: false,
@@ -343,8 +347,8 @@ pub struct Admitted {
     tenants: Arc<Tenants>,
     rules: Arc<Rules>,
     name: Arc<str>,
-    /// How a refusal names its tenant.
-    shown: String,
+    /// How its tenant is shown.
+    label: Label,
     pub class: Class,
     /// Prompt tokens charged so far.
     charged: u64,
@@ -410,7 +414,7 @@ impl Admitted {
             Err(wait) => {
                 state.counters.refused[2].inc();
                 Err(RouterError::RateLimited {
-                    who: self.shown.clone(),
+                    who: Tenant::shown_as(&self.name, self.label),
                     what: format!("{tpm} prompt tokens per minute"),
                     retry_after_ms: whole_ms(wait),
                     headers: state.headers(limits),

@@ -93,22 +93,26 @@ impl Traces {
     /// `traceparent` when it has one.
     pub fn begin(&self, head: &pingora_http::RequestHeader, started: SystemTime) -> RequestTrace {
         let parent = TraceContextPropagator::new().extract(&Incoming(&head.headers));
-        let path = head.uri.path();
-        let mut cut = path.len().min(MAX_PATH);
-        while !path.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let root = self
+        let mut root = self
             .tracer
             .span_builder(head.method.as_str().to_owned())
             .with_kind(SpanKind::Server)
             .with_start_time(started)
-            .with_attributes([
-                KeyValue::new("http.request.method", head.method.as_str().to_owned()),
-                KeyValue::new("url.path", path[..cut].to_owned()),
-            ])
             .start_with_context(&self.tracer, &parent);
+        // An unsampled span is not recorded: its attributes are not made.
         let sampled = root.span_context().is_sampled();
+        if sampled {
+            let path = head.uri.path();
+            let mut cut = path.len().min(MAX_PATH);
+            while !path.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            root.set_attribute(KeyValue::new(
+                "http.request.method",
+                head.method.as_str().to_owned(),
+            ));
+            root.set_attribute(KeyValue::new("url.path", path[..cut].to_owned()));
+        }
         RequestTrace {
             tracer: self.tracer.clone(),
             root: parent.with_span(root),
@@ -150,6 +154,11 @@ impl Step {
 }
 
 impl RequestTrace {
+    /// Whether the request's spans are kept (sampled).
+    pub fn sampled(&self) -> bool {
+        self.sampled
+    }
+
     /// Starts a child span of the request (ended when it drops).
     pub fn step(&self, name: &'static str) -> Step {
         Step((self.sampled).then(|| self.tracer.start_with_context(name, &self.root)))
