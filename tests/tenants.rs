@@ -62,12 +62,7 @@ fn a_tenant_past_its_requests_per_minute_is_refused_before_its_body_and_others_g
     }
     // The fourth is answered at its head: a 1 MB body it never sends.
     let received = a.received();
-    let answer = head_before_body(&router, "authorization: Bearer k-acme\r\n");
-    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
-    assert!(
-        answer.contains("x-ratelimit-remaining-requests: 0"),
-        "{answer}"
-    );
+    refused_at_head(&router, "authorization: Bearer k-acme\r\n", "requests");
     let r = post_as(&router, &acme, "acme again");
     refused_by(&r, "3 requests per minute");
     // A minute of 3 refills one request in 20 s.
@@ -108,16 +103,20 @@ fn a_tenant_past_its_requests_per_minute_is_refused_before_its_body_and_others_g
     );
 }
 
-/// Sends a request's head and part of its body: the request is in progress
-/// until the connection closes.
-fn hold(router: &Router, tenant: &str) -> TcpStream {
+/// Sends a request's head, declaring `declared` body bytes, and only the
+/// first of them: the request is in progress until the connection closes.
+fn partial(router: &Router, headers: &str, declared: usize) -> TcpStream {
     let mut s = TcpStream::connect(router.addr).unwrap();
     write!(
         s,
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-tenant: {tenant}\r\ncontent-length: 100\r\n\r\n{{"
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n{headers}content-length: {declared}\r\n\r\n{{"
     )
     .unwrap();
     s
+}
+
+fn hold(router: &Router, tenant: &str) -> TcpStream {
+    partial(router, &format!("x-tenant: {tenant}\r\n"), 100)
 }
 
 #[test]
@@ -152,15 +151,10 @@ fn a_header_named_tenant_holds_at_most_max_concurrent_requests_until_one_ends() 
     });
 }
 
-/// The head of the router's answer to a request sent with only part of
-/// its body.
-fn head_before_body(router: &Router, headers: &str) -> String {
-    let mut s = TcpStream::connect(router.addr).unwrap();
-    write!(
-        s,
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n{headers}content-length: 1000000\r\n\r\n{{\"model\""
-    )
-    .unwrap();
+/// Asserts that a request sent with only part of a 1 MB body is answered
+/// 429 at its head, `limit` (`requests`, `tokens`) at 0 left.
+fn refused_at_head(router: &Router, headers: &str, limit: &str) {
+    let mut s = partial(router, headers, 1_000_000);
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut answer = String::new();
     let mut buf = [0u8; 4096];
@@ -169,7 +163,9 @@ fn head_before_body(router: &Router, headers: &str) -> String {
         assert!(n > 0, "closed without an answer: {answer}");
         answer.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
-    answer
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    let left = format!("x-ratelimit-remaining-{limit}: 0");
+    assert!(answer.contains(&left), "{answer}");
 }
 
 #[test]
@@ -205,12 +201,7 @@ fn prompt_tokens_are_charged_as_the_engine_counts_them_and_a_debt_waits_at_the_h
     );
     // In debt, its next request is answered at its head, before its body.
     let received = a.received();
-    let answer = head_before_body(&router, "x-tenant: t1\r\n");
-    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
-    assert!(
-        answer.contains("x-ratelimit-remaining-tokens: 0"),
-        "{answer}"
-    );
+    refused_at_head(&router, "x-tenant: t1\r\n", "tokens");
     let r = post_as(&router, &t1, "short");
     refused_by(&r, "3000 prompt tokens per minute");
     // The debt (about 5,000) and one token refill in about 100 s.
