@@ -209,6 +209,86 @@ fn lookup_vs_tracked(c: &mut Criterion) {
     g.finish();
 }
 
+/// A single's placement against the fleet's size, as the proxy makes it:
+/// the replicas' states read into a kept buffer, then the policy's choice
+/// (the counter, over the least loaded with `engine_load`; or a sample of
+/// the fleet), 16 in flight.
+fn fleet_size(c: &mut Criterion) {
+    use prefix_router::config;
+    use prefix_router::metrics::Metrics;
+    use prefix_router::replicas::{HealthRules, Replicas};
+    use std::time::{Duration, Instant};
+    let mut g = c.benchmark_group("fleet_size");
+    let rules = HealthRules {
+        fall: 3,
+        rise: 1,
+        serving: Duration::from_secs(5),
+    };
+    // Distinct questions: each a single whose first block no index holds.
+    let requests: Vec<_> = (0..4096)
+        .map(|i| {
+            let body = json!({"model": "m", "messages": [{"role": "user",
+                "content": format!("question {i}: {}", "please summarise these notes. ".repeat(130))}]});
+            let prompt = Prompt::parse(&serde_json::to_vec(&body).unwrap(), 8 << 20).unwrap();
+            prompt.into_request(BLOCK, None)
+        })
+        .collect();
+    for n in [2usize, 128, 1000] {
+        let cfg: Vec<config::Replica> = (0..n)
+            .map(|i| config::Replica {
+                name: format!("r{i}"),
+                addr: format!("127.0.0.1:{}", 10_000 + i),
+                kv_tokens: None,
+                prompt_cache: config::PromptCache::Shared,
+                models: None,
+                kv_events: None,
+                api_key_file: None,
+                api_key: None,
+            })
+            .collect();
+        let set = Replicas::new(&cfg, Metrics::standalone());
+        let view = set.snapshot();
+        for r in view.iter() {
+            r.on_check(true, false, Instant::now(), &rules);
+        }
+        let _busy: Vec<_> = view
+            .iter()
+            .step_by((n / 16).max(1))
+            .take(16)
+            .map(|r| r.begin(0))
+            .collect();
+        // As the proxy places: every replica's state, or (`sample`, the
+        // default above 64 replicas) a window of 32 and the prefix's holders.
+        for (name, least_loaded, sample) in [
+            ("counter", false, false),
+            ("least_loaded", true, false),
+            ("sampled", false, true),
+        ] {
+            let p = Policy::new(PolicyConfig {
+                least_loaded,
+                ..policy(1 << 20).config()
+            });
+            let mut states = Vec::new();
+            let mut i = 0;
+            g.bench_function(BenchmarkId::new(name, n), |b| {
+                b.iter(|| {
+                    i = (i + 1) % requests.len();
+                    let (set, view, states) = (&set, &view, &mut states);
+                    let req = black_box(&requests[i]);
+                    p.place_offered(req, move |holders| {
+                        if !(sample && set.sample_into(view, &[], None, holders, 32, states)) {
+                            Replicas::states_into(view, &[], None, None, states);
+                        }
+                        states
+                    })
+                    .replica
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
 /// Placements per second from one and two threads sharing a policy: the
 /// sharded index, and the same policy behind one lock (the design before).
 fn shared_policy(c: &mut Criterion) {
@@ -359,6 +439,7 @@ fn exact_turn(c: &mut Criterion) {
 
 criterion_group!(
     benches,
+    fleet_size,
     decision_path,
     lookup_vs_tracked,
     shared_policy,

@@ -37,6 +37,7 @@ pub struct Settings {
     pub tls: ReplicaTls,
     /// `tenants`, when set.
     pub tenants: Option<Arc<Rules>>,
+    pub sample: crate::config::Sample,
 }
 
 impl Settings {
@@ -63,6 +64,7 @@ impl Settings {
             outlier: OutlierRules::from(&c.outlier),
             tls: c.replica_tls.clone(),
             tenants: c.tenants.as_ref().map(|t| Arc::new(Rules::new(t))),
+            sample: c.sample,
         }
     }
 }

@@ -144,6 +144,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// How a single (a one-shot prompt) is placed (see the policy module).
     pub singles: Singles,
+    /// How many replicas of a large fleet a placement reads.
+    pub sample: Sample,
     /// How several router instances in front of these replicas agree on
     /// where each conversation lives.
     pub fleet: Fleet,
@@ -200,6 +202,7 @@ impl Default for Config {
             traces: None,
             log_format: LogFormat::Text,
             singles: Singles::default(),
+            sample: Sample::default(),
             fleet: Fleet::default(),
             replicas: Vec::new(),
             replicas_dns: Vec::new(),

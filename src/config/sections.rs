@@ -36,6 +36,26 @@ impl Default for Fleet {
     }
 }
 
+/// `sample:` — placement in a large fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Sample {
+    /// With more replicas than this, a placement reads `replicas` of them (a
+    /// window turning over the fleet) and those holding the request's
+    /// prefix, not all: its cost stays flat as the fleet grows. 0: always all.
+    pub above: usize,
+    pub replicas: usize,
+}
+
+impl Default for Sample {
+    fn default() -> Self {
+        Self {
+            above: 64,
+            replicas: 32,
+        }
+    }
+}
+
 /// `singles:` — where one-shot prompts go.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -38,6 +38,12 @@ impl Config {
                 }
             }
         }
+        if self.sample.above > 0 && self.sample.replicas == 0 {
+            return Err(invalid(
+                "sample.replicas",
+                "must be positive (sample.above: 0 turns sampling off)",
+            ));
+        }
         if self.max_body_bytes == 0 {
             return Err(invalid("max_body_bytes", "must be positive"));
         }

@@ -148,6 +148,13 @@ impl Router {
         let tried = &mut ctx.attempts.tried;
         // The holder is offered whatever `model` says: the engine answers.
         let model = ctx.read.model.as_deref().filter(|_| holder.is_none());
+        let sampling = self.settings.load().sample;
+        let sample = (sampling.above > 0
+            && list.len() > sampling.above
+            && holder.is_none()
+            && ctx.read.chat.is_none()
+            && self.policy.may_sample())
+        .then_some(sampling.replicas);
         for _ in 0..=list.len() {
             // Only a response's holder is offered; other requests exclude
             // just the replicas tried (no copy of the list on that path).
@@ -162,18 +169,36 @@ impl Router {
                 None => &*tried,
             };
             let (mut decision, panic, at) = STATES.with_borrow_mut(|states| {
-                let panic = Replicas::states_into(list, excluded, model, holder, states);
-                if let (Some(chat), Some(r)) = (&ctx.read.chat, ctx.read.request()) {
-                    exact::report(chat, r.chain.len(), list, states);
-                }
-                let decision = match ctx.read.request() {
-                    Some(r) => self.policy.place(r, states),
-                    None => self.policy.spread(states),
+                let mut panic = false;
+                // The whole set, or in a large one a sample of it and the
+                // replicas holding the prompt's prefix (token-exact reports
+                // and a response's holder read the whole set).
+                let mut fill = |holders: &[ReplicaId], states: &mut Vec<ReplicaState>| {
+                    let sampled = sample.is_some_and(|size| {
+                        (self.replicas).sample_into(list, excluded, model, holders, size, states)
+                    });
+                    if !sampled {
+                        panic = Replicas::states_into(list, excluded, model, holder, states);
+                        if let (Some(chat), Some(r)) = (&ctx.read.chat, ctx.read.request()) {
+                            exact::report(chat, r.chain.len(), list, states);
+                        }
+                    }
                 };
-                // `states` is in the list's order: found there, not by
-                // reading every replica's id behind its pointer.
-                let at = (decision.replica).and_then(|id| states.iter().position(|s| s.id == id));
-                (decision, panic, at)
+                let decision = match ctx.read.request() {
+                    Some(r) => self.policy.place_offered(r, move |holders| {
+                        fill(holders, states);
+                        states
+                    }),
+                    None => {
+                        fill(&[], states);
+                        self.policy.spread(states)
+                    }
+                };
+                (
+                    decision,
+                    panic,
+                    decision.replica.and_then(|id| list.position(id)),
+                )
             });
             if holder.is_some() && decision.replica.is_some() {
                 decision.reason = Reason::Key;

@@ -24,7 +24,7 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -105,6 +105,8 @@ pub struct Replicas {
     /// Names drained through the admin API: a replica that joins under one
     /// (its address changed) is drained too. Changed while publishing.
     drained: Mutex<HashSet<String>>,
+    /// Where the next sampled placement's window starts (`sample_into`).
+    window: AtomicUsize,
 }
 
 impl Replicas {
@@ -118,6 +120,7 @@ impl Replicas {
             metrics,
             panic: AtomicBool::new(false),
             drained: Mutex::new(HashSet::new()),
+            window: AtomicUsize::new(0),
         };
         set.apply(cfg);
         set
@@ -150,6 +153,56 @@ impl Replicas {
         let _one = self.publishing.lock().unwrap_or_else(|p| p.into_inner());
         let list = self.current.load().to_vec();
         self.current.store(Arc::new(View::new(list)));
+    }
+
+    /// As [`Replicas::states_into`] (no `holder`), for a sample of the set:
+    /// one of its windows (the set cut in order into windows of at most
+    /// `size` replicas, their sizes within one of each other), the next
+    /// window at each call, and the replicas in `holders` (those holding the
+    /// request's prefix) wherever they are. Of the window, only its least
+    /// loaded (and its holders) are offered: the windows take turns, so a burst of up to the
+    /// set's size finds an idle replica in each window it reaches, and no
+    /// replica gets two of its requests while another is idle there.
+    /// `false` when none of them is offered and live: the caller reads the
+    /// whole set then (and its fallbacks).
+    pub fn sample_into(
+        &self,
+        view: &View,
+        tried: &[ReplicaId],
+        model: Option<&str>,
+        holders: &[ReplicaId],
+        size: usize,
+        states: &mut Vec<ReplicaState>,
+    ) -> bool {
+        let n = view.len();
+        states.clear();
+        if n == 0 || size == 0 {
+            return false;
+        }
+        let windows = n.div_ceil(size);
+        let w = self.window.fetch_add(1, Relaxed) % windows;
+        let window = w * n / windows..(w + 1) * n / windows;
+        let serves = model.map(|m| view.offers(m));
+        let held = holders
+            .iter()
+            .filter_map(|id| view.position(*id))
+            .filter(|i| !window.contains(i));
+        let offered = |i: usize| {
+            let r = &view[i];
+            let mut s = r.state();
+            s.live &= !r.drained() && !tried.contains(&r.id) && serves.is_none_or(|o| o[i]);
+            s
+        };
+        states.extend(window.clone().map(offered));
+        let live = || states.iter().filter(|s| s.live);
+        let Some(least) = live().map(ReplicaState::load).min() else {
+            return false;
+        };
+        for s in states.iter_mut().filter(|s| !holders.contains(&s.id)) {
+            s.live &= s.load() == least;
+        }
+        states.extend(held.map(offered));
+        true
     }
 
     /// [`Replicas::states_into`] a new vector (tests).
@@ -322,9 +375,8 @@ impl Replicas {
     /// Whether `replica` is in the set (not one that left or moved since it
     /// was looked up).
     pub fn is_current(&self, replica: &Replica) -> bool {
-        self.snapshot()
-            .iter()
-            .any(|r| std::ptr::eq(r.as_ref(), replica))
+        let now = self.current.load();
+        (now.position(replica.id)).is_some_and(|i| std::ptr::eq(now[i].as_ref(), replica))
     }
 
     /// `replica`, looked up in `seen`, as the set holds it now (a rename
@@ -335,11 +387,11 @@ impl Replicas {
         if Arc::ptr_eq(&now, seen) {
             return Some(Arc::clone(replica));
         }
-        now.iter().find(|r| r.id == replica.id).cloned()
+        now.position(replica.id).map(|i| Arc::clone(&now[i]))
     }
 
     pub fn by_addr(&self, addr: &SocketAddr) -> Option<Arc<Replica>> {
-        self.snapshot().iter().find(|r| r.addr == *addr).cloned()
+        self.snapshot().at_addr(addr).cloned()
     }
 
     /// Replaces the set. Replicas whose name and address are unchanged keep their

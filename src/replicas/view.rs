@@ -5,10 +5,12 @@
 //! decision time.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::ops::Deref;
 use std::sync::Arc;
 
 use super::Replica;
+use crate::policy::ReplicaId;
 
 #[derive(Debug, Default)]
 pub struct View {
@@ -18,6 +20,9 @@ pub struct View {
     offered: HashMap<String, Box<[bool]>>,
     /// For a model no replica lists: the replicas whose models are unknown.
     open: Box<[bool]>,
+    /// Each replica's position by id, and by address (the first there).
+    by_id: HashMap<ReplicaId, usize>,
+    by_addr: HashMap<SocketAddr, usize>,
 }
 
 impl View {
@@ -30,11 +35,28 @@ impl View {
                 offered.entry(m.clone()).or_insert_with(|| open.clone())[i] = true;
             }
         }
+        let by_id = list.iter().enumerate().map(|(i, r)| (r.id, i)).collect();
+        let mut by_addr = HashMap::with_capacity(list.len());
+        for (i, r) in list.iter().enumerate() {
+            by_addr.entry(r.addr).or_insert(i);
+        }
         Self {
             list,
             offered,
             open,
+            by_id,
+            by_addr,
         }
+    }
+
+    /// The position of the replica with this id.
+    pub fn position(&self, id: ReplicaId) -> Option<usize> {
+        self.by_id.get(&id).copied()
+    }
+
+    /// The replica at `addr` (the first listed there).
+    pub fn at_addr(&self, addr: &SocketAddr) -> Option<&Arc<Replica>> {
+        self.by_addr.get(addr).map(|i| &self.list[*i])
     }
 
     /// Whether each replica (by position) may get a request for `model`.

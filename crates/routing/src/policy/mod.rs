@@ -132,6 +132,7 @@
 
 mod cold;
 mod index;
+mod known;
 mod prefix;
 mod rendezvous;
 mod shards;
@@ -308,15 +309,37 @@ impl Policy {
     /// Places a request and records the placement (so later turns, and a
     /// re-placement after failover, see it).
     pub fn place(&self, req: &Request, replicas: &[ReplicaState]) -> Decision {
+        self.place_offered(req, |_| replicas)
+    }
+
+    /// Whether a caller may offer [`Policy::place_offered`] a sample of a
+    /// large fleet: not when a placement may rank every replica (a
+    /// rendezvous hash: `affinity`, a rendezvous fleet) or take strict
+    /// turns over all of them (`roundrobin`).
+    pub fn may_sample(&self) -> bool {
+        let cfg = self.config();
+        cfg.mode == Mode::Shape && cfg.fleet == Fleet::Local
+    }
+
+    /// As [`Policy::place`], the replicas' states asked for once the index
+    /// has named the replicas holding this prompt's prefix (or its key):
+    /// `offer(holders)` gives the states to choose among. A caller sampling
+    /// a large fleet offers those holders and a sample of the rest, so a
+    /// placement reads a bounded number of replicas whatever the fleet's
+    /// size (see [`Policy::may_sample`]).
+    pub fn place_offered<'s>(
+        &self,
+        req: &Request,
+        offer: impl FnOnce(&[ReplicaId]) -> &'s [ReplicaState],
+    ) -> Decision {
         if req.chain.is_empty() && req.key.is_none() {
-            return self.spread(replicas);
+            return self.spread(offer(&[]));
         }
-        let live = live_sorted(replicas);
         if self.config().mode == Mode::RoundRobin {
             let shape = self.shape_of(req, false);
             return Decision {
                 shape,
-                ..self.spread(replicas)
+                ..self.spread(offer(&[]))
             };
         }
         let mut matches = self.matches(&req.chain);
@@ -334,8 +357,17 @@ impl Policy {
             }
         }
         let shape = self.shape_of(req, matches.iter().any(|m| m.end));
-        self.apply_reports(req, &live, &mut matches);
         let key = req.key.as_deref().map(|k| req.chain.key_hash(k));
+        let root = self.rendezvous_root(req, shape);
+        let keyed = key
+            .filter(|_| root.is_none())
+            .and_then(|k| self.index.get(k))
+            .map(|e| ReplicaId(e.replica));
+        let mut holders: Vec<ReplicaId> = matches.iter().map(|m| m.replica).chain(keyed).collect();
+        holders.sort_unstable();
+        holders.dedup();
+        let live = live_sorted(offer(&holders));
+        self.apply_reports(req, &live, &mut matches);
         let mut d = Decision {
             replica: None,
             shape,
@@ -347,11 +379,6 @@ impl Policy {
         if live.is_empty() {
             return d;
         }
-        let root = self.rendezvous_root(req, shape);
-        let keyed = key
-            .filter(|_| root.is_none())
-            .and_then(|k| self.index.get(k))
-            .map(|e| ReplicaId(e.replica));
         if let Some(root) = root {
             d.replica = self.by_root(root, &live);
             d.reason = Reason::Hash;
@@ -492,81 +519,6 @@ impl Policy {
         d.replica = Some(chosen.replica);
         d.matched_bytes = chosen.pos;
         d.matched_at = chosen.touched;
-    }
-
-    /// Every known prefix of this prompt, longest first.
-    fn matches(&self, chain: &PrefixChain) -> Vec<Match> {
-        let b = chain.block_bytes;
-        let mut out = Vec::new();
-        // Block 1 alone first: most prompts that miss, miss there.
-        let first = chain.blocks.first().and_then(|h| self.index.get(*h));
-        let found = match first {
-            Some(_) => self.index.get_all(&chain.blocks),
-            None => Vec::new(),
-        };
-        let mut depth = 0;
-        while let Some(Some(e)) = found.get(depth) {
-            depth += 1;
-            out.push(Match {
-                pos: depth * b,
-                replica: ReplicaId(e.replica),
-                end: false,
-                touched: e.touched,
-            });
-        }
-        // An earlier prompt that this one extends ended past the deepest
-        // matching block and before the next block boundary.
-        let base = depth * b;
-        let upto = (base + b - 1).min(chain.len());
-        let tails = self
-            .index
-            .get(chain.block_hash(depth))
-            .map(|e| e.tails().map(|t| base + t).collect::<Vec<_>>())
-            .unwrap_or_default();
-        let mut ends: Vec<usize> = chain
-            .message_ends
-            .iter()
-            .copied()
-            .chain(std::iter::once(chain.len()))
-            .chain(tails)
-            .filter(|p| *p > 0 && *p >= base && *p <= upto)
-            .collect();
-        ends.sort_unstable();
-        ends.dedup();
-        for pos in ends {
-            if let Some(e) = self.index.get(chain.end_hash(pos)) {
-                out.push(Match {
-                    pos,
-                    replica: ReplicaId(e.replica),
-                    end: true,
-                    touched: e.touched,
-                });
-            }
-        }
-        out.sort_by_key(|m| std::cmp::Reverse(m.pos));
-        out
-    }
-
-    /// Records that `replica` now holds this prompt's prefix. The end key goes in
-    /// first and block 1 last, so LRU eviction trims a conversation from its tail.
-    fn record(&self, chain: &PrefixChain, key: Option<u64>, replica: ReplicaId, pinned: bool) {
-        let upsert = |key, block, tail| Upsert { key, block, tail };
-        let mut ops = Vec::with_capacity(chain.blocks.len() + 2);
-        if let Some(k) = key {
-            ops.push(upsert(k, false, None));
-        }
-        if !chain.is_empty() {
-            let n = chain.blocks.len();
-            let tail = (chain.len() - n * chain.block_bytes) as u16;
-            ops.push(upsert(chain.end_hash(chain.len()), false, None));
-            // Block n (or the empty prefix, which is no block, when n is 0)
-            // keeps the tail length of this prompt's end.
-            ops.push(upsert(chain.block_hash(n), n > 0, Some(tail)));
-            let earlier = chain.blocks[..n.saturating_sub(1)].iter().rev();
-            ops.extend(earlier.map(|h| upsert(*h, true, None)));
-        }
-        self.index
-            .upsert_all(&ops, replica.0, self.clock_s.load(Relaxed), pinned);
     }
 }
 

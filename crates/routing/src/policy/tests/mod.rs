@@ -369,3 +369,33 @@ fn engines_holding_a_prefix_alike_take_it_least_loaded_first() {
     let d = p.place(&req("conversation C: hello / reply / more", true), &rs);
     assert_eq!((d.replica, d.reason), (Some(ReplicaId(1)), Reason::Pin));
 }
+
+#[test]
+fn an_offer_is_asked_with_the_replicas_holding_the_prefix() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let all = replicas(&[true; 8]);
+    let first = p.place(&req("conversation S: hello", true), &all);
+    let home = first.replica.expect("placed");
+    // The next turn, offered only its holder and one other replica.
+    let mut asked = Vec::new();
+    let sample: Vec<ReplicaState> = all
+        .iter()
+        .filter(|s| s.id == home || s.id == ReplicaId((home.0 + 1) % 8))
+        .copied()
+        .collect();
+    let next = p.place_offered(&req("conversation S: hello, and more", true), |holders| {
+        asked = holders.to_vec();
+        &sample
+    });
+    assert_eq!(asked, vec![home]);
+    assert_eq!((next.replica, next.reason), (Some(home), Reason::Pin));
+    // A prompt nobody holds names no holder.
+    p.place_offered(&req("a new one-shot", false), |holders| {
+        asked = holders.to_vec();
+        &sample
+    });
+    assert!(asked.is_empty());
+    assert!(p.may_sample());
+    assert!(!Policy::new(cfg(Mode::Affinity)).may_sample());
+    assert!(!Policy::new(cfg(Mode::RoundRobin)).may_sample());
+}
