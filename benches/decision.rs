@@ -43,6 +43,7 @@ fn fleet(n: u32) -> Vec<ReplicaState> {
             engine: None,
             room: None,
             engine_held: None,
+            spread: true,
         })
         .collect()
 }
@@ -273,10 +274,11 @@ fn fleet_size(c: &mut Criterion) {
             g.bench_function(BenchmarkId::new(name, n), |b| {
                 b.iter(|| {
                     i = (i + 1) % requests.len();
-                    let (set, view, states) = (&set, &view, &mut states);
+                    let (view, states) = (&view, &mut states);
                     let req = black_box(&requests[i]);
                     p.place_offered(req, move |holders| {
-                        if !(sample && set.sample_into(view, &[], None, holders, 32, states)) {
+                        if !(sample && Replicas::sample_into(view, &[], None, holders, 32, states))
+                        {
                             Replicas::states_into(view, &[], None, None, states);
                         }
                         states

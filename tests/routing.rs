@@ -49,6 +49,7 @@ fn fleet(live: &[bool]) -> Vec<ReplicaState> {
             engine: None,
             room: None,
             engine_held: None,
+            spread: true,
         })
         .collect()
 }

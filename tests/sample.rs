@@ -17,8 +17,12 @@ fn fleet(n: usize, args: &[&str]) -> Vec<Sim> {
 }
 
 fn open(router: &Router, text: &str, max_tokens: u64) -> (EventStream, String) {
+    open_body(router, &streaming(text, max_tokens))
+}
+
+fn open_body(router: &Router, body: &serde_json::Value) -> (EventStream, String) {
     let path = "/v1/chat/completions";
-    let s = EventStream::open(router.addr, path, &streaming(text, max_tokens));
+    let s = EventStream::open(router.addr, path, body);
     assert_eq!(s.status, 200);
     let replica = s
         .header("x-prefix-router-replica")
@@ -48,12 +52,19 @@ fn a_busy_replica_is_passed_over_while_its_window_has_an_idle_one() {
 }
 
 #[test]
-fn a_burst_reaches_every_replica_once() {
+fn a_burst_behind_one_system_prompt_reaches_every_replica_once() {
     let sims = fleet(9, &["--decode-tps", "5"]);
     let router = Router::start(&sims.iter().collect::<Vec<_>>(), SAMPLED);
+    // One long system prompt: each request's prefix is held by the replica
+    // of the one before, busy, which a cold placement must not be offered.
+    let system = "You answer questions about the product manual. ".repeat(100);
     // Each stream stays open while the next is placed.
     let streams: Vec<_> = (0..9)
-        .map(|i| open(&router, &format!("burst {i}"), 1000))
+        .map(|i| {
+            let mut body = streaming(&format!("burst question {i}"), 1000);
+            body["messages"][0]["content"] = serde_json::json!(system);
+            open_body(&router, &body)
+        })
         .collect();
     let mut replicas: Vec<&str> = streams.iter().map(|(_, r)| r.as_str()).collect();
     replicas.sort_unstable();

@@ -401,6 +401,7 @@ mod tests {
             ("kv_room: sometimes\n", "kv_room"),
             ("singles: {min_prefix_percent: 101}\n", "singles.min_prefix_percent"),
             ("singles: {by: hash}\n", "singles.by"),
+            ("sample: {replicas: 1}\n", "sample.replicas"),
             ("engine_load: {path: metrics}\n", "engine_load.path"),
             ("health_check: {path: \"/he alth\"}\n", "health_check.path"),
             ("engine_load: {interval_ms: 0}\n", "engine_load.interval_ms"),

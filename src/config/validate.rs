@@ -38,10 +38,10 @@ impl Config {
                 }
             }
         }
-        if self.sample.above > 0 && self.sample.replicas == 0 {
+        if self.sample.above > 0 && self.sample.replicas < 2 {
             return Err(invalid(
                 "sample.replicas",
-                "must be positive (sample.above: 0 turns sampling off)",
+                "must be at least 2 (sample.above: 0 turns sampling off)",
             ));
         }
         if self.max_body_bytes == 0 {

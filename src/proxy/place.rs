@@ -175,7 +175,7 @@ impl Router {
                 // and a response's holder read the whole set).
                 let mut fill = |holders: &[ReplicaId], states: &mut Vec<ReplicaState>| {
                     let sampled = sample.is_some_and(|size| {
-                        (self.replicas).sample_into(list, excluded, model, holders, size, states)
+                        Replicas::sample_into(list, excluded, model, holders, size, states)
                     });
                     if !sampled {
                         panic = Replicas::states_into(list, excluded, model, holder, states);

@@ -24,7 +24,7 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -105,8 +105,6 @@ pub struct Replicas {
     /// Names drained through the admin API: a replica that joins under one
     /// (its address changed) is drained too. Changed while publishing.
     drained: Mutex<HashSet<String>>,
-    /// Where the next sampled placement's window starts (`sample_into`).
-    window: AtomicUsize,
 }
 
 impl Replicas {
@@ -120,7 +118,6 @@ impl Replicas {
             metrics,
             panic: AtomicBool::new(false),
             drained: Mutex::new(HashSet::new()),
-            window: AtomicUsize::new(0),
         };
         set.apply(cfg);
         set
@@ -156,17 +153,19 @@ impl Replicas {
     }
 
     /// As [`Replicas::states_into`] (no `holder`), for a sample of the set:
-    /// one of its windows (the set cut in order into windows of at most
-    /// `size` replicas, their sizes within one of each other), the next
-    /// window at each call, and the replicas in `holders` (those holding the
-    /// request's prefix) wherever they are. Of the window, only its least
-    /// loaded (and its holders) are offered: the windows take turns, so a burst of up to the
-    /// set's size finds an idle replica in each window it reaches, and no
-    /// replica gets two of its requests while another is idle there.
-    /// `false` when none of them is offered and live: the caller reads the
+    /// one window of the replicas that may get a request for `model` (cut
+    /// in order into windows of at most `size`, their sizes within one of
+    /// each other; each model's next window at each call), and the replicas
+    /// in `holders` (those holding the request's prefix that its placement
+    /// may use) wherever they are, those for their prefix only (not
+    /// `spread`) unless least loaded in the window. Of the rest of the
+    /// window only its least loaded are offered: the windows take turns, so
+    /// a burst of up to the set's size finds an idle replica in each window
+    /// it reaches, and no replica gets two of its cold placements while
+    /// another is idle there. `false`
+    /// when none of the window is offered and live: the caller reads the
     /// whole set then (and its fallbacks).
     pub fn sample_into(
-        &self,
         view: &View,
         tried: &[ReplicaId],
         model: Option<&str>,
@@ -174,34 +173,41 @@ impl Replicas {
         size: usize,
         states: &mut Vec<ReplicaState>,
     ) -> bool {
-        let n = view.len();
+        let members = view.members(model);
+        let n = members.at.len();
         states.clear();
         if n == 0 || size == 0 {
             return false;
         }
         let windows = n.div_ceil(size);
-        let w = self.window.fetch_add(1, Relaxed) % windows;
-        let window = w * n / windows..(w + 1) * n / windows;
+        let w = members.next_window() % windows;
+        let window = &members.at[w * n / windows..(w + 1) * n / windows];
         let serves = model.map(|m| view.offers(m));
-        let held = holders
-            .iter()
-            .filter_map(|id| view.position(*id))
-            .filter(|i| !window.contains(i));
         let offered = |i: usize| {
             let r = &view[i];
             let mut s = r.state();
             s.live &= !r.drained() && !tried.contains(&r.id) && serves.is_none_or(|o| o[i]);
             s
         };
-        states.extend(window.clone().map(offered));
-        let live = || states.iter().filter(|s| s.live);
-        let Some(least) = live().map(ReplicaState::load).min() else {
+        states.extend(window.iter().map(|i| offered(*i)));
+        let cold = || states.iter().filter(|s| s.live && !holders.contains(&s.id));
+        let Some(least) = cold().map(ReplicaState::load).min() else {
             return false;
         };
-        for s in states.iter_mut().filter(|s| !holders.contains(&s.id)) {
-            s.live &= s.load() == least;
+        for s in states.iter_mut() {
+            let spread = s.load() == least;
+            match holders.contains(&s.id) {
+                true => s.spread = spread,
+                false => s.live &= spread,
+            }
         }
-        states.extend(held.map(offered));
+        let held = (holders.iter().filter_map(|id| view.position(*id)))
+            .filter(|i| !window.contains(i))
+            .map(|i| ReplicaState {
+                spread: false,
+                ..offered(i)
+            });
+        states.extend(held);
         true
     }
 

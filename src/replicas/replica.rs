@@ -517,6 +517,7 @@ impl Replica {
             engine,
             room,
             engine_held: None,
+            spread: true,
         }
     }
 }

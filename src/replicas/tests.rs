@@ -126,7 +126,7 @@ fn a_sample_is_the_next_window_in_turn_its_least_loaded_and_the_holders() {
         .iter()
         .map(|(n, a)| (n.as_str(), a.as_str()))
         .collect();
-    let (set, list) = checked_set(&names, Instant::now());
+    let (_set, list) = checked_set(&names, Instant::now());
     let mut states = Vec::new();
     let ids = |states: &[ReplicaState]| -> Vec<u32> {
         states.iter().filter(|s| s.live).map(|s| s.id.0).collect()
@@ -134,21 +134,36 @@ fn a_sample_is_the_next_window_in_turn_its_least_loaded_and_the_holders() {
     // Windows of at most 4 over 10: three of 3, 3 and 4, in turn.
     let mut seen = Vec::new();
     for _ in 0..3 {
-        assert!(set.sample_into(&list, &[], None, &[], 4, &mut states));
+        assert!(Replicas::sample_into(&list, &[], None, &[], 4, &mut states));
         seen.push(ids(&states));
     }
     assert_eq!(seen, vec![vec![0, 1, 2], vec![3, 4, 5], vec![6, 7, 8, 9]]);
-    // The next is the first again; a busy replica there is not offered,
-    // but a holder is, busy or outside the window.
-    let _busy = [list[1].begin(0), list[7].begin(0)];
+    // The next is the first again: a busy replica there is not offered; a
+    // holder is, busy or outside the window, for its prefix only (not
+    // `spread`: no cold placement goes to it while another can).
+    let _busy = [list[1].begin(0), list[2].begin(0), list[7].begin(0)];
     let holders = [list[1].id, list[7].id];
-    assert!(set.sample_into(&list, &[], None, &holders, 4, &mut states));
-    assert_eq!(ids(&states), vec![0, 1, 2, 7]);
-    assert!(set.sample_into(&list, &[], None, &[], 4, &mut states));
+    let sample = |holders: &[ReplicaId], states: &mut Vec<ReplicaState>| {
+        Replicas::sample_into(&list, &[], None, holders, 4, states)
+    };
+    assert!(sample(&holders, &mut states));
+    assert_eq!(ids(&states), vec![0, 1, 7]);
+    let spread: Vec<u32> = (states.iter().filter(|s| s.live && s.spread))
+        .map(|s| s.id.0)
+        .collect();
+    assert_eq!(spread, vec![0]);
+    assert!(Replicas::sample_into(&list, &[], None, &[], 4, &mut states));
     assert_eq!(ids(&states), vec![3, 4, 5]);
     // Every replica of the window tried already: the caller reads all.
     let tried: Vec<ReplicaId> = list[6..].iter().map(|r| r.id).collect();
-    assert!(!set.sample_into(&list, &tried, None, &holders, 4, &mut states));
+    assert!(!Replicas::sample_into(
+        &list,
+        &tried,
+        None,
+        &holders,
+        4,
+        &mut states
+    ));
 }
 
 /// Every check result counts at once.

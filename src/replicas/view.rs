@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::ops::Deref;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
 use super::Replica;
@@ -17,35 +18,77 @@ pub struct View {
     list: Vec<Arc<Replica>>,
     /// For each model some replica lists: whether each replica (by position)
     /// serves it: those listing it, and those whose models are unknown.
-    offered: HashMap<String, Box<[bool]>>,
+    offered: HashMap<String, (Box<[bool]>, Members)>,
     /// For a model no replica lists: the replicas whose models are unknown.
-    open: Box<[bool]>,
+    open: (Box<[bool]>, Members),
+    /// Every replica, for a request naming no model.
+    all: Members,
     /// Each replica's position by id, and by address (the first there).
     by_id: HashMap<ReplicaId, usize>,
     by_addr: HashMap<SocketAddr, usize>,
+}
+
+/// The replicas a request for one model may get, by position, and the
+/// window of them its next sample reads (see `Replicas::sample_into`):
+/// each model's windows take turns on their own.
+#[derive(Debug, Default)]
+pub struct Members {
+    pub at: Box<[usize]>,
+    next: AtomicUsize,
+}
+
+impl Members {
+    fn of(serves: &[bool]) -> Self {
+        Self {
+            at: (serves.iter().enumerate().filter(|(_, s)| **s))
+                .map(|(i, _)| i)
+                .collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// The next window's number (any; the caller takes it modulo).
+    pub fn next_window(&self) -> usize {
+        self.next.fetch_add(1, Relaxed)
+    }
 }
 
 impl View {
     pub fn new(list: Vec<Arc<Replica>>) -> Self {
         let models: Vec<_> = list.iter().map(|r| r.models()).collect();
         let open: Box<[bool]> = models.iter().map(Option::is_none).collect();
-        let mut offered: HashMap<String, Box<[bool]>> = HashMap::new();
+        let mut serving: HashMap<String, Box<[bool]>> = HashMap::new();
         for (i, listed) in models.iter().enumerate() {
             for m in listed.iter().flat_map(|l| l.iter()) {
-                offered.entry(m.clone()).or_insert_with(|| open.clone())[i] = true;
+                serving.entry(m.clone()).or_insert_with(|| open.clone())[i] = true;
             }
         }
+        let offered = (serving.into_iter())
+            .map(|(m, serves)| {
+                let members = Members::of(&serves);
+                (m, (serves, members))
+            })
+            .collect();
         let by_id = list.iter().enumerate().map(|(i, r)| (r.id, i)).collect();
         let mut by_addr = HashMap::with_capacity(list.len());
         for (i, r) in list.iter().enumerate() {
             by_addr.entry(r.addr).or_insert(i);
         }
         Self {
+            all: Members::of(&vec![true; list.len()]),
+            open: (open.clone(), Members::of(&open)),
             list,
             offered,
-            open,
             by_id,
             by_addr,
+        }
+    }
+
+    /// The replicas a request for `model` may get (any model: every one).
+    pub fn members(&self, model: Option<&str>) -> &Members {
+        match model {
+            None => &self.all,
+            Some(m) => self.offered.get(m).map_or(&self.open.1, |(_, w)| w),
         }
     }
 
@@ -61,7 +104,7 @@ impl View {
 
     /// Whether each replica (by position) may get a request for `model`.
     pub fn offers(&self, model: &str) -> &[bool] {
-        self.offered.get(model).unwrap_or(&self.open)
+        self.offered.get(model).map_or(&self.open.0, |(s, _)| s)
     }
 
     /// Some replica's model list names `model`.

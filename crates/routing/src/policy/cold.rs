@@ -18,9 +18,23 @@ const KV_STEP_PERMILLE: u16 = 100;
 
 impl Policy {
     /// A cold placement of a prompt of `bytes` among the replicas of `live`
-    /// that `among` keeps (see `kv room`). A filter, not a copy: a fleet of
-    /// a thousand replicas is not copied per request.
+    /// that `among` keeps (see `kv room`), of those the ones it may spread
+    /// to while there are any ([`ReplicaState::spread`]). A filter, not a
+    /// copy: a fleet of a thousand replicas is not copied per request.
     pub(super) fn cold(
+        &self,
+        live: &[ReplicaState],
+        among: impl Fn(&ReplicaState) -> bool + Copy,
+        bytes: usize,
+    ) -> Option<ReplicaId> {
+        let spread = move |s: &ReplicaState| s.spread && among(s);
+        match live.iter().any(spread) {
+            true => self.cold_among(live, spread, bytes),
+            false => self.cold_among(live, among, bytes),
+        }
+    }
+
+    fn cold_among(
         &self,
         live: &[ReplicaState],
         among: impl Fn(&ReplicaState) -> bool + Copy,

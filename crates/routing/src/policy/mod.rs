@@ -294,7 +294,7 @@ impl Policy {
         let live = live_sorted(replicas);
         let replica = match self.config().mode {
             Mode::RoundRobin => self.count(&live.iter().map(|s| s.id).collect::<Vec<_>>()),
-            _ => self.balance(&live, |_| true),
+            _ => self.balance(&live, |s| s.spread),
         };
         Decision {
             replica,
@@ -322,8 +322,9 @@ impl Policy {
     }
 
     /// As [`Policy::place`], the replicas' states asked for once the index
-    /// has named the replicas holding this prompt's prefix (or its key):
-    /// `offer(holders)` gives the states to choose among. A caller sampling
+    /// has named the replicas holding this prompt's prefix (or its key) that
+    /// its placement may use: `offer(holders)` gives the states to choose
+    /// among. A caller sampling
     /// a large fleet offers those holders and a sample of the rest, so a
     /// placement reads a bounded number of replicas whatever the fleet's
     /// size (see [`Policy::may_sample`]).
@@ -363,7 +364,19 @@ impl Policy {
             .filter(|_| root.is_none())
             .and_then(|k| self.index.get(k))
             .map(|e| ReplicaId(e.replica));
-        let mut holders: Vec<ReplicaId> = matches.iter().map(|m| m.replica).chain(keyed).collect();
+        // The holders a placement of this shape may use: a single's only
+        // when the singles rule may take its prefix there (else it is a
+        // cold placement, which a busy holder must not join).
+        let cfg = self.config();
+        let usable = |m: &&Match| {
+            shape == Shape::Continuation
+                || cfg.mode == Mode::Affinity
+                || cfg.singles.is_some_and(|r| r.takes(m.pos, req.chain.len()))
+        };
+        let mut holders: Vec<ReplicaId> = (matches.iter().filter(usable))
+            .map(|m| m.replica)
+            .chain(keyed)
+            .collect();
         holders.sort_unstable();
         holders.dedup();
         let live = live_sorted(offer(&holders));

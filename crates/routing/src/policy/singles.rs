@@ -28,6 +28,14 @@ pub struct SinglesByPrefix {
     pub spread_while_all_fit: bool,
 }
 
+impl SinglesByPrefix {
+    /// Whether a prefix held up to `pos` of a `len`-byte prompt may take
+    /// the single (long enough, and a large enough share of it).
+    pub(super) fn takes(&self, pos: usize, len: usize) -> bool {
+        pos >= self.min_bytes && pos as u128 * 100 >= len as u128 * u128::from(self.min_percent)
+    }
+}
+
 impl Policy {
     /// A single: the replica holding most of its prompt within the load
     /// bound, else a cold placement (see `single` and `shared prefix`).
@@ -61,10 +69,7 @@ impl Policy {
                         .saturating_add(SINGLE_LOAD_SLACK)
         };
         let bytes = i64::try_from(chain.len()).unwrap_or(i64::MAX);
-        let held = |m: &&Match| {
-            m.pos >= rule.min_bytes
-                && m.pos as u128 * 100 >= chain.len() as u128 * u128::from(rule.min_percent)
-        };
+        let held = |m: &&Match| rule.takes(m.pos, chain.len());
         let mut refused = false;
         for m in matches.iter().filter(held) {
             let Some(s) = live.iter().find(|s| s.id == m.replica) else {

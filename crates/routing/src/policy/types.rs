@@ -94,6 +94,11 @@ pub struct ReplicaState {
     /// events read, its state known), in bytes of canonical text; it
     /// replaces the index's guess. `None`: not reported.
     pub engine_held: Option<usize>,
+    /// A cold placement (the counter) may choose it; false for a replica
+    /// offered only as the holder of the request's prefix (a sample of a
+    /// large fleet offers a busy holder for its prefix, not for a cold
+    /// placement).
+    pub spread: bool,
 }
 
 impl ReplicaState {

@@ -30,6 +30,7 @@ fn replicas(live: &[bool]) -> Vec<ReplicaState> {
             engine: None,
             room: None,
             engine_held: None,
+            spread: true,
         })
         .collect()
 }
@@ -389,11 +390,21 @@ fn an_offer_is_asked_with_the_replicas_holding_the_prefix() {
     });
     assert_eq!(asked, vec![home]);
     assert_eq!((next.replica, next.reason), (Some(home), Reason::Pin));
-    // A prompt nobody holds names no holder.
+    // A prompt nobody holds names no holder; nor does a single sharing a
+    // prefix while no singles rule may take it there (a cold placement).
     p.place_offered(&req("a new one-shot", false), |holders| {
         asked = holders.to_vec();
         &sample
     });
+    assert!(asked.is_empty());
+    p.place(&req("a shared system prompt: question one", false), &all);
+    p.place_offered(
+        &req("a shared system prompt: question two", false),
+        |holders| {
+            asked = holders.to_vec();
+            &sample
+        },
+    );
     assert!(asked.is_empty());
     assert!(p.may_sample());
     assert!(!Policy::new(cfg(Mode::Affinity)).may_sample());
