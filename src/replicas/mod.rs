@@ -159,11 +159,12 @@ impl Replicas {
     /// in `holders` (those holding the request's prefix that its placement
     /// may use) wherever they are, those for their prefix only (not
     /// `spread`) unless least loaded in the window. Of the rest of the
-    /// window only its least loaded are offered: the windows take turns, so
-    /// a burst of up to the set's size finds an idle replica in each window
-    /// it reaches, and no replica gets two of its cold placements while
-    /// another is idle there. `false`
-    /// when none of the window is offered and live: the caller reads the
+    /// window only its least loaded are offered (all of them when each
+    /// declares its KV capacity: `kv_room` chooses by room then): the
+    /// windows take turns, so a burst of up to the set's size finds an idle
+    /// replica in each window it reaches, and no replica gets two of its
+    /// cold placements while another is idle there. `false` when no replica
+    /// of the window but holders is offered and live: the caller reads the
     /// whole set then (and its fallbacks).
     pub fn sample_into(
         view: &View,
@@ -194,11 +195,16 @@ impl Replicas {
         let Some(least) = cold().map(ReplicaState::load).min() else {
             return false;
         };
-        for s in states.iter_mut() {
-            let spread = s.load() == least;
-            match holders.contains(&s.id) {
-                true => s.spread = spread,
-                false => s.live &= spread,
+        // With every capacity declared, `kv_room` chooses by room among
+        // them all, as in a small fleet (an idle replica may be full of
+        // pinned contexts).
+        if !states.iter().all(|s| s.room.is_some()) {
+            for s in states.iter_mut() {
+                let spread = s.load() <= least;
+                match holders.contains(&s.id) {
+                    true => s.spread = spread,
+                    false => s.live &= spread,
+                }
             }
         }
         let held = (holders.iter().filter_map(|id| view.position(*id)))

@@ -131,13 +131,20 @@ fn a_sample_is_the_next_window_in_turn_its_least_loaded_and_the_holders() {
     let ids = |states: &[ReplicaState]| -> Vec<u32> {
         states.iter().filter(|s| s.live).map(|s| s.id.0).collect()
     };
-    // Windows of at most 4 over 10: three of 3, 3 and 4, in turn.
+    // Windows of at most 4 over 10: three of 3, 3 and 4, in turn (the
+    // first at random).
     let mut seen = Vec::new();
     for _ in 0..3 {
         assert!(Replicas::sample_into(&list, &[], None, &[], 4, &mut states));
         seen.push(ids(&states));
     }
+    while seen[0][0] != 0 {
+        seen.rotate_left(1);
+    }
     assert_eq!(seen, vec![vec![0, 1, 2], vec![3, 4, 5], vec![6, 7, 8, 9]]);
+    while ids(&states) != vec![6, 7, 8, 9] {
+        assert!(Replicas::sample_into(&list, &[], None, &[], 4, &mut states));
+    }
     // The next is the first again: a busy replica there is not offered; a
     // holder is, busy or outside the window, for its prefix only (not
     // `spread`: no cold placement goes to it while another can).
@@ -164,6 +171,70 @@ fn a_sample_is_the_next_window_in_turn_its_least_loaded_and_the_holders() {
         4,
         &mut states
     ));
+    // An idle holder in the window is as good as any for a cold placement.
+    drop(_busy);
+    let _busy = list[4].begin(0);
+    assert!(sample(&[list[0].id], &mut states));
+    assert_eq!(ids(&states), vec![0, 1, 2]);
+    assert!(states.iter().all(|s| s.spread));
+}
+
+#[test]
+fn a_sample_of_replicas_declaring_their_kv_offers_the_busy_ones_too() {
+    let mut c = cfg(&[
+        ("a", "127.0.0.1:1"),
+        ("b", "127.0.0.1:2"),
+        ("c", "127.0.0.1:3"),
+    ]);
+    for r in &mut c {
+        r.kv_tokens = Some(10_000);
+    }
+    let set = Replicas::new(&c, Metrics::standalone());
+    let list = set.snapshot();
+    for r in list.iter() {
+        r.on_check(true, false, Instant::now(), &CHECKS);
+    }
+    // An idle replica may be full of pinned contexts: `kv_room` chooses.
+    let _busy = list[1].begin(0);
+    let mut states = Vec::new();
+    assert!(Replicas::sample_into(&list, &[], None, &[], 3, &mut states));
+    assert!(states.iter().all(|s| s.live && s.spread));
+}
+
+#[test]
+fn each_model_s_windows_cut_its_own_replicas() {
+    let names: Vec<(String, String)> = (0..6)
+        .map(|i| (format!("r{i}"), format!("127.0.0.1:{}", i + 1)))
+        .collect();
+    let mut c = cfg(&(names.iter())
+        .map(|(n, a)| (n.as_str(), a.as_str()))
+        .collect::<Vec<_>>());
+    for (i, r) in c.iter_mut().enumerate() {
+        r.models = Some(vec![if i % 2 == 0 { "a" } else { "b" }.into()]);
+    }
+    let set = Replicas::new(&c, Metrics::standalone());
+    let list = set.snapshot();
+    for r in list.iter() {
+        r.on_check(true, false, Instant::now(), &CHECKS);
+    }
+    let mut states = Vec::new();
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        assert!(Replicas::sample_into(
+            &list,
+            &[],
+            Some("a"),
+            &[],
+            2,
+            &mut states
+        ));
+        let live = states.iter().filter(|s| s.live).map(|s| s.id.0);
+        seen.push(live.collect::<Vec<_>>());
+    }
+    // Model a's three replicas in two windows (of one and two), in turn.
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen, vec![vec![0], vec![2, 4]]);
 }
 
 /// Every check result counts at once.

@@ -5,6 +5,7 @@
 //! decision time.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::net::SocketAddr;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -39,11 +40,14 @@ pub struct Members {
 
 impl Members {
     fn of(serves: &[bool]) -> Self {
+        // A random first window: the set is published again often (a DNS
+        // refresh, a model list), and window 0 must not get every restart.
+        let first = RandomState::new().hash_one(serves.len()) as usize;
         Self {
             at: (serves.iter().enumerate().filter(|(_, s)| **s))
                 .map(|(i, _)| i)
                 .collect(),
-            next: AtomicUsize::new(0),
+            next: AtomicUsize::new(first),
         }
     }
 

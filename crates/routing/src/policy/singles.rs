@@ -90,7 +90,7 @@ impl Policy {
         // Held where the load is over the bounds: cold within them, when
         // any replica is within both (the least queued and the least loaded
         // need not be one replica).
-        let bounded = refused && live.iter().any(within);
+        let bounded = refused && live.iter().any(|s| s.spread && within(s));
         d.replica = self.cold(live, |s| !bounded || within(s), chain.len());
     }
 

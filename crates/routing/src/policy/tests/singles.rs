@@ -233,3 +233,24 @@ fn a_single_is_placed_even_when_no_replica_is_within_both_bounds() {
     assert!(d.replica.is_some(), "{d:?}");
     assert_eq!(d.reason, Reason::Spread);
 }
+
+#[test]
+fn a_single_s_holders_are_offered_when_the_rule_may_take_its_prefix_there() {
+    let rs = roomy(2);
+    let mut asked = Vec::new();
+    let p = by_prefix(2);
+    let (holder, _) = first_sight(&p, &rs);
+    p.place_offered(&question("app", 1), |holders| {
+        asked = holders.to_vec();
+        &rs
+    });
+    assert_eq!(asked, vec![holder]);
+    // Not when the rule may not take it (no rule: a cold placement).
+    let p = Policy::new(cfg(Mode::Shape));
+    first_sight(&p, &rs);
+    p.place_offered(&question("app", 1), |holders| {
+        asked = holders.to_vec();
+        &rs
+    });
+    assert!(asked.is_empty());
+}
