@@ -324,10 +324,9 @@ impl Policy {
     /// As [`Policy::place`], the replicas' states asked for once the index
     /// has named the replicas holding this prompt's prefix (or its key) that
     /// its placement may use: `offer(holders)` gives the states to choose
-    /// among. A caller sampling
-    /// a large fleet offers those holders and a sample of the rest, so a
-    /// placement reads a bounded number of replicas whatever the fleet's
-    /// size (see [`Policy::may_sample`]).
+    /// among. A caller sampling a large fleet offers those holders and a
+    /// sample of the rest, so a placement reads a bounded number of
+    /// replicas whatever the fleet's size (see [`Policy::may_sample`]).
     pub fn place_offered<'s>(
         &self,
         req: &Request,
