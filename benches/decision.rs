@@ -236,16 +236,7 @@ fn fleet_size(c: &mut Criterion) {
         .collect();
     for n in [2usize, 128, 1000] {
         let cfg: Vec<config::Replica> = (0..n)
-            .map(|i| config::Replica {
-                name: format!("r{i}"),
-                addr: format!("127.0.0.1:{}", 10_000 + i),
-                kv_tokens: None,
-                prompt_cache: config::PromptCache::Shared,
-                models: None,
-                kv_events: None,
-                api_key_file: None,
-                api_key: None,
-            })
+            .map(|i| config::Replica::at(format!("r{i}"), format!("127.0.0.1:{}", 10_000 + i)))
             .collect();
         let set = Replicas::new(&cfg, Metrics::standalone());
         let view = set.snapshot();

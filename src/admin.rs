@@ -204,16 +204,7 @@ mod tests {
     }
 
     fn one(name: &str) -> Replicas {
-        let c = crate::config::Replica {
-            name: name.into(),
-            addr: "127.0.0.1:1".into(),
-            kv_tokens: None,
-            prompt_cache: crate::config::PromptCache::Shared,
-            models: None,
-            kv_events: None,
-            api_key_file: None,
-            api_key: None,
-        };
+        let c = crate::config::Replica::at(name, "127.0.0.1:1");
         Replicas::new(&[c], Metrics::standalone())
     }
 

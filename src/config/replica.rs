@@ -146,6 +146,20 @@ impl KvEvents {
 }
 
 impl Replica {
+    /// An entry named `name` at `addr`, every optional field unset.
+    pub fn at(name: impl Into<String>, addr: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            addr: addr.into(),
+            kv_tokens: None,
+            prompt_cache: PromptCache::default(),
+            models: None,
+            kv_events: None,
+            api_key_file: None,
+            api_key: None,
+        }
+    }
+
     /// Checks one entry; `names` and `addrs` collect those seen before it.
     pub(super) fn validate<'a>(
         &'a self,

@@ -121,16 +121,7 @@ mod tests {
     };
 
     fn replica() -> Arc<Replica> {
-        let c = config::Replica {
-            name: "a".into(),
-            addr: "127.0.0.1:1".into(),
-            kv_tokens: None,
-            prompt_cache: config::PromptCache::Shared,
-            models: None,
-            kv_events: None,
-            api_key_file: None,
-            api_key: None,
-        };
+        let c = config::Replica::at("a", "127.0.0.1:1");
         let set = Replicas::new(&[c], Metrics::standalone());
         Arc::clone(&set.snapshot()[0])
     }

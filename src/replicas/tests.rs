@@ -1,21 +1,11 @@
 //! The replica set's rules: health, ejection, panic mode, reload.
 
 use super::*;
-use crate::config::PromptCache;
 use crate::policy::EngineLoad;
 
 pub(super) fn cfg(list: &[(&str, &str)]) -> Vec<config::Replica> {
     list.iter()
-        .map(|(n, a)| config::Replica {
-            name: n.to_string(),
-            addr: a.to_string(),
-            kv_tokens: None,
-            prompt_cache: PromptCache::Shared,
-            models: None,
-            kv_events: None,
-            api_key_file: None,
-            api_key: None,
-        })
+        .map(|(n, a)| config::Replica::at(*n, *a))
         .collect()
 }
 
