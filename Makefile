@@ -60,8 +60,10 @@ bench-scale: prepare
 # many tenants' prompts, 2 salts, ~20 min; engine_load and the
 # load guard on `unseen-load`, ~6 min, the capacity wall's levers, ~5 min,
 # agent loops on the Responses API, ~3 min, 150 tenants overflowing 4
-# cards against an oracle, ~5 min, and a tenant flooding the fleet beside
-# agent loops, with and without fair admission, ~5 min)
+# cards against an oracle, at half the other runs' time scale (this
+# machine's wall-clock noise, times 10, hid the arms' differences),
+# ~20 min, and a tenant flooding the fleet beside agent loops, with and
+# without fair admission, ~5 min)
 # and on two real llama.cpp replicas (~15 min, then agent loops amid bursts in
 # 3 rounds, each engine on its own CPU, ~19 min, then steady singles behind
 # tenants' prompts on engines of 4 slots, ~10 min); rewrites docs/results.md and
@@ -94,8 +96,9 @@ results: prepare
 	  --scenario agent-loop --scenario responses-loop --policies shape,roundrobin \
 	  --label "simulated replicas, agent loops on chat and on the Responses API (replica-sim)" \
 	  --out bench-out/responses --results bench-out/results-responses.md
-	target/release/routebench compare --time-scale 10 --sims 4 --salts 2 --peer smg --scenario many-tenants \
-	  --policies shape,shape+kv_events,roundrobin,oracle --sim-arg=--tokenizer=$(CURDIR)/.real-engine/tokenizer \
+	target/release/routebench compare --time-scale 5 --sims 4 --salts 3 --peer smg --scenario many-tenants \
+	  --policies shape,shape+queued_prefill_step_bytes=0,shape+kv_events,roundrobin,oracle,oracle-soonest \
+	  --sim-arg=--tokenizer=$(CURDIR)/.real-engine/tokenizer \
 	  --label "4 simulated cards with SmolLM2's tokenizer, 150 tenants of 6k-token prompts, twice what the cards hold (replica-sim)" \
 	  --out bench-out/many-tenants --results bench-out/results-many-tenants.md
 	target/release/routebench compare --time-scale 10 --salts 3 --scenario noisy-neighbour \

@@ -28,6 +28,7 @@ fn policy(max_entries: usize) -> Policy {
         load_guard: None,
         least_loaded: false,
         singles: None,
+        queued_step: 16_384,
         fleet: Fleet::Local,
     })
 }
@@ -40,6 +41,7 @@ fn fleet(n: u32) -> Vec<ReplicaState> {
             live: true,
             in_flight: i % 3,
             waiting: 0,
+            queued_bytes: 0,
             engine: None,
             room: None,
             engine_held: None,
@@ -247,7 +249,7 @@ fn fleet_size(c: &mut Criterion) {
             .iter()
             .step_by((n / 16).max(1))
             .take(16)
-            .map(|r| r.begin(0))
+            .map(|r| r.begin(0, 0))
             .collect();
         // As the proxy places: every replica's state, or (`sample`, the
         // default above 64 replicas) a window of 32 and the prefix's holders.

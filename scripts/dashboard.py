@@ -78,6 +78,11 @@ ROWS = [
          "Requests the router has at each replica now, and held under limits.",
          [q('prefix_router_in_flight_requests', '{{replica}}'),
           q('prefix_router_admitted_requests', 'admitted (limits.max_requests)')]),
+        ("Prompt queued for prefill", "short",
+         "Prompt tokens of the streams sent to each replica that have not answered yet, less "
+         "what their placement expected cached: cold placements go where it is least "
+         "(queued_prefill_step_bytes).",
+         [q('prefix_router_queued_prefill_tokens', '{{replica}}')]),
         ("Time to replica response header (all)", "s",
          "From request arrival to the replica's response head, all replicas.",
          [q(f'histogram_quantile({p}, sum by (le) (rate(prefix_router_upstream_header_seconds_bucket[5m])))',

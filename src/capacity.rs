@@ -79,6 +79,10 @@ impl CapacityWatch {
                 .in_flight
                 .with_label_values(&[&r.name])
                 .set(i64::from(r.in_flight()));
+            self.metrics
+                .queued_prefill
+                .with_label_values(&[&r.name])
+                .set((r.queued_bytes() / BYTES_PER_TOKEN) as i64);
             let set = ws
                 .iter()
                 .find(|(id, _)| *id == r.id)

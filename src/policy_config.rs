@@ -33,6 +33,7 @@ pub fn policy_config(cfg: &Config) -> PolicyConfig {
             bound: cfg.singles.bound_queued,
             spread_while_all_fit: cfg.singles.spread_while_all_fit,
         }),
+        queued_step: cfg.queued_prefill_step_bytes,
         fleet: match cfg.fleet.mode {
             FleetMode::Local | FleetMode::Redis => policy::Fleet::Local,
             FleetMode::Rendezvous => policy::Fleet::Rendezvous {

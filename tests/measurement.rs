@@ -219,7 +219,11 @@ fn compare_rotates_the_arms_each_round_and_lists_them_in_the_order_given() {
         .collect();
     assert!(table.len() > 2, "{md}");
     assert!(table[0].contains("| cached |"), "{}", table[0]);
-    assert!(table[0].ends_with("| index repairs |"), "{}", table[0]);
+    assert!(
+        table[0].ends_with("| index repairs | cached tokens predicted / delivered |"),
+        "{}",
+        table[0]
+    );
     let cell = |row: &str, i: usize| row.split('|').nth(i).unwrap_or("").trim().to_owned();
     let arms: Vec<String> = table[2..].iter().map(|r| cell(r, 1)).collect();
     assert_eq!(
@@ -227,8 +231,11 @@ fn compare_rotates_the_arms_each_round_and_lists_them_in_the_order_given() {
         ["shape #1", "shape #2", "roundrobin #1", "roundrobin #2"]
     );
     for row in &table[2..] {
-        let repairs = row.trim_end_matches('|').rsplit('|').next().unwrap_or("");
-        assert_eq!(repairs.trim(), "0", "{row}");
+        let mut last = row.trim_end_matches('|').rsplit('|').map(str::trim);
+        let (fidelity, repairs) = (last.next().unwrap_or(""), last.next().unwrap_or(""));
+        assert_eq!(repairs, "0", "{row}");
+        // Bursts of new documents: the router predicts no cached tokens.
+        assert!(fidelity.starts_with("0k / "), "{row}");
     }
 }
 
@@ -252,6 +259,10 @@ fn the_simulator_says_what_it_holds_of_a_prompt_and_empties_its_cache() {
     );
     let held = cached();
     assert!(held > 1_000, "its prompt is held: {held}");
+    let r = common::http::post_json(sim.addr, "/sim/cached", &body).json();
+    let prompt = r["prompt_tokens"].as_u64().expect("prompt_tokens");
+    assert!(prompt >= held && prompt < held + 32, "{r}");
+    assert_eq!(r["queued_tokens"].as_u64(), Some(0), "idle: nothing queued");
     let reset = common::http::post_json(sim.addr, "/sim/reset", &serde_json::json!({}));
     assert_eq!(reset.status, 200, "{}", reset.text());
     assert_eq!(cached(), 0, "emptied");

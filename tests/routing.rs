@@ -21,6 +21,7 @@ fn config(mode: Mode) -> PolicyConfig {
         load_guard: None,
         least_loaded: false,
         singles: None,
+        queued_step: 16_384,
         fleet: Fleet::Local,
     }
 }
@@ -46,6 +47,7 @@ fn fleet(live: &[bool]) -> Vec<ReplicaState> {
             live: *l,
             in_flight: 0,
             waiting: 0,
+            queued_bytes: 0,
             engine: None,
             room: None,
             engine_held: None,
@@ -249,6 +251,7 @@ proptest! {
             load_guard: Some(1),
             least_loaded: false,
             singles: None,
+            queued_step: 16_384,
             fleet: Fleet::Local,
         });
         for (conv, len, live, model_turn) in ops {
@@ -282,6 +285,7 @@ fn a_flood_of_singles_larger_than_the_index_leaves_a_live_conversation_pinned() 
         load_guard: None,
         least_loaded: false,
         singles: None,
+        queued_step: 16_384,
         fleet: Fleet::Local,
     });
     let rs = fleet(&[true, true]);

@@ -144,6 +144,12 @@ pub struct Config {
     pub log_format: LogFormat,
     /// How a single (a one-shot prompt) is placed (see the policy module).
     pub singles: Singles,
+    /// Cold placements go to the replicas with at most this many bytes more
+    /// prompt queued for prefill than the least queued (streams sent there
+    /// and not answering yet, each less what was expected cached), and a
+    /// single leaves its prefix's holder queued more than the prefix saves
+    /// (see the policy module); 0: not compared.
+    pub queued_prefill_step_bytes: usize,
     /// How many replicas of a large fleet a placement reads.
     pub sample: Sample,
     /// How several router instances in front of these replicas agree on
@@ -202,6 +208,7 @@ impl Default for Config {
             traces: None,
             log_format: LogFormat::Text,
             singles: Singles::default(),
+            queued_prefill_step_bytes: 16_384,
             sample: Sample::default(),
             fleet: Fleet::default(),
             replicas: Vec::new(),

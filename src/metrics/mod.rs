@@ -25,7 +25,7 @@ pub use prompts::PromptMetrics;
 pub use replica::{Ejection, Repair, ReplicaCounters};
 pub use tenants::{TenantCounters, TenantMetrics, TENANT_LIMITS};
 
-use crate::policy::{Reason, Shape};
+use crate::policy::Reason;
 
 /// The router's metric handles.
 pub struct Metrics {
@@ -38,6 +38,7 @@ pub struct Metrics {
     pub replica_drained: IntGaugeVec,
     /// Requests in flight per replica.
     pub in_flight: IntGaugeVec,
+    pub queued_prefill: IntGaugeVec,
     /// Declared KV capacity per replica, tokens.
     pub kv_tokens: IntGaugeVec,
     /// Estimated prefix working set placed on each replica, tokens.
@@ -163,6 +164,12 @@ impl Metrics {
             in_flight: register_int_gauge_vec_with_registry!(
                 "prefix_router_in_flight_requests",
                 "Requests in flight per replica",
+                &["replica"],
+                registry
+            )?,
+            queued_prefill: register_int_gauge_vec_with_registry!(
+                "prefix_router_queued_prefill_tokens",
+                "Prompt tokens (bytes / 4) of the streams sent to the replica and not answering yet, less what their placement expected cached (queued_prefill_step_bytes; refreshed every 500 ms)",
                 &["replica"],
                 registry
             )?,
@@ -426,6 +433,7 @@ impl Metrics {
         self.in_flight
             .with_label_values(&[name])
             .set(i64::from(in_flight));
+        self.queued_prefill.with_label_values(&[name]);
         self.kv_tokens
             .with_label_values(&[name])
             .set(i64::try_from(kv_tokens.unwrap_or(0)).unwrap_or(i64::MAX));
@@ -529,6 +537,7 @@ impl Metrics {
             &self.replica_up,
             &self.replica_drained,
             &self.in_flight,
+            &self.queued_prefill,
             &self.kv_tokens,
             &self.working_set,
             &self.pinned_working_set,
@@ -536,62 +545,5 @@ impl Metrics {
             let _ = g.remove_label_values(&[replica]);
         }
         self.engine_load(replica, None);
-    }
-
-    /// Drops every series, counters too, of each replica name not in
-    /// `set`: with `replicas_dns` each pod is a name of its own, and series
-    /// kept for every pod that ever ran would grow without bound. A name
-    /// that comes back starts its counters at 0 (`rate()` reads a reset). A
-    /// name still in the set (an address change) keeps its series: its new
-    /// handles count in them. Run after a removal and on a timer, since a
-    /// health check in flight at the removal may set a gauge again.
-    pub fn sweep_replicas(&self, in_set: impl Fn(&str) -> bool) {
-        let mut gone: Vec<String> = Vec::new();
-        for family in self.registry.gather() {
-            for m in family.get_metric() {
-                for l in m.get_label() {
-                    let name = l.value();
-                    if l.name() == "replica" && !in_set(name) && !gone.iter().any(|g| g == name) {
-                        gone.push(name.to_owned());
-                    }
-                }
-            }
-        }
-        for name in gone {
-            self.forget_replica_series(&name);
-        }
-    }
-
-    fn forget_replica_series(&self, replica: &str) {
-        self.forget_replica(replica);
-        let reasons = Reason::ALL.iter().filter(|&&r| r != Reason::NoReplica);
-        for reason in reasons.map(|r| r.as_str()) {
-            for shape in [Shape::Continuation, Shape::Single] {
-                let _ = self
-                    .requests
-                    .remove_label_values(&[replica, reason, shape.as_str()]);
-            }
-            for c in [
-                &self.predicted_cached,
-                &self.delivered_cached,
-                &self.reported_prompt,
-            ] {
-                let _ = c.remove_label_values(&[replica, reason]);
-            }
-        }
-        let _ = self.failovers.remove_label_values(&[replica]);
-        self.kv.forget(replica);
-        let by_kind = [
-            (&self.pin_outcomes, &["hit", "miss"][..]),
-            (&self.ejections, &Ejection::ALL.map(Ejection::as_str)[..]),
-            (&self.index_repairs, &Repair::ALL.map(Repair::as_str)[..]),
-            (&self.engine_reads, &ENGINE_READ_RESULTS[..]),
-            (&self.health_checks, &HEALTH_CHECK_RESULTS[..]),
-        ];
-        for (counter, kinds) in by_kind {
-            for kind in kinds {
-                let _ = counter.remove_label_values(&[replica, kind]);
-            }
-        }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use prometheus::{Histogram, IntCounter, IntCounterVec};
 
-use super::Metrics;
+use super::{Metrics, ENGINE_READ_RESULTS, HEALTH_CHECK_RESULTS};
 use crate::policy::{Reason, Shape};
 use crate::usage::Outcome;
 
@@ -169,5 +169,65 @@ impl ReplicaCounters {
 impl std::fmt::Debug for ReplicaCounters {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("ReplicaCounters")
+    }
+}
+
+/// The lifecycle of a replica's series.
+impl Metrics {
+    /// Drops every series, counters too, of each replica name not in
+    /// `set`: with `replicas_dns` each pod is a name of its own, and series
+    /// kept for every pod that ever ran would grow without bound. A name
+    /// that comes back starts its counters at 0 (`rate()` reads a reset). A
+    /// name still in the set (an address change) keeps its series: its new
+    /// handles count in them. Run after a removal and on a timer, since a
+    /// health check in flight at the removal may set a gauge again.
+    pub fn sweep_replicas(&self, in_set: impl Fn(&str) -> bool) {
+        let mut gone: Vec<String> = Vec::new();
+        for family in self.registry.gather() {
+            for m in family.get_metric() {
+                for l in m.get_label() {
+                    let name = l.value();
+                    if l.name() == "replica" && !in_set(name) && !gone.iter().any(|g| g == name) {
+                        gone.push(name.to_owned());
+                    }
+                }
+            }
+        }
+        for name in gone {
+            self.forget_replica_series(&name);
+        }
+    }
+
+    fn forget_replica_series(&self, replica: &str) {
+        self.forget_replica(replica);
+        let reasons = Reason::ALL.iter().filter(|&&r| r != Reason::NoReplica);
+        for reason in reasons.map(|r| r.as_str()) {
+            for shape in [Shape::Continuation, Shape::Single] {
+                let _ = self
+                    .requests
+                    .remove_label_values(&[replica, reason, shape.as_str()]);
+            }
+            for c in [
+                &self.predicted_cached,
+                &self.delivered_cached,
+                &self.reported_prompt,
+            ] {
+                let _ = c.remove_label_values(&[replica, reason]);
+            }
+        }
+        let _ = self.failovers.remove_label_values(&[replica]);
+        self.kv.forget(replica);
+        let by_kind = [
+            (&self.pin_outcomes, &["hit", "miss"][..]),
+            (&self.ejections, &Ejection::ALL.map(Ejection::as_str)[..]),
+            (&self.index_repairs, &Repair::ALL.map(Repair::as_str)[..]),
+            (&self.engine_reads, &ENGINE_READ_RESULTS[..]),
+            (&self.health_checks, &HEALTH_CHECK_RESULTS[..]),
+        ];
+        for (counter, kinds) in by_kind {
+            for kind in kinds {
+                let _ = counter.remove_label_values(&[replica, kind]);
+            }
+        }
     }
 }

@@ -80,6 +80,13 @@ impl Router {
             (Some(r), Shape::Single) => r.chain.len() as u64,
             _ => 0,
         };
+        // What the engine has to prefill before its first token: the prompt
+        // less what the placement expected cached there. Only for a stream,
+        // whose first body byte ends it; a whole answer's comes only after
+        // its generation (0 too when the router did not read a prompt).
+        let prefill = request
+            .filter(|r| r.stream)
+            .map_or(0, |r| r.chain.len().saturating_sub(decision.matched_bytes));
         if let (Some(shared), Some(r)) = (&self.shared, request) {
             let keys: Vec<u64> = r
                 .chain
@@ -103,7 +110,7 @@ impl Router {
         }
         let a = &mut ctx.attempts;
         a.evidence = request.is_some_and(|r| !r.cache_bypass);
-        a.current = Some(replica.begin(cold));
+        a.current = Some(replica.begin(cold, prefill as u64));
         a.decision = Some(decision);
         a.first.get_or_insert_with(Instant::now);
         ctx.read.placed();

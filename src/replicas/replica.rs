@@ -39,14 +39,17 @@ struct Witness {
 #[repr(C, align(64))]
 pub struct Replica {
     pub id: ReplicaId,
+    /// KV capacity in tokens (at most `u32::MAX`); 0 when not declared.
+    /// Reloadable.
+    pub(super) kv_tokens: AtomicU32,
     /// Its name hashed alike in every router instance (rendezvous hashing).
     pub(super) name_hash: u64,
-    /// KV capacity in tokens; 0 when not declared. Reloadable.
-    pub(super) kv_tokens: AtomicU64,
     /// Pinned working set, bytes (the capacity watch refreshes it).
     pub(super) pinned_bytes: AtomicU64,
     /// Canonical bytes of the singles' prompts in flight.
     pub(super) cold_bytes: AtomicU64,
+    /// Bytes of prompt the `waiting` requests have yet to prefill there.
+    pub(super) queued_bytes: AtomicU64,
     /// Requests the router has in flight there.
     pub(super) in_flight: AtomicU32,
     /// Of those, the ones that have not answered a body byte yet: queued or
@@ -114,6 +117,11 @@ const _: () = assert!(std::mem::offset_of!(Replica, drained) < 64);
 /// What the engine figures hold while none is known.
 pub(super) const UNKNOWN: u32 = u32::MAX;
 
+/// A declared KV capacity as kept (0: not declared).
+fn tokens(kv_tokens: Option<u64>) -> u32 {
+    kv_tokens.map_or(0, |t| u32::try_from(t).unwrap_or(u32::MAX))
+}
+
 impl Replica {
     /// A replica joining the set: not live until its first health check.
     pub(super) fn new(
@@ -127,7 +135,7 @@ impl Replica {
             name: c.name.clone(),
             name_hash: xxhash_rust::xxh3::xxh3_64(c.name.as_bytes()),
             addr,
-            kv_tokens: AtomicU64::new(c.kv_tokens.unwrap_or(0)),
+            kv_tokens: AtomicU32::new(tokens(c.kv_tokens)),
             last_prompt: AtomicBool::new(c.prompt_cache == PromptCache::Last),
             drained: AtomicBool::new(false),
             models: ArcSwapOption::new(c.models.clone().map(Arc::new)),
@@ -140,6 +148,7 @@ impl Replica {
             waiting: AtomicU32::new(0),
             pinned_bytes: AtomicU64::new(0),
             cold_bytes: AtomicU64::new(0),
+            queued_bytes: AtomicU64::new(0),
             engine_unseen: AtomicU32::new(UNKNOWN),
             engine_kv_permille: AtomicU32::new(UNKNOWN),
             checked: AtomicBool::new(false),
@@ -208,7 +217,7 @@ impl Replica {
     }
 
     pub(super) fn reconfigure(&self, c: &config::Replica) {
-        self.kv_tokens.store(c.kv_tokens.unwrap_or(0), Relaxed);
+        self.kv_tokens.store(tokens(c.kv_tokens), Relaxed);
         self.last_prompt
             .store(c.prompt_cache == PromptCache::Last, Relaxed);
         self.declare_models(&c.models);
@@ -343,7 +352,12 @@ impl Replica {
 
     /// Declared KV capacity in tokens.
     pub fn kv_tokens(&self) -> Option<u64> {
-        Some(self.kv_tokens.load(Relaxed)).filter(|t| *t > 0)
+        Some(u64::from(self.kv_tokens.load(Relaxed))).filter(|t| *t > 0)
+    }
+
+    /// Bytes of prompt its requests not answering yet have to prefill.
+    pub fn queued_bytes(&self) -> u64 {
+        self.queued_bytes.load(Relaxed)
     }
 
     pub fn in_flight(&self) -> u32 {
@@ -430,14 +444,18 @@ impl Replica {
     }
 
     /// Counts a request in flight until the guard drops; `cold` bytes of a
-    /// single's prompt (0 for others), which take KV room while it runs.
-    pub fn begin(self: &Arc<Self>, cold: u64) -> InFlight {
+    /// single's prompt (0 for others), which take KV room while it runs;
+    /// `prefill` bytes of its prompt the engine has to compute (queued until
+    /// it answers).
+    pub fn begin(self: &Arc<Self>, cold: u64, prefill: u64) -> InFlight {
         self.in_flight.fetch_add(1, Relaxed);
         self.waiting.fetch_add(1, Relaxed);
+        self.queued_bytes.fetch_add(prefill, Relaxed);
         self.cold_bytes.fetch_add(cold, Relaxed);
         InFlight {
             replica: Arc::clone(self),
             cold,
+            prefill,
             waiting: true,
         }
     }
@@ -514,6 +532,7 @@ impl Replica {
             live: self.live(),
             in_flight: self.in_flight(),
             waiting: self.waiting.load(Relaxed),
+            queued_bytes: self.queued_bytes(),
             engine,
             room,
             engine_held: None,
@@ -527,6 +546,7 @@ impl Replica {
 pub struct InFlight {
     pub(super) replica: Arc<Replica>,
     pub(super) cold: u64,
+    pub(super) prefill: u64,
     /// Counted in the replica's `waiting` (no body byte yet).
     pub(super) waiting: bool,
 }
@@ -540,6 +560,7 @@ impl InFlight {
     pub fn answered(&mut self) {
         if std::mem::take(&mut self.waiting) {
             self.replica.waiting.fetch_sub(1, Relaxed);
+            self.replica.queued_bytes.fetch_sub(self.prefill, Relaxed);
         }
     }
 }

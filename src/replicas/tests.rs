@@ -13,7 +13,7 @@ pub(super) fn cfg(list: &[(&str, &str)]) -> Vec<config::Replica> {
 fn saturation_counts_what_the_engines_report_beyond_the_routers_requests() {
     let now = Instant::now();
     let (set, list) = checked_set(&[("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")], now);
-    let _own = [list[0].begin(0), list[1].begin(0)];
+    let _own = [list[0].begin(0, 0), list[1].begin(0, 0)];
     assert!(!set.saturated(3));
     let unseen = |unseen| {
         Some(EngineLoad {
@@ -138,7 +138,11 @@ fn a_sample_is_the_next_window_in_turn_its_least_loaded_and_the_holders() {
     // The next is the first again: a busy replica there is not offered; a
     // holder is, busy or outside the window, for its prefix only (not
     // `spread`: no cold placement goes to it while another can).
-    let _busy = [list[1].begin(0), list[2].begin(0), list[7].begin(0)];
+    let _busy = [
+        list[1].begin(0, 0),
+        list[2].begin(0, 0),
+        list[7].begin(0, 0),
+    ];
     let holders = [list[1].id, list[7].id];
     let sample = |holders: &[ReplicaId], states: &mut Vec<ReplicaState>| {
         Replicas::sample_into(&list, &[], None, holders, 4, states)
@@ -163,7 +167,7 @@ fn a_sample_is_the_next_window_in_turn_its_least_loaded_and_the_holders() {
     ));
     // An idle holder in the window is as good as any for a cold placement.
     drop(_busy);
-    let _busy = list[4].begin(0);
+    let _busy = list[4].begin(0, 0);
     assert!(sample(&[list[0].id], &mut states));
     assert_eq!(ids(&states), vec![0, 1, 2]);
     assert!(states.iter().all(|s| s.spread));
@@ -185,7 +189,7 @@ fn a_sample_of_replicas_declaring_their_kv_offers_the_busy_ones_too() {
         r.on_check(true, false, Instant::now(), &CHECKS);
     }
     // An idle replica may be full of pinned contexts: `kv_room` chooses.
-    let _busy = list[1].begin(0);
+    let _busy = list[1].begin(0, 0);
     let mut states = Vec::new();
     assert!(Replicas::sample_into(&list, &[], None, &[], 3, &mut states));
     assert!(states.iter().all(|s| s.live && s.spread));
@@ -383,7 +387,7 @@ fn reload_keeps_state_of_unchanged_replicas_and_reports_changes() {
     );
     let a = Arc::clone(&set.snapshot()[0]);
     a.on_check(true, false, Instant::now(), &CHECKS);
-    let _guard = a.begin(0);
+    let _guard = a.begin(0, 0);
     let change = set.apply(&cfg(&[("a", "127.0.0.1:1"), ("c", "127.0.0.1:3")]));
     assert_eq!(
         change
@@ -412,8 +416,8 @@ fn reload_keeps_state_of_unchanged_replicas_and_reports_changes() {
 fn in_flight_counts_until_the_guard_drops() {
     let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1")]), Metrics::standalone());
     let a = Arc::clone(&set.snapshot()[0]);
-    let g1 = a.begin(0);
-    let g2 = a.begin(0);
+    let g1 = a.begin(0, 0);
+    let g2 = a.begin(0, 0);
     assert_eq!(a.in_flight(), 2);
     drop(g1);
     drop(g2);

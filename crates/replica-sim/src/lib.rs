@@ -5,7 +5,7 @@
 //! (vLLM metric names), and for tests `GET /sim/stats`, `POST /sim/health?ok=false`
 //! (or `?delay_ms=N`: answer `/health` that late),
 //! `POST /sim/reset` (empty the prefix cache), `POST /sim/cached` (a chat
-//! body's cached prefix, in tokens),
+//! body's cached prefix and prompt, and the prefill queued ahead, in tokens),
 //! `POST /sim/accept?paused=true|false` (stop or resume accepting connections:
 //! with a short `--backlog`, connects then time out as on an overloaded host;
 //! resume over a connection opened before the pause).

@@ -61,7 +61,14 @@ impl Sim {
                 let ids = self.ids("/v1/chat/completions", &body);
                 let engine = self.engine.lock().expect("engine lock");
                 let cached = engine.cached_tokens(&text, ids.as_deref(), cache_identity(&req));
-                json_response(StatusCode::OK, &json!({"cached_tokens": cached}))
+                let prompt = ids
+                    .as_ref()
+                    .map_or_else(|| engine.tokens(&text), |i| i.len() as u64);
+                json_response(
+                    StatusCode::OK,
+                    &json!({"cached_tokens": cached, "prompt_tokens": prompt,
+                        "queued_tokens": engine.queued_prefill_tokens()}),
+                )
             }
             (&Method::POST, "/sim/reset") => {
                 let dropped = self.engine.lock().expect("engine lock").reset_cache();

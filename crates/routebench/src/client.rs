@@ -33,6 +33,17 @@ pub struct Sample {
     pub cached_tokens: u64,
 }
 
+/// How an oracle arm chooses a simulated card for each request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Oracle {
+    /// The card holding the longest prefix of its prompt (`oracle`).
+    Longest,
+    /// The card where its prefill would end soonest: the least prompt
+    /// queued there plus its own tokens not cached there, then the longest
+    /// prefix (`oracle-soonest`).
+    Soonest,
+}
+
 /// The endpoint and how to turn wall time into model time.
 #[derive(Clone)]
 pub struct Client {
@@ -42,9 +53,9 @@ pub struct Client {
     bases: Arc<Vec<String>>,
     /// xorshift state picking the base; seeded alike in every run.
     pick: Arc<AtomicU64>,
-    /// The bases are replicas: each request goes to the one holding the
-    /// longest prefix of its prompt (the `oracle` arm).
-    oracle: bool,
+    /// The bases are replicas, and how each request chooses one of them
+    /// (the oracle arms); `None`: at random.
+    oracle: Option<Oracle>,
     pub model: String,
     /// Sent as `x-tenant` (`noisy-neighbour`: the router's `tenants.header`).
     pub tenant: Option<Arc<str>>,
@@ -75,7 +86,7 @@ impl Client {
                     .collect(),
             ),
             pick: Arc::new(AtomicU64::new(0x9e37_79b9_7f4a_7c15)),
-            oracle: false,
+            oracle: None,
             model: model.to_owned(),
             tenant: None,
             scale,
@@ -83,12 +94,12 @@ impl Client {
         }
     }
 
-    /// The `oracle` arm: no router; each request goes straight to the
-    /// simulated replica that holds the longest prefix of its prompt when it
-    /// is sent (each is asked: `POST /sim/cached`), ties to one at random.
-    pub fn oracle(replicas: &[String], model: &str, scale: f64) -> Self {
+    /// An oracle arm: no router; each request goes straight to a simulated
+    /// replica chosen by what each holds and queues when it is sent (each is
+    /// asked: `POST /sim/cached`) by `rule`, ties to one at random.
+    pub fn oracle(replicas: &[String], model: &str, scale: f64, rule: Oracle) -> Self {
         let mut c = Self::spread(replicas, model, scale);
-        c.oracle = true;
+        c.oracle = Some(rule);
         c
     }
 
@@ -116,28 +127,35 @@ impl Client {
 
     /// The base URL of the next request with `body`.
     async fn base(&self, body: &Bytes) -> &str {
-        if !self.oracle {
+        let Some(rule) = self.oracle else {
             return &self.bases[self.draw(self.bases.len())];
-        }
+        };
         let asks = self.bases.iter().map(|b| async move {
             let req = Request::post(format!("{b}/sim/cached"))
                 .header("content-type", "application/json")
                 .body(Full::new(body.clone()));
-            let Ok(req) = req else { return 0 };
+            // Lower is better: a card that does not answer ranks last.
+            const LAST: (u64, u64) = (u64::MAX, u64::MAX);
+            let Ok(req) = req else { return LAST };
             let Ok(resp) = self.http.request(req).await else {
-                return 0;
+                return LAST;
             };
             let Ok(bytes) = resp.into_body().collect().await else {
-                return 0;
+                return LAST;
             };
-            serde_json::from_slice::<Value>(&bytes.to_bytes())
-                .ok()
-                .and_then(|v| v["cached_tokens"].as_u64())
-                .unwrap_or(0)
+            let v: Value = serde_json::from_slice(&bytes.to_bytes()).unwrap_or_default();
+            let n = |k: &str| v[k].as_u64().unwrap_or(0);
+            let cached = n("cached_tokens");
+            let first = match rule {
+                Oracle::Longest => 0,
+                // The prompt tokens its prefill waits for and computes there.
+                Oracle::Soonest => n("queued_tokens") + n("prompt_tokens").saturating_sub(cached),
+            };
+            (first, u64::MAX - cached)
         });
-        let cached = join_all(asks).await;
-        let best = cached.iter().copied().max().unwrap_or(0);
-        let tied: Vec<usize> = (0..cached.len()).filter(|i| cached[*i] == best).collect();
+        let ranks = join_all(asks).await;
+        let best = ranks.iter().copied().min().unwrap_or_default();
+        let tied: Vec<usize> = (0..ranks.len()).filter(|i| ranks[*i] == best).collect();
         &self.bases[tied[self.draw(tied.len())]]
     }
 
@@ -294,7 +312,7 @@ impl Client {
         };
         s.replica = header("x-prefix-router-replica");
         s.decision = header("x-prefix-router-decision");
-        if self.oracle {
+        if self.oracle.is_some() {
             (s.replica, s.decision) = (header("x-sim-replica"), "oracle".to_owned());
         }
         let mut body = resp.into_body();

@@ -29,7 +29,7 @@ pub struct Arm<'a> {
     /// top-level config keys (e.g. `shape+kv_room=pack`), keys of a block
     /// (`shape+fleet.mode=rendezvous`), or keys of every replica's entry
     /// (`shape+replica.prompt_cache=last`); `+kv_events` (see [`KV_EVENTS`]);
-    /// `smg`: the peer; `oracle`: no router (see [`ORACLE`]).
+    /// `smg`: the peer; `oracle`, `oracle-soonest`: no router (see [`ORACLE`]).
     pub policy: &'a str,
     /// Existing replicas; when empty, `sims` simulators are started.
     pub external: &'a [SocketAddr],
@@ -61,6 +61,15 @@ pub const SMG: &str = "smg";
 /// The arm with no router: each request sent straight to the card holding
 /// the longest prefix of its prompt (simulated cards only).
 pub const ORACLE: &str = "oracle";
+/// The arm with no router that sends each request straight to the card
+/// where its prefill would end soonest by the cards' own state: the least
+/// prompt queued there plus its own tokens not cached there.
+pub const ORACLE_SOONEST: &str = "oracle-soonest";
+
+/// Whether an arm is an oracle (no router; the client places).
+pub fn is_oracle(policy: &str) -> bool {
+    policy == ORACLE || policy == ORACLE_SOONEST
+}
 /// The setting (`shape+kv_events`) that has the cards publish their KV
 /// events and the router follow them, token for token.
 pub const KV_EVENTS: &str = "kv_events";
@@ -205,7 +214,7 @@ impl Fleet {
             replicas.push(addr);
             children.push(child);
         }
-        if arm.policy == ORACLE {
+        if is_oracle(arm.policy) {
             if !arm.external.is_empty() {
                 bail!("the oracle asks simulated cards what they hold: no --replica");
             }

@@ -20,7 +20,8 @@
 //! system prompt), and `noisy-neighbour` (agent loops, each its own tenant
 //! in the `x-tenant` header, alone and then while one more tenant floods
 //! the fleet with one-shots at ten times its share). The `oracle` arm has no router: each request goes straight
-//! to the simulated card that holds the longest prefix of its prompt then. Every run salts its
+//! to the simulated card that holds the longest prefix of its prompt then; `oracle-soonest` to the
+//! card where its prefill would end soonest by the cards' own state. Every run salts its
 //! prompts; every median comes with its p90 and sample size. Times are model
 //! seconds: wall seconds times `--time-scale` (the simulators' own; 1 for real engines).
 //!   cargo run --release --bin routebench -- run --url http://127.0.0.1:8080 --probe-url http://127.0.0.1:8001
@@ -46,7 +47,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
-use client::{Client, Sample};
+use client::{Client, Oracle, Sample};
 use scenarios::Sizes;
 
 const ALL: [&str; 15] = [
@@ -304,11 +305,11 @@ async fn run(url: &str, probe_url: Option<&str>, common: &Common) -> Result<()> 
 fn check_arm(arm: &str) -> Result<()> {
     let mut parts = arm.split('+');
     let base = parts.next().unwrap_or_default();
-    if !["shape", "roundrobin", "affinity", fleet::SMG, fleet::ORACLE].contains(&base) {
+    if !["shape", "roundrobin", "affinity", fleet::SMG].contains(&base) && !fleet::is_oracle(base) {
         bail!("unknown policy {base} in arm {arm}");
     }
     for setting in parts {
-        if base == fleet::SMG || base == fleet::ORACLE {
+        if base == fleet::SMG || fleet::is_oracle(base) {
             bail!("arm {arm}: the peer and the oracle take no router settings");
         }
         if setting != fleet::KV_EVENTS
@@ -338,6 +339,8 @@ struct Arms {
 /// Router counters read around each scenario.
 const SHARED_LOOKUPS: &str = "prefix_router_shared_pins_total{op=\"lookup\"";
 const REPAIRS: &str = "prefix_router_index_repairs_total";
+const PREDICTED: &str = "prefix_router_predicted_cached_tokens_total";
+const DELIVERED: &str = "prefix_router_delivered_cached_tokens_total";
 
 async fn compare(
     arms: &Arms,
@@ -387,11 +390,15 @@ async fn compare(
                 .iter()
                 .map(|r| format!("http://{r}"))
                 .collect();
-            let c = if policy == fleet::ORACLE {
+            let c = if fleet::is_oracle(policy) {
                 let cards: Vec<String> = (fleet.replicas.iter())
                     .map(|r| format!("http://{r}"))
                     .collect();
-                Client::oracle(&cards, &common.model, common.time_scale)
+                let rule = match policy == fleet::ORACLE_SOONEST {
+                    true => Oracle::Soonest,
+                    false => Oracle::Longest,
+                };
+                Client::oracle(&cards, &common.model, common.time_scale, rule)
             } else {
                 Client::spread(&routers, &common.model, common.time_scale)
             };
@@ -405,6 +412,7 @@ async fn compare(
                 let before = fleet.log_lines(WARNING).len();
                 let lookups = fleet.counter(SHARED_LOOKUPS).unwrap_or(0.0);
                 let repairs = fleet.counter(REPAIRS);
+                let fidelity = [PREDICTED, DELIVERED].map(|c| fleet.counter(c));
                 let samples = scenario(name, &c, &probe, &s).await;
                 if policy.contains("fleet.mode=redis") && !samples.is_empty() {
                     let per_request = (fleet.counter(SHARED_LOOKUPS).unwrap_or(0.0) - lookups)
@@ -437,6 +445,14 @@ async fn compare(
                     "index repairs".into(),
                     repaired.map_or("–".into(), |n| format!("{n:.0}")),
                 ));
+                // The router's predicted cached tokens against the engines' report.
+                let grown =
+                    |c: &str, was: Option<f64>| fleet.counter(c).zip(was).map(|(a, b)| a - b);
+                let cell = match (grown(PREDICTED, fidelity[0]), grown(DELIVERED, fidelity[1])) {
+                    (Some(p), Some(d)) => format!("{:.0}k / {:.0}k", p / 1e3, d / 1e3),
+                    _ => "–".into(),
+                };
+                cells.push(("cached tokens predicted / delivered".into(), cell));
                 rows[i].1.push((label.clone(), cells));
                 // Let the router's working-set window (one model minute) pass, so the
                 // next scenario's capacity warnings are its own.

@@ -17,8 +17,8 @@ fn kv_room_is_capacity_less_the_pinned_set_and_the_singles_in_flight() {
     );
     assert_eq!(b.state().room, None, "no kv_tokens, no known room");
     a.set_pinned_bytes(1_500);
-    let single = a.begin(500);
-    let other = a.begin(0);
+    let single = a.begin(500, 0);
+    let other = a.begin(0, 0);
     assert_eq!(
         a.state().room,
         Some(Room {
@@ -45,7 +45,7 @@ fn an_engine_keeping_its_last_prompt_has_room_only_once_a_single_displaced_its_c
     assert_eq!(free(), Some(4_000), "nothing pinned: the whole cache");
     a.set_pinned_bytes(1_500);
     assert_eq!(free(), Some(0), "any prompt would displace the context");
-    let single = a.begin(500);
+    let single = a.begin(500, 0);
     assert_eq!(
         free(),
         Some(3_500),
@@ -84,4 +84,19 @@ fn the_kv_an_engine_reports_in_use_bounds_the_room() {
     assert_eq!(a.state().room.map(|r| r.free), Some(3_000));
     a.set_engine(None);
     assert_eq!(a.state().engine, None);
+}
+
+#[test]
+fn prompt_queued_for_prefill_counts_until_the_first_byte_and_once() {
+    let set = Replicas::new(&cfg(&[("a", "127.0.0.1:1")]), Metrics::standalone());
+    let a = Arc::clone(&set.snapshot()[0]);
+    let mut first = a.begin(0, 4_000);
+    let second = a.begin(0, 1_000);
+    assert_eq!((a.state().queued_bytes, a.state().waiting), (5_000, 2));
+    first.answered();
+    assert_eq!((a.state().queued_bytes, a.state().waiting), (1_000, 1));
+    drop(first);
+    assert_eq!(a.state().queued_bytes, 1_000, "answered already: not again");
+    drop(second);
+    assert_eq!((a.state().queued_bytes, a.state().waiting), (0, 0));
 }

@@ -293,6 +293,22 @@ impl Engine {
         blocks.iter().take_while(held).count() as u64 * self.cfg.block_tokens
     }
 
+    /// Prompt tokens still to prefill before a request sent now would start
+    /// its own (an oracle's view): the waiting sequences' prompts less what
+    /// the cache holds of them now, and the rest of those in prefill.
+    pub fn queued_prefill_tokens(&self) -> u64 {
+        let held = |h: &&u64| self.refs.contains_key(h) || self.released.contains_key(h);
+        let waiting = self.waiting.iter().map(|s| {
+            let cached = s.blocks.iter().take_while(held).count() as u64 * self.cfg.block_tokens;
+            s.prompt_tokens.saturating_sub(cached)
+        });
+        let prefilling = self
+            .running
+            .iter()
+            .map(|s| s.prompt_tokens - s.prefilled.min(s.prompt_tokens));
+        waiting.chain(prefilling).sum()
+    }
+
     /// Empties the prefix cache (a restart): unheld cached blocks dropped.
     /// With none held (nothing running), every block is: told as vLLM's
     /// `reset_prefix_cache` tells it, `AllBlocksCleared`; else the blocks

@@ -214,3 +214,19 @@ fn the_kv_log_says_what_is_cached_and_what_is_evicted() {
         "{log:?}"
     );
 }
+
+#[test]
+fn queued_prefill_counts_what_waits_less_its_cached_prefix_and_what_is_left_in_prefill() {
+    let mut e = card(122_636);
+    let prompt = text(1, 20_000);
+    e.submit(1, &prompt, 0, 1).unwrap();
+    assert_eq!(e.queued_prefill_tokens(), 20_000);
+    // One step of 8,192 tokens: the rest is still to prefill.
+    e.step();
+    assert_eq!(e.queued_prefill_tokens(), 20_000 - 8_192);
+    run(&mut e);
+    assert_eq!(e.queued_prefill_tokens(), 0);
+    // Waiting again, now held but its last partial block.
+    e.submit(2, &prompt, 0, 1).unwrap();
+    assert_eq!(e.queued_prefill_tokens(), 20_000 % 16);
+}

@@ -71,10 +71,11 @@ impl Policy {
         self.balance(live, among)
     }
 
-    /// The counter over the replicas of `live` that `among` keeps; with
-    /// `least_loaded`, over the least loaded of them, and of those the ones
-    /// whose engines report the least KV in use (in steps of
-    /// `KV_STEP_PERMILLE`, when all of them report it).
+    /// The counter over the replicas of `live` that `among` keeps with the
+    /// least prompt queued for prefill (see `queued prefill`); with
+    /// `least_loaded`, over the least loaded of them, of those the least
+    /// queued, and of those the ones whose engines report the least KV in
+    /// use (in steps of `KV_STEP_PERMILLE`, when all of them report it).
     pub(super) fn balance(
         &self,
         live: &[ReplicaState],
@@ -82,7 +83,9 @@ impl Policy {
     ) -> Option<ReplicaId> {
         let mut ids = Vec::with_capacity(live.len());
         if !self.config().least_loaded {
-            ids.extend(live.iter().filter(|s| among(s)).map(|s| s.id));
+            let bound = self.queued_bound(live.iter().filter(|s| among(s)).map(|s| s.queued_bytes));
+            let kept = |s: &&ReplicaState| among(s) && s.queued_bytes <= bound;
+            ids.extend(live.iter().filter(kept).map(|s| s.id));
             return self.count(&ids);
         }
         let kv_step = |s: &ReplicaState| {
@@ -92,7 +95,7 @@ impl Policy {
         };
         // One pass: the least loaded, with their KV steps.
         let mut least = u32::MAX;
-        let mut idle: Vec<(ReplicaId, Option<u16>)> = Vec::with_capacity(live.len());
+        let mut idle: Vec<(ReplicaId, Option<u16>, u64)> = Vec::with_capacity(live.len());
         for s in live.iter().filter(|s| among(s)) {
             let load = s.load();
             if load < least {
@@ -100,16 +103,30 @@ impl Policy {
                 idle.clear();
             }
             if load == least {
-                idle.push((s.id, kv_step(s)));
+                idle.push((s.id, kv_step(s), s.queued_bytes));
             }
         }
-        // Of those, the least step, when every one reports one.
+        // Of those, the least queued, and of those the least KV step, when
+        // every one reports one.
+        let bound = self.queued_bound(idle.iter().map(|(_, _, q)| *q));
+        idle.retain(|(_, _, q)| *q <= bound);
         let low = idle
             .iter()
-            .try_fold(u16::MAX, |low, (_, k)| k.map(|k| low.min(k)));
-        let kept = |(_, k): &&(ReplicaId, Option<u16>)| low.is_none_or(|low| *k == Some(low));
-        ids.extend(idle.iter().filter(kept).map(|(id, _)| *id));
+            .try_fold(u16::MAX, |low, (_, k, _)| k.map(|k| low.min(k)));
+        let kept =
+            |(_, k, _): &&(ReplicaId, Option<u16>, u64)| low.is_none_or(|low| *k == Some(low));
+        ids.extend(idle.iter().filter(kept).map(|(id, _, _)| *id));
         self.count(&ids)
+    }
+
+    /// The most prompt a replica may have queued for prefill and count as
+    /// least queued: a step over the least of `queued` (see `queued
+    /// prefill`); no bound when the step is 0.
+    pub(super) fn queued_bound(&self, queued: impl Iterator<Item = u64>) -> u64 {
+        match self.config().queued_step as u64 {
+            0 => u64::MAX,
+            step => queued.min().unwrap_or(0).saturating_add(step),
+        }
     }
 
     /// The counter of this set of replicas: each set its own, so the

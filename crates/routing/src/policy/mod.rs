@@ -54,6 +54,17 @@
 //!                 beyond them (requests the router never saw: other router instances,
 //!                 clients sent straight to the engine); the room above is also at most the KV
 //!                 the engine reports free (the caller computes both).
+//!   queued prefill (`queued_step` bytes, 16 KiB by default; 0: off) wherever a cold
+//!                 placement uses the counter, it runs over the replicas with at most a
+//!                 step more prompt queued for prefill than the least queued (with
+//!                 `least_loaded`: of the least loaded): bytes of prompt of the router's
+//!                 streams there that have not answered yet, each less what its
+//!                 placement expected cached (the caller counts them; a whole answer's
+//!                 first byte comes after its generation, so it counts none), so a
+//!                 question does not wait behind one replica's long prefill while
+//!                 another is idle; and a single leaves its prefix's holder while more
+//!                 is queued there than at the least queued replica a cold placement
+//!                 may take by more than the prefix saves, plus a step.
 //!   load guard    (off by default) a prefix placement whose replica has a load more
 //!                 than `load_guard` above the least-loaded live replica's moves
 //!                 inside that window: to the best-cached replica there, else a cold
@@ -102,7 +113,7 @@
 //!                 their whole prompt, which is their conversation's root if it goes
 //!                 on.                                                    reason `hash`
 //! PARAMETERS      PolicyConfig: mode, continuation, block_bytes, max_entries, kv_room,
-//!                 load_guard, least_loaded, singles, fleet
+//!                 load_guard, least_loaded, singles, queued_step, fleet
 //! MODELS          the caller offers (as live) only the replicas serving the request's
 //!                 `model`; every rule above runs within them. The counter is one per
 //!                 set of replicas counted over, so one model's replicas take turns

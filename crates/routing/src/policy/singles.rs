@@ -68,6 +68,13 @@ impl Policy {
                         .saturating_mul(SINGLE_LOAD_FACTOR)
                         .saturating_add(SINGLE_LOAD_SLACK)
         };
+        // Prompt queued for prefill there beyond the least queued replica a
+        // cold placement may take (see `queued prefill`) by at most what the
+        // held prefix saves, and a step.
+        let cold = live.iter().filter(|s| s.spread && within(s));
+        let bound = self.queued_bound(cold.map(|s| s.queued_bytes));
+        let worth =
+            |s: &ReplicaState, pos: usize| s.queued_bytes <= bound.saturating_add(pos as u64);
         let bytes = i64::try_from(chain.len()).unwrap_or(i64::MAX);
         let held = |m: &&Match| rule.takes(m.pos, chain.len());
         let mut refused = false;
@@ -78,14 +85,14 @@ impl Policy {
             // Room for the whole prompt beside the contexts pinned there and
             // the singles in flight: a single may be a conversation's first turn.
             let room = s.room.is_some_and(|r| r.free >= bytes);
-            if within(s) && room {
+            if within(s) && worth(s, m.pos) && room {
                 d.replica = Some(m.replica);
                 d.reason = Reason::Prefix;
                 d.matched_bytes = m.pos;
                 d.matched_at = m.touched;
                 return;
             }
-            refused |= !within(s);
+            refused |= !within(s) || !worth(s, m.pos);
         }
         // Held where the load is over the bounds: cold within them, when
         // any replica is within both (the least queued and the least loaded

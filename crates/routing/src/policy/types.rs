@@ -53,6 +53,10 @@ pub struct PolicyConfig {
     /// Singles by their held prefix (see `single`); `None`: every single
     /// is a cold placement (the seed's rule).
     pub singles: Option<SinglesByPrefix>,
+    /// Replicas with at most this many bytes more prompt queued for prefill
+    /// than the least queued count as least queued (see `queued prefill`);
+    /// 0: not compared.
+    pub queued_step: usize,
     /// How router instances sharing the replicas agree (see FLEET).
     pub fleet: Fleet,
 }
@@ -86,6 +90,10 @@ pub struct ReplicaState {
     /// Of those, the ones that have not answered a body byte yet (queued,
     /// or in their prefill).
     pub waiting: u32,
+    /// Bytes of prompt those waiting requests have yet to prefill there:
+    /// each one's canonical prompt less what its placement expected cached
+    /// (streams only: a whole answer's first byte ends no prefill).
+    pub queued_bytes: u64,
     /// What the engine itself last reported, when it is read.
     pub engine: Option<EngineLoad>,
     /// KV headroom in bytes of canonical prompt, when its capacity is declared.

@@ -14,6 +14,7 @@ fn cfg(mode: Mode) -> PolicyConfig {
         load_guard: None,
         least_loaded: false,
         singles: None,
+        queued_step: 16_384,
         fleet: Fleet::Local,
     }
 }
@@ -27,6 +28,7 @@ fn replicas(live: &[bool]) -> Vec<ReplicaState> {
             live: *l,
             in_flight: 0,
             waiting: 0,
+            queued_bytes: 0,
             engine: None,
             room: None,
             engine_held: None,
@@ -409,4 +411,61 @@ fn an_offer_is_asked_with_the_replicas_holding_the_prefix() {
     assert!(p.may_sample());
     assert!(!Policy::new(cfg(Mode::Affinity)).may_sample());
     assert!(!Policy::new(cfg(Mode::RoundRobin)).may_sample());
+}
+
+#[test]
+fn a_cold_placement_passes_over_replicas_with_more_prompt_queued_for_prefill() {
+    let p = Policy::new(PolicyConfig {
+        queued_step: 1_000,
+        ..cfg(Mode::Shape)
+    });
+    let mut rs = replicas(&[true, true, true]);
+    rs[1].queued_bytes = 40_000;
+    // Within the first step: as good as idle.
+    rs[2].queued_bytes = 999;
+    let picks: Vec<_> = (0..6)
+        .map(|n| p.place(&req(&format!("question {n}"), false), &rs))
+        .collect();
+    assert!(picks.iter().all(|d| d.reason == Reason::Spread));
+    let picks: Vec<_> = picks.iter().filter_map(|d| d.replica).collect();
+    assert!(!picks.contains(&ReplicaId(1)), "{picks:?}");
+    assert!(picks.contains(&ReplicaId(0)) && picks.contains(&ReplicaId(2)));
+    // Not compared: the counter over all three.
+    p.set_config(PolicyConfig {
+        queued_step: 0,
+        ..p.config()
+    });
+    let picks: Vec<_> = (0..3)
+        .filter_map(|n| p.place(&req(&format!("later {n}"), false), &rs).replica)
+        .collect();
+    assert!(picks.contains(&ReplicaId(1)), "{picks:?}");
+}
+
+#[test]
+fn with_least_loaded_the_load_comes_before_the_prompt_queued() {
+    let p = Policy::new(PolicyConfig {
+        least_loaded: true,
+        queued_step: 1_000,
+        ..cfg(Mode::Shape)
+    });
+    let mut rs = replicas(&[true, true, true]);
+    // Requests another router sent (its engine reports them): the router's
+    // own count of queued prompt does not see them.
+    rs[0].engine = Some(EngineLoad {
+        unseen: 3,
+        kv_used_permille: None,
+    });
+    rs[1].queued_bytes = 40_000;
+    rs[1].in_flight = 1;
+    rs[1].waiting = 1;
+    rs[2].in_flight = 1;
+    rs[2].waiting = 1;
+    for n in 0..4 {
+        let d = p.place(&req(&format!("question {n}"), false), &rs);
+        assert_eq!(
+            d.replica,
+            Some(ReplicaId(2)),
+            "least loaded, then least queued"
+        );
+    }
 }

@@ -254,3 +254,30 @@ fn a_single_s_holders_are_offered_when_the_rule_may_take_its_prefix_there() {
     });
     assert!(asked.is_empty());
 }
+
+#[test]
+fn a_single_leaves_its_holder_while_more_prompt_waits_there_than_its_prefix_saves() {
+    let p = by_prefix(100);
+    p.set_config(PolicyConfig {
+        queued_step: 16,
+        ..p.config()
+    });
+    let mut rs = roomy(2);
+    let (holder, at) = first_sight(&p, &rs);
+    let d = p.place(&question("app", 1), &rs);
+    assert_eq!((d.replica, d.reason), (Some(holder), Reason::Prefix));
+    let saved = d.matched_bytes as u64;
+    // Queued there: as much as the prefix saves, and a step. It stays.
+    rs[at].queued_bytes = saved + 16;
+    let d = p.place(&question("app", 2), &rs);
+    assert_eq!((d.replica, d.reason), (Some(holder), Reason::Prefix));
+    // A byte more: a cold prefill elsewhere starts sooner.
+    rs[at].queued_bytes = saved + 17;
+    let d = p.place(&question("app", 3), &rs);
+    assert_eq!(d.reason, Reason::Spread);
+    assert_ne!(d.replica, Some(holder));
+    // As much queued on the other: no sooner there.
+    rs[1 - at].queued_bytes = saved + 17;
+    let d = p.place(&question("app", 4), &rs);
+    assert_eq!(d.reason, Reason::Prefix);
+}
