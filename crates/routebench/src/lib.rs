@@ -411,8 +411,8 @@ async fn compare(
                 log::info!("{label}: {name}");
                 let before = fleet.log_lines(WARNING).len();
                 let lookups = fleet.counter(SHARED_LOOKUPS).unwrap_or(0.0);
-                let repairs = fleet.counter(REPAIRS);
-                let fidelity = [PREDICTED, DELIVERED].map(|c| fleet.counter(c));
+                let counted = [REPAIRS, PREDICTED, DELIVERED];
+                let was = counted.map(|c| fleet.counter(c));
                 let samples = scenario(name, &c, &probe, &s).await;
                 if policy.contains("fleet.mode=redis") && !samples.is_empty() {
                     let per_request = (fleet.counter(SHARED_LOOKUPS).unwrap_or(0.0) - lookups)
@@ -439,20 +439,15 @@ async fn compare(
                     headline.push((policy.clone(), round, measure, value));
                 }
                 let mut cells = report::summarize(name, &samples);
-                // What the engines' cache reports made the router forget.
-                let repaired = fleet.counter(REPAIRS).zip(repairs).map(|(a, b)| a - b);
-                cells.push((
-                    "index repairs".into(),
-                    repaired.map_or("–".into(), |n| format!("{n:.0}")),
-                ));
-                // The router's predicted cached tokens against the engines' report.
-                let grown =
-                    |c: &str, was: Option<f64>| fleet.counter(c).zip(was).map(|(a, b)| a - b);
-                let cell = match (grown(PREDICTED, fidelity[0]), grown(DELIVERED, fidelity[1])) {
-                    (Some(p), Some(d)) => format!("{:.0}k / {:.0}k", p / 1e3, d / 1e3),
-                    _ => "–".into(),
-                };
-                cells.push(("cached tokens predicted / delivered".into(), cell));
+                // What the engines' cache reports made the router forget, and
+                // the cached tokens it predicted against those they reported.
+                let grown = |k: usize| fleet.counter(counted[k]).zip(was[k]).map(|(a, b)| a - b);
+                let repairs = grown(0).map_or("–".into(), |n| format!("{n:.0}"));
+                cells.push(("index repairs".into(), repairs));
+                let fidelity = (grown(1).zip(grown(2))).map_or("–".into(), |(p, d)| {
+                    format!("{:.0}k / {:.0}k", p / 1e3, d / 1e3)
+                });
+                cells.push(("cached tokens predicted / delivered".into(), fidelity));
                 rows[i].1.push((label.clone(), cells));
                 // Let the router's working-set window (one model minute) pass, so the
                 // next scenario's capacity warnings are its own.
