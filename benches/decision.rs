@@ -424,6 +424,55 @@ fn exact_turn(c: &mut Criterion) {
     g.bench_function("tokenizers_on_the_new_text", |b| {
         b.iter(|| cached.pieces.whole(black_box(&new_text)).unwrap())
     });
+    // A cold turn as the router meets it: the piece cache holds the
+    // earlier turns' pieces, none of the new ones (each iteration's new
+    // messages say something else), against `tokenizers` on that new text.
+    let new_from = turn
+        .iter()
+        .zip(next.iter())
+        .take_while(|(x, y)| x == y)
+        .count();
+    let mut n = 0u32;
+    let mut unseen = |text: &[u8], from: usize| {
+        n += 1;
+        let mut text = text.to_vec();
+        for (word, width) in [(&b"please"[..], 6), (b"hello", 5)] {
+            let at = (text[from..].windows(word.len()).rposition(|w| w == word)).unwrap() + from;
+            let stamp = format!("{n:0width$}");
+            text[at..at + width].copy_from_slice(&stamp.as_bytes()[stamp.len() - width..]);
+        }
+        text
+    };
+    // Each continues the earlier turn's checkpoint (which a parse through
+    // its store would replace by the one it leaves); what it leaves is kept
+    // in a store of its own.
+    let from = second.0.from.clone();
+    g.bench_function("next_turn_continued_new_text_unseen", |b| {
+        b.iter_batched(
+            || {
+                let body = Bytes::from(unseen(&next, new_from));
+                let store = Arc::new(Checkpoints::new());
+                let left = store.parse(&body, 8 << 20, BLOCK, 1 << 30, None).unwrap();
+                let from = from.clone();
+                let turns = Turns { from, ..left.turns };
+                (body, turns, store)
+            },
+            |(body, turns, store)| {
+                let tokenized = work(&cached, &body, turns, &store).tokenize(true);
+                let (chat, _) = tokenized.ok().flatten().expect("tokens");
+                assert!(chat.continued);
+                chat
+            },
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("tokenizers_on_the_new_text_unseen", |b| {
+        b.iter_batched(
+            || String::from_utf8(unseen(new_text.as_bytes(), 0)).unwrap(),
+            |text| cached.pieces.whole(&text).unwrap(),
+            criterion::BatchSize::SmallInput,
+        )
+    });
     g.sample_size(20);
     let alone = (Turns::default(), Arc::new(Checkpoints::new()));
     g.bench_function("next_turn_whole_every_piece_cached", |b| {

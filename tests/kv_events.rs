@@ -287,6 +287,47 @@ fn a_restart_past_the_last_batch_read_is_told_from_a_gap() {
     assert_eq!(kv(&router, "kv_synced", "replica=\"a\""), 1.0);
 }
 
+/// An engine that restarted while the router reconnected, and whose first
+/// batch heard afterwards is numbered just after the last one read: the
+/// connection was lost, so that batch is not taken as the next. With a
+/// replay socket the last batch read is asked for again and comes back
+/// other than it was (a restart); without one the replica's state is
+/// unknown rather than wrong.
+#[test]
+fn a_restart_heard_after_a_reconnect_is_seen_even_when_its_numbers_follow_on() {
+    for replay in [true, false] {
+        let mut p = Publisher::start();
+        let (_a, _b, router) = start(&p, replay);
+        p.wait_ready();
+        p.publish(json!([stored(1, 2, None)]), "map", false);
+        let last = p.publish(json!([stored(3, 2, Some(2))]), "map", false);
+        wait_kv(&router, "kv_blocks", "replica=\"a\"", 4.0);
+        wait_kv(&router, "kv_synced", "replica=\"a\"", 1.0);
+        // The new process publishes batches 0..=last before the router is
+        // subscribed again, so its first batch heard is last + 1.
+        p.restart_rebound();
+        for first in 10..=10 + last {
+            p.publish(json!([stored(first, 1, None)]), "map", true);
+        }
+        p.wait_subscribed();
+        let next = p.publish(json!([stored(20, 1, None)]), "map", false);
+        assert_eq!(next, last + 1);
+        if replay {
+            wait_kv(
+                &router,
+                "kv_engine_resets_total",
+                "cause=\"restart\",replica=\"a\"",
+                1.0,
+            );
+            // The new process's blocks only: 0..=last replayed, then 20.
+            wait_kv(&router, "kv_blocks", "replica=\"a\"", last as f64 + 2.0);
+            assert_eq!(kv(&router, "kv_synced", "replica=\"a\""), 1.0);
+        } else {
+            wait_kv(&router, "kv_synced", "replica=\"a\"", 0.0);
+        }
+    }
+}
+
 /// One malformed event (EAGLE's token pairs) costs only itself; a message
 /// of another topic that the subscription's prefix lets through is
 /// skipped; neither makes the state unknown.
@@ -453,4 +494,36 @@ fn a_long_conversation_s_turns_are_tokenized_from_the_turn_before_and_stay_where
     // holds), nothing tokenized. The second rendered and tokenized whole,
     // each later one from the turn before: only its new messages.
     assert_eq!((tokenized("start"), tokenized("turn")), (1.0, 2.0));
+}
+
+/// A tokenizer that panics on every text (a damaged `tokenizer.json`: an
+/// empty precompiled normalizer) costs only the exact placement: the
+/// requests are placed by their text and answered, short and long alike.
+#[test]
+fn a_tokenizer_that_panics_costs_only_the_exact_placement() {
+    let real = std::path::PathBuf::from(tokenizer_dir());
+    let dir = std::env::temp_dir().join(format!("prefix-router-panicking-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    std::fs::copy(
+        real.join("tokenizer_config.json"),
+        dir.join("tokenizer_config.json"),
+    )
+    .expect("scripts/real-engine.sh prepare makes .real-engine/tokenizer");
+    let json = std::fs::read_to_string(real.join("tokenizer.json")).expect("tokenizer.json");
+    let mut tokenizer: serde_json::Value = serde_json::from_str(&json).expect("json");
+    tokenizer["added_tokens"] = json!([]);
+    tokenizer["normalizer"] = json!({"type": "Precompiled", "precompiled_charsmap": "AAAAAA=="});
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).expect("write");
+    let mut p = Publisher::start();
+    let extra = format!("tokenizers: {{sim: \"{}\"}}\n", dir.display());
+    let (_a, _b, router) = start_with(&p, true, &extra);
+    p.wait_ready();
+    p.publish(json!([]), "map", false);
+    wait_kv(&router, "kv_synced", "replica=\"a\"", 1.0);
+    // Tokenized on the async worker (short) and on the blocking pool.
+    for turns in [1, 80] {
+        let r = router.post("/v1/chat/completions", &agent(turns));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

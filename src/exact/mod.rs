@@ -147,10 +147,21 @@ impl Exact {
             max_bytes,
             continuity,
         };
-        let (chat, later) = match work.short_turn() {
-            Some(done) => done?,
-            None if body.len() <= INLINE_BYTES => work.tokenize(true).ok()??,
-            None => on_pool(move || work.tokenize(true).ok().flatten()).await?,
+        let inline = || match work.short_turn() {
+            Some(done) => Some(done),
+            None if body.len() <= INLINE_BYTES => Some(work.tokenize(true).ok().flatten()),
+            None => None,
+        };
+        // A panic inside `tokenizers` or the template costs only the exact
+        // placement (the pool's is caught by its join).
+        let inline = std::panic::catch_unwind(std::panic::AssertUnwindSafe(inline));
+        let (chat, later) = match inline {
+            Ok(Some(done)) => done?,
+            Ok(None) => on_pool(move || work.tokenize(true).ok().flatten()).await?,
+            Err(_) => {
+                log::error!("tokenizing a prompt panicked: it is placed by its text");
+                return None;
+            }
         };
         if let Some(later) = later {
             later.start();

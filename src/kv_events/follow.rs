@@ -2,7 +2,10 @@
 //! publisher (multipart `[topic, seq, payload]`, `seq` 8 bytes big-endian
 //! from 0 per engine process, `payload` a msgpack batch), read in sequence.
 //!
-//! - the next `seq`: the batch is applied;
+//! - the next `seq`: the batch is applied, unless it is the first read
+//!   since the socket was opened again (the engine may have restarted
+//!   meanwhile and published as many batches as the last one read's
+//!   number): then it is taken as a gap;
 //! - a later one: batches were lost; they are asked for at the replay
 //!   socket from the last one read, which must come back as it was read
 //!   (else the engine restarted meanwhile); without a replay socket the
@@ -105,6 +108,8 @@ impl Follow {
             );
         }
         let mut check = tokio::time::interval(DOWN_CHECK);
+        // The connection was lost since the last batch read.
+        let mut resumed = last.is_some();
         loop {
             let message = tokio::select! {
                 m = sub.recv() => m.map_err(|e| e.to_string())?,
@@ -131,8 +136,9 @@ impl Follow {
                     if self.config.topic.is_empty()
                         || topic.as_ref() == self.config.topic.as_bytes() =>
                 {
-                    self.receive(last, u64::from_be_bytes(seq), payload.clone())
-                        .await;
+                    let seq = u64::from_be_bytes(seq);
+                    let resumed = std::mem::take(&mut resumed);
+                    self.receive(last, seq, payload.clone(), resumed).await;
                 }
                 _ => self
                     .metrics
@@ -142,12 +148,13 @@ impl Follow {
         }
     }
 
-    /// Batch `seq` arrived after `last`.
-    async fn receive(&self, last: &mut Option<Last>, seq: u64, payload: Bytes) {
+    /// Batch `seq` arrived after `last` (`resumed`: the first on a socket
+    /// opened again since).
+    async fn receive(&self, last: &mut Option<Last>, seq: u64, payload: Bytes, resumed: bool) {
         let hash = xxhash_rust::xxh3::xxh3_64(&payload);
         let prev = last.replace(Last { seq, hash });
         let forget = match prev {
-            Some(l) if seq == l.seq.wrapping_add(1) => true,
+            Some(l) if seq == l.seq.wrapping_add(1) && !resumed => true,
             Some(l) if seq > l.seq => self.fill_gap(l, seq).await,
             Some(_) => {
                 // A new engine process: its cache starts empty.

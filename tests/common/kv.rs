@@ -99,12 +99,14 @@ impl Publisher {
         self.line()
     }
 
-    /// Publishes the next batch (`drop`: buffered for replay, not sent).
-    pub fn publish(&mut self, events: Value, encoding: &str, drop: bool) {
+    /// Publishes the next batch (`drop`: buffered for replay, not sent);
+    /// its number.
+    pub fn publish(&mut self, events: Value, encoding: &str, drop: bool) -> u64 {
         let answer = self.send(serde_json::json!({
             "events": events, "encoding": encoding, "drop": drop
         }));
-        assert!(answer.starts_with("ok"), "{answer}");
+        let seq = answer.strip_prefix("ok ").and_then(|s| s.parse().ok());
+        seq.unwrap_or_else(|| panic!("{answer}"))
     }
 
     /// Sends a batch under another `topic` (no seq used, not kept).
@@ -116,6 +118,22 @@ impl Publisher {
     /// A new engine process: batches from 0 again, none buffered.
     pub fn restart(&mut self) {
         assert_eq!(self.send(serde_json::json!({"restart": true})), "ok");
+    }
+
+    /// As [`Publisher::restart`], the PUB socket closed and bound again
+    /// (ours only): its subscribers are disconnected, as from a process
+    /// that exited.
+    pub fn restart_rebound(&mut self) {
+        let answer = self.send(serde_json::json!({"restart": true, "rebind": true}));
+        assert_eq!(answer, "ok");
+    }
+
+    /// Waits until a subscriber has subscribed again (ours only).
+    pub fn wait_subscribed(&mut self) {
+        assert_eq!(
+            self.send(serde_json::json!({"wait_subscribed": true})),
+            "ok"
+        );
     }
 }
 

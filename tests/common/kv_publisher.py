@@ -8,6 +8,9 @@ Driven by JSON lines on stdin, one answer line each on stdout:
       publish the next batch (kept for replay; `drop`: kept, not sent;
       `topic`: sent under another topic, not kept, no seq used)
   {"restart": true}       a new engine process: seq from 0, buffer empty
+      (`"rebind": true`: its PUB socket closed and bound again on the same
+      port, as a process's would be; subscribers are disconnected)
+  {"wait_subscribed": true}  "ok" once a subscriber has subscribed again
 Events are {"type": "BlockStored"|"BlockRemoved"|"AllBlocksCleared", ...}
 with vLLM's field names. Prints "ports <pub_port> <replay_port>" at once,
 then "subscribed" when a subscriber has subscribed (an XPUB socket sees
@@ -31,6 +34,32 @@ ARRAY_FIELDS = {
 ctx = zmq.Context()
 pub = ctx.socket(zmq.XPUB)
 pub_port = pub.bind_to_random_port("tcp://127.0.0.1")
+
+
+def rebind():
+    """Closes the PUB socket and binds a new one on its port (ZMQ's I/O
+    thread releases the port a moment after the close)."""
+    global pub
+    pub.close(linger=0)
+    pub = ctx.socket(zmq.XPUB)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            pub.bind(f"tcp://127.0.0.1:{pub_port}")
+            return
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def wait_subscribed():
+    """Until a subscription reaches the PUB socket (XPUB receives it as
+    \x01 + topic)."""
+    while True:
+        msg = pub.recv()
+        if msg[:1] == b"\x01":
+            return
 router = ctx.socket(zmq.ROUTER)
 replay_port = router.bind_to_random_port("tcp://127.0.0.1")
 lock = threading.Lock()
@@ -50,11 +79,7 @@ def serve_replay():
 
 threading.Thread(target=serve_replay, daemon=True).start()
 print(f"ports {pub_port} {replay_port}", flush=True)
-# Wait for the router's subscription (XPUB receives it as \x01 + topic).
-while True:
-    msg = pub.recv()
-    if msg[:1] == b"\x01":
-        break
+wait_subscribed()
 print("subscribed", flush=True)
 
 seq = 0
@@ -64,6 +89,12 @@ for line in sys.stdin:
         with lock:
             buffer.clear()
         seq = 0
+        if cmd.get("rebind"):
+            rebind()
+        print("ok", flush=True)
+        continue
+    if cmd.get("wait_subscribed"):
+        wait_subscribed()
         print("ok", flush=True)
         continue
     events = []

@@ -128,7 +128,10 @@ impl Pieces {
                 ..Cache::default()
             }),
         };
-        p.split = p.splitter();
+        // A tokenizer that panics on the probes is used whole (and its
+        // callers catch its panics).
+        let split = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.splitter()));
+        p.split = split.ok().flatten();
         p
     }
 
