@@ -10,7 +10,7 @@
 #   tests/kubernetes.rs runs over deploy/kubernetes/, and pyzmq, msgspec and
 #   pydantic (PyPI) in .kv/venv with SGLang's wheel in .kv/wheels, which
 #   tests/kv_events.rs publishes engine events with.
-# The patched Pingora crates are committed in vendor/ (scripts/prepare-pingora.sh).
+# The patched crates are committed in vendor/ (scripts/prepare-vendor.sh).
 # Idempotent and fast when already done.
 #   scripts/prepare.sh
 set -euo pipefail

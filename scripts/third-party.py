@@ -78,7 +78,7 @@ def main():
         "Each crate's license is the `license` field of its published `Cargo.toml`",
         "(the legacy `A/B` form written `A OR B`); each crate's own files are authoritative.",
         "",
-        "`vendor/` holds patched copies of Pingora crates, used in place of their",
+        "`vendor/` holds patched copies of crates, used in place of their",
         "crates.io releases (`[patch.crates-io]` in `Cargo.toml`; patches in `patches/`): "
         + ", ".join(vendored) + ".",
         "",

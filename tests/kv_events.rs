@@ -527,3 +527,30 @@ fn a_tokenizer_that_panics_costs_only_the_exact_placement() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A publisher that announces a frame of a terabyte (a hostile or broken
+/// engine) is disconnected before its bytes are buffered: the router keeps
+/// serving, the replica's state stays unknown, and it is tried again.
+#[test]
+fn a_publisher_announcing_a_huge_message_is_disconnected_and_the_router_serves_on() {
+    let (port, ended) = common::kv::hostile_publisher(1 << 40);
+    let a = Sim::start("a", &[]);
+    let b = Sim::start("b", &[]);
+    let yaml = format!(
+        "replicas:\n  - {{name: a, addr: \"{}\", kv_events: {{endpoint: \"tcp://127.0.0.1:{port}\", \
+         topic: kv-events}}}}\n{}",
+        a.addr,
+        b.yaml()
+    );
+    let router = Router::spawn(&yaml, &[]);
+    router.wait_replica_up("a", true);
+    for _ in 0..2 {
+        // Connected, sent the frame's head, and dropped by the router.
+        ended
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the router closes the connection");
+        let r = router.post("/v1/chat/completions", &agent(1));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(kv(&router, "kv_synced", "replica=\"a\""), 0.0);
+}

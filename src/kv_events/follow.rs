@@ -36,7 +36,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket};
 
-use super::replay::{replay, CONNECT_TIMEOUT};
+use super::replay::{replay, CONNECT_TIMEOUT, MAX_MESSAGE};
 use crate::config::KvEvents;
 use crate::kv::{Batch, CacheState, EngineBlocks};
 use crate::metrics::{KvOutcome, Metrics, Repair};
@@ -97,6 +97,7 @@ impl Follow {
     ) -> Result<std::convert::Infallible, String> {
         let mut options = SocketOptions::default();
         options.connect_timeout(CONNECT_TIMEOUT);
+        options.max_message_size(MAX_MESSAGE);
         let mut sub = SubSocket::with_options(options);
         let mut events = sub.monitor();
         sub.connect(endpoint).await.map_err(|e| e.to_string())?;

@@ -19,6 +19,10 @@ const DEADLINE: Duration = Duration::from_secs(30);
 /// A replay larger than this is refused; one runs at a time, router-wide,
 /// so replays hold at most this much.
 const MAX_BYTES: usize = 64 << 20;
+/// A message (one batch, or its replay) larger than this fails the
+/// connection before it is buffered: the engine's publisher is read, not
+/// trusted with the router's memory.
+pub(super) const MAX_MESSAGE: usize = 16 << 20;
 /// Answers before the one asked for that are passed over, at most.
 const MAX_EARLIER: u64 = 1024;
 
@@ -53,6 +57,7 @@ pub async fn replay(endpoint: &str, from: u64, upto: u64) -> Result<Vec<Bytes>, 
 async fn ask(endpoint: &str, from: u64, upto: u64) -> Result<Vec<Bytes>, ReplayError> {
     let mut options = SocketOptions::default();
     options.connect_timeout(CONNECT_TIMEOUT);
+    options.max_message_size(MAX_MESSAGE);
     let mut dealer = DealerSocket::with_options(options);
     dealer.connect(endpoint).await?;
     let mut ask = ZmqMessage::from(Bytes::new());

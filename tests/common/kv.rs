@@ -150,3 +150,44 @@ pub fn stored(first: u64, n: u64, parent: Option<u64>) -> Value {
     serde_json::json!({"type": "BlockStored", "block_hashes": (first..first + n).collect::<Vec<_>>(),
         "parent_block_hash": parent, "token_ids": tokens, "block_size": 2, "medium": "GPU"})
 }
+
+/// A publisher that speaks ZMTP 3.0 (NULL mechanism, a PUB's READY) by
+/// hand and then announces one frame of `frame_len` bytes, over and over:
+/// a hostile or broken engine. Each connection's end (the subscriber gave
+/// up on it) is sent on the channel.
+pub fn hostile_publisher(frame_len: u64) -> (u16, std::sync::mpsc::Receiver<()>) {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let (closed, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut greeting = [0u8; 64];
+            greeting[0] = 0xff;
+            greeting[9] = 0x7f;
+            greeting[10] = 3;
+            greeting[12..16].copy_from_slice(b"NULL");
+            let mut ready = vec![0x04, 0];
+            ready.extend_from_slice(b"\x05READY\x0bSocket-Type\0\0\0\x03PUB");
+            ready[1] = (ready.len() - 2) as u8;
+            let mut frame = vec![0x02];
+            frame.extend_from_slice(&frame_len.to_be_bytes());
+            frame.extend_from_slice(&[0u8; 4096]);
+            let mut peer = [0u8; 64];
+            let sent = conn.write_all(&greeting).is_ok()
+                && conn.read_exact(&mut peer).is_ok()
+                && conn.write_all(&ready).is_ok()
+                && conn.write_all(&frame).is_ok();
+            if sent {
+                // Until the subscriber closes the connection.
+                let mut sink = [0u8; 4096];
+                while conn.read(&mut sink).is_ok_and(|n| n > 0) {}
+            }
+            if closed.send(()).is_err() {
+                return;
+            }
+        }
+    });
+    (port, ended)
+}

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The two patched Pingora 0.9.1 crates that Cargo.toml's [patch.crates-io] points
-# at live in vendor/, committed, so `cargo build` works on a fresh clone. Each is
-# the published crate (SHA-256 checked) plus patches/<crate>.diff:
-# - pingora-proxy: a body read whole in request_filter reaches the replica
+# The patched crates that Cargo.toml's [patch.crates-io] points at live in
+# vendor/, committed, so `cargo build` works on a fresh clone. Each is the
+# published crate (SHA-256 checked) plus patches/<crate>-<version>.diff:
+# - pingora-proxy 0.9.1: a body read whole in request_filter reaches the replica
 #   (docs/body-forwarding.md), sent with the request head in one write;
 #   a total deadline for a replica's response head; after a failed request
 #   write, a bounded wait for an early answer (then the write error, retried);
 #   the HTTP/2 and custom upstream paths boxed (an HTTP/1 request's future is
 #   not sized for them).
-# - pingora-core: a total deadline for a client's request head (slowloris);
+# - pingora-core 0.9.1: a total deadline for a client's request head (slowloris);
 #   a request body read straight into the caller's buffer (one copy, not two);
 #   an HTTP/1 request head held back to go out with the body's first write;
 #   a replica's response head read with room for the headers the router adds;
@@ -16,8 +16,11 @@
 #   through a buffer of 2 KiB that doubles up to 16 KiB (was 64 KiB);
 #   a connection's HTTP/2 path boxed (an HTTP/1 connection's future is not
 #   sized for it); an HTTP/2 handshake deadline.
-#   scripts/prepare-pingora.sh --check   # vendor/ is exactly crate + diff (CI)
-#   scripts/prepare-pingora.sh           # rebuild vendor/ after editing a diff
+# - zeromq 0.7.0: `SocketOptions::max_message_size` (libzmq's ZMQ_MAXMSGSIZE):
+#   a peer announcing a larger frame is disconnected before its bytes are
+#   buffered (the crate reserved whatever length a frame header announced).
+#   scripts/prepare-vendor.sh --check   # vendor/ is exactly crate + diff (CI)
+#   scripts/prepare-vendor.sh           # rebuild vendor/ after editing a diff
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-write}
@@ -25,8 +28,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 build() {
-  local name=$1 sha=$2
-  local crate=$name-0.9.1
+  local name=$1 version=$2 sha=$3
+  local crate=$name-$version
   local cached
   cached=$(ls "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/*/"$crate".crate 2>/dev/null | head -n1 || true)
   if [ -n "$cached" ]; then
@@ -39,7 +42,7 @@ build() {
   patch -s -d "$tmp/$crate" -p1 < "patches/$crate.diff"
   if [ "$mode" = --check ]; then
     diff -r "$tmp/$crate" "vendor/$crate" >&2 \
-      || { echo "vendor/$crate differs from $crate + patches/$crate.diff: run scripts/prepare-pingora.sh" >&2; exit 1; }
+      || { echo "vendor/$crate differs from $crate + patches/$crate.diff: run scripts/prepare-vendor.sh" >&2; exit 1; }
   else
     rm -rf "vendor/$crate"
     mkdir -p vendor
@@ -48,5 +51,6 @@ build() {
   fi
 }
 
-build pingora-proxy 8e3d5670490740405ecc8c6f75c3fcbce4d24f7adaffb355ca44550e7918e358
-build pingora-core a535f47f65fdcb003f9e1df04cd18e614c128dfe9388acce3f211ae38ac14d68
+build pingora-proxy 0.9.1 8e3d5670490740405ecc8c6f75c3fcbce4d24f7adaffb355ca44550e7918e358
+build pingora-core 0.9.1 a535f47f65fdcb003f9e1df04cd18e614c128dfe9388acce3f211ae38ac14d68
+build zeromq 0.7.0 55b31ad37d1aad854ddc8c4f16b637259ce95f757f6c32f05447279c68ed9e2a
