@@ -498,7 +498,9 @@ fn a_long_conversation_s_turns_are_tokenized_from_the_turn_before_and_stay_where
 
 /// A tokenizer that panics on every text (a damaged `tokenizer.json`: an
 /// empty precompiled normalizer) costs only the exact placement: the
-/// requests are placed by their text and answered, short and long alike.
+/// router starts (the load's probes panic: the text is tokenized whole),
+/// and the requests are placed by their text and answered, short and long
+/// alike.
 #[test]
 fn a_tokenizer_that_panics_costs_only_the_exact_placement() {
     let real = std::path::PathBuf::from(tokenizer_dir());
@@ -511,7 +513,6 @@ fn a_tokenizer_that_panics_costs_only_the_exact_placement() {
     .expect("scripts/real-engine.sh prepare makes .real-engine/tokenizer");
     let json = std::fs::read_to_string(real.join("tokenizer.json")).expect("tokenizer.json");
     let mut tokenizer: serde_json::Value = serde_json::from_str(&json).expect("json");
-    tokenizer["added_tokens"] = json!([]);
     tokenizer["normalizer"] = json!({"type": "Precompiled", "precompiled_charsmap": "AAAAAA=="});
     std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).expect("write");
     let mut p = Publisher::start();
@@ -525,15 +526,24 @@ fn a_tokenizer_that_panics_costs_only_the_exact_placement() {
         let r = router.post("/v1/chat/completions", &agent(turns));
         assert_eq!(r.status, 200, "{}", r.text());
     }
+    router.wait_log("tokenizing a prompt panicked");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A publisher that announces a frame of a terabyte (a hostile or broken
-/// engine) is disconnected before its bytes are buffered: the router keeps
-/// serving, the replica's state stays unknown, and it is tried again.
+/// A publisher that announces a frame of a terabyte, then one just over
+/// the 16 MiB a message may hold, then sends empty frames without end (a
+/// hostile or broken engine) is disconnected each time before the bytes
+/// are buffered: the router keeps serving, the replica's state stays
+/// unknown, and it is tried again.
 #[test]
 fn a_publisher_announcing_a_huge_message_is_disconnected_and_the_router_serves_on() {
-    let (port, ended) = common::kv::hostile_publisher(1 << 40);
+    use common::kv::Hostile;
+    let what = vec![
+        Hostile::Frame(1 << 40),
+        Hostile::Frame(17 << 20),
+        Hostile::EmptyFrames,
+    ];
+    let (port, ended) = common::kv::hostile_publisher(what.clone());
     let a = Sim::start("a", &[]);
     let b = Sim::start("b", &[]);
     let yaml = format!(
@@ -544,8 +554,8 @@ fn a_publisher_announcing_a_huge_message_is_disconnected_and_the_router_serves_o
     );
     let router = Router::spawn(&yaml, &[]);
     router.wait_replica_up("a", true);
-    for _ in 0..2 {
-        // Connected, sent the frame's head, and dropped by the router.
+    for _ in 0..what.len() {
+        // Connected, sent its frames, and dropped by the router.
         ended
             .recv_timeout(Duration::from_secs(30))
             .expect("the router closes the connection");

@@ -69,6 +69,13 @@ struct Last {
 impl Follow {
     pub async fn run(self) {
         let endpoint = KvEvents::resolve(&self.config.endpoint, self.replica.addr);
+        if self.config.replay_endpoint.is_none() {
+            log::warn!(
+                "replica {}: kv_events has no replay_endpoint: after a lost batch or a \
+                 reconnect its cache state is unknown until its engine's cache is next emptied",
+                self.replica.name
+            );
+        }
         let mut last = None;
         let mut pause = RETRY_FIRST;
         let mut failing = false;

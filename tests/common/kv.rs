@@ -151,17 +151,26 @@ pub fn stored(first: u64, n: u64, parent: Option<u64>) -> Value {
         "parent_block_hash": parent, "token_ids": tokens, "block_size": 2, "medium": "GPU"})
 }
 
+/// What [`hostile_publisher`] sends once connected.
+#[derive(Clone, Copy)]
+pub enum Hostile {
+    /// The head of one frame of this many bytes, then 4 KiB of it.
+    Frame(u64),
+    /// Empty frames of one message, without end.
+    EmptyFrames,
+}
+
 /// A publisher that speaks ZMTP 3.0 (NULL mechanism, a PUB's READY) by
-/// hand and then announces one frame of `frame_len` bytes, over and over:
-/// a hostile or broken engine. Each connection's end (the subscriber gave
-/// up on it) is sent on the channel.
-pub fn hostile_publisher(frame_len: u64) -> (u16, std::sync::mpsc::Receiver<()>) {
+/// hand, then sends its `n`th connection `what[n]` (the last one again
+/// past the end): a hostile or broken engine. Each connection's end (the
+/// subscriber gave up on it) is sent on the channel.
+pub fn hostile_publisher(what: Vec<Hostile>) -> (u16, std::sync::mpsc::Receiver<()>) {
     use std::io::Read;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = listener.local_addr().expect("addr").port();
     let (closed, ended) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        for conn in listener.incoming() {
+        for (n, conn) in listener.incoming().enumerate() {
             let Ok(mut conn) = conn else { return };
             let mut greeting = [0u8; 64];
             greeting[0] = 0xff;
@@ -171,18 +180,26 @@ pub fn hostile_publisher(frame_len: u64) -> (u16, std::sync::mpsc::Receiver<()>)
             let mut ready = vec![0x04, 0];
             ready.extend_from_slice(b"\x05READY\x0bSocket-Type\0\0\0\x03PUB");
             ready[1] = (ready.len() - 2) as u8;
-            let mut frame = vec![0x02];
-            frame.extend_from_slice(&frame_len.to_be_bytes());
-            frame.extend_from_slice(&[0u8; 4096]);
             let mut peer = [0u8; 64];
-            let sent = conn.write_all(&greeting).is_ok()
+            let greeted = conn.write_all(&greeting).is_ok()
                 && conn.read_exact(&mut peer).is_ok()
-                && conn.write_all(&ready).is_ok()
-                && conn.write_all(&frame).is_ok();
-            if sent {
-                // Until the subscriber closes the connection.
-                let mut sink = [0u8; 4096];
-                while conn.read(&mut sink).is_ok_and(|n| n > 0) {}
+                && conn.write_all(&ready).is_ok();
+            match what[n.min(what.len() - 1)] {
+                _ if !greeted => {}
+                Hostile::Frame(len) => {
+                    let mut frame = vec![0x02];
+                    frame.extend_from_slice(&len.to_be_bytes());
+                    frame.extend_from_slice(&[0u8; 4096]);
+                    if conn.write_all(&frame).is_ok() {
+                        // Until the subscriber closes the connection.
+                        let mut sink = [0u8; 4096];
+                        while conn.read(&mut sink).is_ok_and(|n| n > 0) {}
+                    }
+                }
+                Hostile::EmptyFrames => {
+                    let frames = [0x01u8, 0x00].repeat(2048);
+                    while conn.write_all(&frames).is_ok() {}
+                }
             }
             if closed.send(()).is_err() {
                 return;

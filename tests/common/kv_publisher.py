@@ -10,7 +10,8 @@ Driven by JSON lines on stdin, one answer line each on stdout:
   {"restart": true}       a new engine process: seq from 0, buffer empty
       (`"rebind": true`: its PUB socket closed and bound again on the same
       port, as a process's would be; subscribers are disconnected)
-  {"wait_subscribed": true}  "ok" once a subscriber has subscribed again
+  {"wait_subscribed": true}  "ok" once a subscriber has subscribed again,
+      "timeout" if none has within a minute
 Events are {"type": "BlockStored"|"BlockRemoved"|"AllBlocksCleared", ...}
 with vLLM's field names. Prints "ports <pub_port> <replay_port>" at once,
 then "subscribed" when a subscriber has subscribed (an XPUB socket sees
@@ -53,13 +54,16 @@ def rebind():
             time.sleep(0.01)
 
 
-def wait_subscribed():
+def wait_subscribed(timeout=60.0):
     """Until a subscription reaches the PUB socket (XPUB receives it as
-    \x01 + topic)."""
+    \x01 + topic): whether one did within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
     while True:
-        msg = pub.recv()
-        if msg[:1] == b"\x01":
-            return
+        left = deadline - time.monotonic()
+        if left <= 0 or not pub.poll(int(left * 1000) + 1):
+            return False
+        if pub.recv()[:1] == b"\x01":
+            return True
 router = ctx.socket(zmq.ROUTER)
 replay_port = router.bind_to_random_port("tcp://127.0.0.1")
 lock = threading.Lock()
@@ -79,8 +83,7 @@ def serve_replay():
 
 threading.Thread(target=serve_replay, daemon=True).start()
 print(f"ports {pub_port} {replay_port}", flush=True)
-wait_subscribed()
-print("subscribed", flush=True)
+print("subscribed" if wait_subscribed() else "timeout", flush=True)
 
 seq = 0
 for line in sys.stdin:
@@ -94,8 +97,7 @@ for line in sys.stdin:
         print("ok", flush=True)
         continue
     if cmd.get("wait_subscribed"):
-        wait_subscribed()
-        print("ok", flush=True)
+        print("ok" if wait_subscribed() else "timeout", flush=True)
         continue
     events = []
     for e in cmd["events"]:

@@ -424,9 +424,11 @@ impl SocketOptions {
     }
 
     /// Limits a received message to `max_size` bytes (its frames' bodies
-    /// together; a command frame counts alone): a peer that announces a
-    /// larger frame is disconnected before its bytes are buffered, as
-    /// libzmq's `ZMQ_MAXMSGSIZE` does. Unlimited by default.
+    /// together, each frame charged 64 bytes more; a command frame counts
+    /// alone): a peer that announces a frame that would pass it is
+    /// disconnected before the frame's bytes are buffered. Like libzmq's
+    /// `ZMQ_MAXMSGSIZE`, which limits each frame, but over the whole
+    /// message. Unlimited by default.
     pub fn max_message_size(&mut self, max_size: usize) -> &mut Self {
         self.max_message_size = max_size;
         self

@@ -18,8 +18,8 @@
 //! engine's cache is next emptied. At most `max_blocks` blocks are kept (the
 //! bound is checked before an event's blocks go in, and the maps' memory is
 //! given back when they are dropped): an engine that reports more is taken
-//! as unknown too. (The ZMQ frames themselves are not size-limited: the
-//! publisher is trusted as its engine is.)
+//! as unknown too. (A ZMQ message over 16 MiB fails the connection before
+//! it is buffered: see the router's `kv_events`.)
 
 use std::collections::HashMap;
 

@@ -24,6 +24,10 @@ enum DecoderState {
     Frame(Frame),
 }
 
+/// What a received frame is charged beside its body against
+/// `max_message_size`.
+const FRAME_COST: usize = 64;
+
 #[derive(Debug)]
 pub struct ZmqCodec {
     state: DecoderState,
@@ -128,8 +132,11 @@ impl Decoder for ZmqCodec {
                     } else {
                         usize::from(src.get_u8())
                     };
+                    // Each frame is charged FRAME_COST beside its body (the
+                    // message keeps a handle per frame, so empty ones add up).
                     let before = if frame.command { 0 } else { self.buffered_bytes };
-                    if frame_len > self.max_message_size.saturating_sub(before) {
+                    let charge = frame_len.saturating_add(FRAME_COST);
+                    if charge > self.max_message_size.saturating_sub(before) {
                         return Err(CodecError::Decode("Message exceeds the maximum size"));
                     }
                     self.state = DecoderState::Frame(frame);
@@ -144,7 +151,7 @@ impl Decoder for ZmqCodec {
                     }
 
                     // process incoming message frame
-                    self.buffered_bytes += data.len();
+                    self.buffered_bytes += data.len() + FRAME_COST;
                     match &mut self.buffered_message {
                         Some(v) => v.push_back(data.freeze()),
                         None => self.buffered_message = Some(ZmqMessage::from(data.freeze())),
