@@ -85,14 +85,15 @@ impl Policy {
             // Room for the whole prompt beside the contexts pinned there and
             // the singles in flight: a single may be a conversation's first turn.
             let room = s.room.is_some_and(|r| r.free >= bytes);
-            if within(s) && worth(s, m.pos) && room {
+            let in_bounds = within(s) && worth(s, m.pos);
+            if in_bounds && room {
                 d.replica = Some(m.replica);
                 d.reason = Reason::Prefix;
                 d.matched_bytes = m.pos;
                 d.matched_at = m.touched;
                 return;
             }
-            refused |= !within(s) || !worth(s, m.pos);
+            refused |= !in_bounds;
         }
         // Held where the load is over the bounds: cold within them, when
         // any replica is within both (the least queued and the least loaded
