@@ -19,21 +19,22 @@ fn start(publisher: &Publisher, replay: bool) -> (Sim, Sim, Router) {
 
 /// As [`start`], with `extra` top-level YAML.
 fn start_with(publisher: &Publisher, replay: bool, extra: &str) -> (Sim, Sim, Router) {
+    let replay = replay.then_some(publisher.replay_port);
+    start_at(publisher.port, replay, extra)
+}
+
+/// Sims `a` (its engine's events from port `port`, its replay socket at
+/// `replay`) and `b`, behind a router with `extra` top-level YAML.
+fn start_at(port: u16, replay: Option<u16>, extra: &str) -> (Sim, Sim, Router) {
     let a = Sim::start("a", &[]);
     let b = Sim::start("b", &[]);
-    let replay = if replay {
-        format!(
-            ", replay_endpoint: \"tcp://127.0.0.1:{}\"",
-            publisher.replay_port
-        )
-    } else {
-        String::new()
-    };
+    let replay = replay.map_or(String::new(), |r| {
+        format!(", replay_endpoint: \"tcp://127.0.0.1:{r}\"")
+    });
     let yaml = format!(
-        "{extra}replicas:\n  - {{name: a, addr: \"{}\", kv_events: {{endpoint: \"tcp://127.0.0.1:{}\", \
+        "{extra}replicas:\n  - {{name: a, addr: \"{}\", kv_events: {{endpoint: \"tcp://127.0.0.1:{port}\", \
          topic: kv-events{replay}}}}}\n{}",
         a.addr,
-        publisher.port,
         b.yaml()
     );
     let router = Router::spawn(&yaml, &[]);
@@ -544,16 +545,7 @@ fn a_publisher_announcing_a_huge_message_is_disconnected_and_the_router_serves_o
         Hostile::EmptyFrames,
     ];
     let (port, ended) = common::kv::hostile_publisher(what.clone());
-    let a = Sim::start("a", &[]);
-    let b = Sim::start("b", &[]);
-    let yaml = format!(
-        "replicas:\n  - {{name: a, addr: \"{}\", kv_events: {{endpoint: \"tcp://127.0.0.1:{port}\", \
-         topic: kv-events}}}}\n{}",
-        a.addr,
-        b.yaml()
-    );
-    let router = Router::spawn(&yaml, &[]);
-    router.wait_replica_up("a", true);
+    let (_a, _b, router) = start_at(port, None, "");
     for _ in 0..what.len() {
         // Connected, sent its frames, and dropped by the router.
         ended
