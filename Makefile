@@ -134,13 +134,15 @@ fleet-results: prepare
 # Every parser that reads outside bytes, 100,000 property-test cases each
 # (proptest; `cargo fuzz` needs a nightly toolchain): request bodies (chat
 # scanner against its serde oracle, checkpoints, Responses API, forms), the
-# engines' usage and response ids, paths, Prometheus pages, Redis replies.
+# engines' usage and response ids, paths, Prometheus pages, Redis replies;
+# the byte-level BPE against `tokenizers` (needs scripts/real-engine.sh prepare).
 # Minutes, not CI; docs/reliability.md has a run's figures.
 FUZZ_CASES ?= 100000
 fuzz:
 	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release -p routing --lib -- reference:: responses::tests checkpoint:: request::tests::any_form blocks::
 	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release -p routing --test fuzz_parse
 	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release --lib -- usage:: response_ids:: paths:: engine_load:: shared_pins::bounded::
+	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release -p tokens --test bpe
 
 # A bounded soak (~4 min): 256 concurrent clients, a replica killed and
 # restarted, a reload; every request accounted for, duplicates counted, RSS

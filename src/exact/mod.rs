@@ -102,6 +102,11 @@ impl Exact {
                         "tokenizers.{model}: its special tokens do not split its text \
                          cleanly: every prompt is tokenized whole, without the piece cache"
                     );
+                } else if !tokens.pieces.ids_only() {
+                    log::info!(
+                        "tokenizers.{model}: not a byte-level BPE of the shape merged here \
+                         (docs/routing.md): its pieces are tokenized by tokenizers"
+                    );
                 }
                 Ok((model.clone(), Arc::new(tokens)))
             })

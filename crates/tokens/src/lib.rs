@@ -11,9 +11,12 @@
 //! never merges across them); a tokenizer for which the pieces would not
 //! give the same ids as the whole text (added tokens that strip spaces or
 //! are normalized, a pre-tokenizer that treats the text's start apart) is
-//! found by a probe at load and tokenized whole.
+//! found by a probe at load and tokenized whole. A byte-level BPE's pieces
+//! are turned into ids by [`bpe`], `tokenizers`' own steps without its
+//! `Encoding`, where probes at load give `tokenizers`' ids.
 #![forbid(unsafe_code)]
 
+pub mod bpe;
 pub mod pieces;
 pub mod template;
 pub mod turn;

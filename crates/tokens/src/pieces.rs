@@ -1,6 +1,7 @@
 //! Text to token ids, piece by piece: the text is cut at the tokenizer's
 //! added tokens (leftmost-longest, as `tokenizers` cuts it), each added
-//! token is its id, and each piece between them is encoded alone, its ids
+//! token is its id, and each piece between them is encoded alone (by
+//! [`crate::bpe`] where it applies, else `tokenizers`), its ids
 //! kept in a cache keyed by the piece's hash (bounded in ids, each entry
 //! charged 16 more for its slots, oldest out first). A tokenizer whose pieces would not encode as the whole text does
 //! (see the crate's header) is used whole, without the cache.
@@ -12,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use aho_corasick::{AhoCorasick, MatchKind};
 use tokenizers::Tokenizer;
 
+use crate::bpe::ByteBpe;
 use crate::TokensError;
 
 /// Texts whose ids must come out the same whole and by pieces for the
@@ -22,6 +24,28 @@ const PROBES: [&str; 4] = [
     "{e}{s}\n",
     " leading and trailing {s}  ",
 ];
+
+/// Texts whose ids must come out the same by pieces through [`ByteBpe`]
+/// and whole from `tokenizers` for it to be used: each of GPT-2's splits, numbers in
+/// several scripts, marks, wide and odd spaces, emoji and code.
+const BPE_PROBES: [&str; 6] = [
+    "Hello, world! It's the café's naïve coöperation—don't   stop.\n\n\tTabs\r\n",
+    "IT'S 'S 'LL 've 're 'd 'm 't x² ٣4 12345 ½ Ⅻ",
+    "日本語のテキスト、한국어 텍스트 and क़िताब पढ़ो",
+    "🤖👍🏽 \u{a0}\u{3000}  \n \u{2028}end  ",
+    "fn main() {\n    let x = a[i] + 1; // ok?!\n    return x;\n}\n",
+    "  leading, trailing  and\u{200b}zero\u{feff}width ",
+];
+
+/// [`BPE_PROBES`], and every printable ASCII character and a sample of
+/// two- and three-byte ones in a row.
+fn bpe_probes() -> Vec<String> {
+    let chars = (0x20..0x7f).chain((0xa0..0x3000).step_by(7));
+    let every: String = chars.filter_map(char::from_u32).collect();
+    (BPE_PROBES.iter().map(|t| t.to_string()))
+        .chain([every])
+        .collect()
+}
 
 /// A piece longer than this is probed before it is encoded (see
 /// [`Pieces::encode_while`]).
@@ -92,6 +116,9 @@ pub struct Pieces {
     tokenizer: Tokenizer,
     /// Added tokens and their ids; `None`: encode whole.
     split: Option<(AhoCorasick, Vec<u32>)>,
+    /// A piece's ids without `tokenizers`' `Encoding`, where the tokenizer
+    /// is of the shape [`ByteBpe`] handles and the probes agree.
+    bpe: Option<ByteBpe>,
     cache: Mutex<Cache>,
 }
 
@@ -120,18 +147,37 @@ impl Pieces {
         // piece on its own).
         let _ = tokenizer.with_truncation(None);
         tokenizer.with_padding(None);
+        let vocab_size = tokenizer.get_vocab_size(false);
+        let bpe = (tokenizer.to_string(false).ok())
+            .and_then(|json| ByteBpe::from_json(&serde_json::from_str(&json).ok()?))
+            // Every token serialized (two tokens of one id are not).
+            .filter(|bpe| bpe.vocab_size() == vocab_size);
         let mut p = Self {
             split: None,
+            bpe: None,
             tokenizer,
-            cache: Mutex::new(Cache {
-                max: cache_ids,
-                ..Cache::default()
-            }),
+            cache: Mutex::new(Cache::default()),
         };
         // A tokenizer that panics on the probes is used whole (and its
         // callers catch its panics).
         let split = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.splitter()));
         p.split = split.ok().flatten();
+        // By pieces, the BPE probes must give the ids of the whole.
+        if p.split.is_some() {
+            p.bpe = bpe;
+            let agrees = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                bpe_probes()
+                    .iter()
+                    .all(|text| p.encode(text).ok() == p.whole(text).ok())
+            }));
+            if !agrees.unwrap_or(false) {
+                p.bpe = None;
+            }
+        }
+        p.cache = Mutex::new(Cache {
+            max: cache_ids,
+            ..Cache::default()
+        });
         p
     }
 
@@ -162,6 +208,7 @@ impl Pieces {
         let probe = Self {
             tokenizer: self.tokenizer.clone(),
             split,
+            bpe: None,
             cache: Mutex::new(Cache::default()),
         };
         for text in PROBES {
@@ -272,7 +319,7 @@ impl Pieces {
             return Ok(Step::Encoded);
         }
         if let Some(head) = word_start_before(piece, PROBE_BYTES) {
-            let mut next = self.whole(head)?;
+            let mut next = self.ids(head)?;
             next.truncate(next.len().saturating_sub(PROBE_MARGIN));
             if !go_on(out, &next) {
                 return Ok(Step::Stopped);
@@ -283,10 +330,26 @@ impl Pieces {
                 return Ok(Step::Deferred { probed, probed_ids });
             }
         }
-        let ids: Arc<[u32]> = self.whole(piece)?.into();
+        let ids: Arc<[u32]> = self.ids(piece)?.into();
         out.extend_from_slice(&ids);
         self.lock().put(key, ids);
         Ok(Step::Encoded)
+    }
+
+    /// A piece's ids (it holds no added token): by [`ByteBpe`] where
+    /// there is one, else as [`Pieces::whole`].
+    fn ids(&self, piece: &str) -> Result<Vec<u32>, TokensError> {
+        let Some(bpe) = &self.bpe else {
+            return self.whole(piece);
+        };
+        let mut ids = Vec::with_capacity(piece.len() / 3);
+        bpe.encode(piece, &mut ids);
+        Ok(ids)
+    }
+
+    /// Whether pieces are tokenized by [`ByteBpe`] (else by `tokenizers`).
+    pub fn ids_only(&self) -> bool {
+        self.bpe.is_some()
     }
 
     /// Pieces found in the cache, and encoded, since the start.

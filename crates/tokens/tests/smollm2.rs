@@ -23,6 +23,10 @@ fn ids_are_llama_cpp_s_whole_and_by_pieces() {
         m.pieces.by_pieces(),
         "ChatML's special tokens split cleanly"
     );
+    assert!(
+        m.pieces.ids_only(),
+        "byte-level BPE: merged without tokenizers"
+    );
     let golden: Vec<serde_json::Value> =
         serde_json::from_str(include_str!("golden/smollm2.json")).expect("golden ids");
     for g in golden {
