@@ -226,6 +226,8 @@ fn fleet_size(c: &mut Criterion) {
         fall: 3,
         rise: 1,
         serving: Duration::from_secs(5),
+        interval: Duration::from_secs(1),
+        per_second: 0,
     };
     // Distinct questions: each a single whose first block no index holds.
     let requests: Vec<_> = (0..4096)

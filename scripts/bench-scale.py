@@ -32,10 +32,11 @@ Curves:
   checkpoints (a later turn's body read from where its last turn ended)
   and without them (`limits.max_checkpoint_bytes: 0`);
 - probes (the replicas curve's sizes): the CPU each arm spends idle under
-  three probe schedules of the router (every probe on, as on the replicas
-  curve; as shipped: health checks every second, no engine reads; SMG's
-  default: health checks every 60 s) beside SMG's: what the idle curve
-  costs per probe, and what it costs at equal work;
+  four probe schedules of the router (every probe on within its budget, as
+  on the replicas curve; the same with no budget; as shipped: health checks
+  every second within 250 a second, no engine reads; SMG's default: health
+  checks every 60 s) beside SMG's: what the idle curve costs per probe, and
+  what it costs at equal work;
 - fleet (1, 2, 3 router instances, `fleet: redis`): instances sharing pins
   through one Redis, each placing a share of the conversations, then next
   turns of random ones against all at once: CPU per request of the
@@ -52,6 +53,7 @@ rest is kept) with its plots (SVG) beside it.
 import argparse
 import importlib.util
 import json
+import math
 import os
 import re
 import resource
@@ -70,11 +72,31 @@ ROOT, Procs, tree, cpu_s, status_kib, free_port, write = bp.ROOT, bp.Procs, bp.t
 ARMS = ["router", "smg"]
 PARTS = ["replicas", "probes", "streams", "conversations", "prompts", "fleet"]
 # The router's probe schedules on the probes curve: name, what, config lines.
+# Each within its default budget (`max_per_second`: 250 checks, 500 reads).
 ALL_PROBES = ["health_check: {interval_ms: 1000}", "engine_load: {interval_ms: 500}"]
-SCHEDULES = [("all", "health checks every 1 s, engine load every 500 ms", ALL_PROBES),
-             ("shipped", "health checks every 1 s, no engine reads (the defaults)",
+BUDGETS = {"health_check": 250, "engine_load": 500}
+SCHEDULES = [("all", "health checks every 1 s, engine load every 500 ms, within their budgets", ALL_PROBES),
+             ("all, no budget", "the same on every replica every round (`max_per_second: 0`)",
+              ["health_check: {interval_ms: 1000, max_per_second: 0}",
+               "engine_load: {interval_ms: 500, max_per_second: 0}"]),
+             ("shipped", "health checks every 1 s within 250 a second, no engine reads (the defaults)",
               ["health_check: {interval_ms: 1000}"]),
              ("smg", "health checks every 60 s (SMG's default)", ["health_check: {interval_ms: 60000}"])]
+
+
+def probes_per_s(lines, n):
+    """Probes a second of the schedule's `lines` over `n` replicas: each
+    line's replicas every interval, or, past its budget, a slice of them
+    (`src/replicas/probes.rs`: one turn in `ceil(n / per round)`)."""
+    total = 0.0
+    for line in lines:
+        key = line.split(":")[0]
+        interval = int(re.search(r"interval_ms: (\d+)", line).group(1)) / 1000
+        found = re.search(r"max_per_second: (\d+)", line)
+        budget = int(found.group(1)) if found else BUDGETS[key]
+        spread = math.ceil(n / max(budget * interval, 1)) if budget else 1
+        total += n / max(spread, 1) / interval
+    return total
 # What the report says of how a run was made (kept in scale.json).
 RUN_ARGS = ["duration", "idle", "settle", "rate", "window", "probe", "rounds"]
 MARK_BEGIN, MARK_END = "<!-- scale bench -->", "<!-- /scale bench -->"
@@ -335,10 +357,10 @@ def probes_point(a, procs, work, arm, n, ports, schedule):
     c0, t0 = cpu_s(pids), time.time()
     time.sleep(a.idle)
     idle = (cpu_s(pids) - c0) / (time.time() - t0)
-    per_s = sum(1000 / int(l.split("interval_ms: ")[1].rstrip("}")) for l in lines) if lines else 1 / 60
+    per_s = probes_per_s(lines, n) if lines else n / 60
     stop(procs, info["proc"])
-    return {**point, "idle_cpu": idle, "probes_per_s": n * per_s,
-            "cpu_us_per_probe": idle * 1e6 / (n * per_s)}
+    return {**point, "idle_cpu": idle, "probes_per_s": per_s,
+            "cpu_us_per_probe": idle * 1e6 / per_s}
 
 
 def stop(procs, p):
@@ -702,7 +724,7 @@ def doc(a, run, made):
                 "settling, under each probe schedule: "
                 + "; ".join(f"`{n}`: {w}" for n, w, _ in SCHEDULES)
                 + "; SMG: its default (a health check of each worker every 60 s). Probes a second are the "
-                "schedule's (replicas × checks and reads a second); CPU-µs per probe is the idle CPU over "
+                "schedule's (replicas × checks and reads a second, within its budget); CPU-µs per probe is the idle CPU over "
                 "them (what the process spends idle without probes is in it).\n"]
         out += table(["arm", "schedule", "replicas", "idle CPU (cores)", "probes a second", "CPU-µs per probe"],
                      run["probes"], lambda p: [NAMES[p["arm"]], f"`{p['schedule']}`", f"{p['replicas']:,}"],

@@ -8,6 +8,7 @@
 //! every backend is healthy.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,7 +21,7 @@ use pingora_load_balancing::selection::RoundRobin;
 use pingora_load_balancing::{Backend, LoadBalancer};
 
 use crate::config::{self, ReplicaTls};
-use crate::engine_client::{own_host, own_requests, OwnGet};
+use crate::engine_client::{own_host, own_requests, OwnGet, KEEP_IDLE};
 use crate::metrics::{Metrics, Repair};
 use crate::policy::Policy;
 use crate::replicas::{HealthRules, Replica, Replicas, CHECK_DEADLINE};
@@ -48,6 +49,7 @@ pub fn balancer(
         replicas,
         policy,
         metrics,
+        spread: AtomicU32::new(0),
     }));
     lb.health_check_frequency = Some(interval);
     lb.update_frequency = Some(Duration::from_millis(200));
@@ -100,7 +102,7 @@ impl HealthProbe {
                 "/v1/models",
                 own_host(tls),
                 own_requests(tls),
-                Duration::from_secs(4),
+                KEEP_IDLE,
                 MAX_MODELS_BYTES,
             )?,
             tls: tls.clone(),
@@ -166,8 +168,7 @@ impl HealthProbe {
 fn http_check(path: &str, tls: &ReplicaTls, reuse: bool) -> Result<HttpHealthCheck> {
     let mut http = HttpHealthCheck::new(own_host(tls), tls.enabled);
     let (mut peer, connector) = own_requests(tls);
-    // Kept below uvicorn's 5 s keep-alive, so the engine does not close it first.
-    peer.options.idle_timeout = Some(Duration::from_secs(4));
+    peer.options.idle_timeout = Some(KEEP_IDLE);
     http.reuse_connection = reuse;
     http.peer_template = peer;
     http.set_connector(connector);
@@ -204,11 +205,16 @@ impl ServiceDiscovery for Discovery {
 /// A pass after a failed check (refused, reset, an error status: not a
 /// timeout, which a busy engine gives) also empties the replica's part of the
 /// prefix index: an engine that went away and came back has an empty cache.
+/// Past `health_check.max_per_second` a live replica is checked in its turn
+/// (`crate::replicas::probes`); Pingora's round asks for every replica and
+/// the others are passed over.
 struct ReplicaHealth {
     probe: Arc<HealthProbe>,
     replicas: Arc<Replicas>,
     policy: Arc<Policy>,
     metrics: Arc<Metrics>,
+    /// Rounds between a live replica's checks, as last logged (0: none yet).
+    spread: AtomicU32,
 }
 
 #[async_trait]
@@ -219,6 +225,20 @@ impl HealthCheck for ReplicaHealth {
         // Pingora bounds each read, not the check: a replica trickling its
         // /health body would hold the whole (parallel) round.
         let replica = target.addr.as_inet().and_then(|a| self.replicas.by_addr(a));
+        let rules = self.probe.rules.load();
+        let count = self.replicas.snapshot().len();
+        let (spread, rules) = rules.spread(count);
+        let was = self.spread.swap(spread, Relaxed);
+        if was != spread && (was != 0 || spread > 1) {
+            log::info!(
+                "health checks: {count} replicas under health_check.max_per_second {}: \
+                 each live replica checked every {spread} round(s)",
+                rules.per_second
+            );
+        }
+        if replica.as_ref().is_some_and(|r| !r.check_due(spread)) {
+            return Ok(());
+        }
         let fresh = replica.as_ref().is_none_or(|r| r.fresh_check_due());
         let checks = &*http;
         let check = |fresh: bool, within| async move {
@@ -282,7 +302,6 @@ impl HealthCheck for ReplicaHealth {
             (self.metrics.health_checks)
                 .with_label_values(&[&r.name, outcome])
                 .inc();
-            let rules = self.probe.rules.load();
             if r.on_check(result.is_ok(), timed_out, Instant::now(), &rules) {
                 log::info!(
                     "replica {} is {} (health check{})",

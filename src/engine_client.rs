@@ -102,8 +102,15 @@ pub fn own_requests(tls: &ReplicaTls) -> (HttpPeer, HttpConnector) {
 /// fleet of thousands reuses its connections. Pingora's default, 128, made
 /// a fleet of 1,000 open a connection for most requests, health checks and
 /// engine reads. Each is an open descriptor while kept, at most
-/// `timeouts.idle_ms` (own requests: 4 s).
+/// `timeouts.idle_ms` (own requests: [`KEEP_IDLE`]).
 pub const IDLE_POOL: usize = 4096;
+
+/// How long the router's own connections to an engine (health checks,
+/// model lists, engine reads) are kept idle: under uvicorn's 5 s
+/// keep-alive, so the engine does not close one first, and past the 4 s
+/// between a live replica's checks under the probes' default budget at a
+/// thousand replicas, so each check reuses its connection.
+pub const KEEP_IDLE: Duration = Duration::from_millis(4_500);
 
 /// The `Host` of the router's own requests to replicas: the TLS server
 /// name when one is set.

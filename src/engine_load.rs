@@ -1,14 +1,15 @@
 //! Engines' own load, read from their Prometheus endpoints (config
 //! `engine_load`): requests running and waiting, and KV cache in use, under
 //! vLLM's, SGLang's and llama.cpp's names. A background service reads every
-//! replica each interval and hands the figures to the replica, where the
+//! replica each interval (past `max_per_second`, each in its turn of every
+//! few rounds: `crate::replicas::probes`) and hands the figures to the replica, where the
 //! policy sees them as the requests beyond the router's own ([`EngineLoad`]).
 //! A read that fails, takes longer than the interval or names none of the
 //! known series keeps the last figures; three in a row drop them, so the
 //! router's own counts are in force: logged once per replica (and once when
 //! reads work again); every read is counted in `prefix_router_engine_reads_total`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,10 +19,11 @@ use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use pingora_core::upstreams::peer::HttpPeer;
 
-use crate::engine_client::OwnGet;
+use crate::config;
+use crate::engine_client::{OwnGet, KEEP_IDLE};
 use crate::metrics::Metrics;
 use crate::policy::{EngineLoad, ReplicaId};
-use crate::replicas::{Replica, Replicas};
+use crate::replicas::{probes, Replica, Replicas};
 
 /// Requests running, by engine.
 const RUNNING: [&str; 3] = [
@@ -137,6 +139,8 @@ const KEEP_THROUGH_MISSES: u32 = 3;
 pub struct EngineLoadWatch {
     reader: Arc<Reader>,
     interval: Duration,
+    /// Reads a second at most (0: no cap).
+    per_second: u32,
 }
 
 /// What one read needs; shared by the concurrent reads of a round.
@@ -154,30 +158,33 @@ impl EngineLoadWatch {
     /// health checks send too.
     pub fn new(
         replicas: Arc<Replicas>,
-        path: &str,
+        load: &config::EngineLoad,
         host: &str,
-        interval: Duration,
         (peer, connector): (HttpPeer, HttpConnector),
         metrics: Arc<Metrics>,
     ) -> pingora_core::Result<Self> {
-        // A pooled connection is kept under the engines' own keep-alive (uvicorn: 5 s).
-        let idle = (interval * 2).min(Duration::from_secs(4));
+        let interval = config::ms(load.interval_ms);
+        // Kept between reads, past the rounds of a replica's turns.
+        let idle = KEEP_IDLE;
         Ok(Self {
             reader: Arc::new(Reader {
                 replicas,
-                page: OwnGet::new(path, host, (peer, connector), idle, MAX_PAGE_BYTES)?,
+                page: OwnGet::new(&load.path, host, (peer, connector), idle, MAX_PAGE_BYTES)?,
                 metrics,
                 misses: Mutex::new(HashMap::new()),
             }),
             interval,
+            per_second: load.max_per_second,
         })
     }
 
-    /// Reads every replica once, concurrently, each within the interval.
-    async fn round(&self) {
+    /// Reads every replica whose turn round `round` is (every replica,
+    /// within the budget), concurrently, each within the interval.
+    async fn round(&self, round: u32) {
         let list = self.reader.replicas.snapshot();
+        let spread = probes::spread(list.len(), self.interval, self.per_second);
         let mut reads = tokio::task::JoinSet::new();
-        for r in list.iter() {
+        for r in list.iter().filter(|r| probes::turn(r.id.0, round, spread)) {
             let (reader, r, limit) = (Arc::clone(&self.reader), Arc::clone(r), self.interval);
             reads.spawn(async move {
                 // The router's own requests there as the engine counts them.
@@ -192,8 +199,9 @@ impl EngineLoadWatch {
             });
         }
         while reads.join_next().await.is_some() {}
+        let ids: HashSet<ReplicaId> = list.iter().map(|r| r.id).collect();
         let mut misses = self.reader.misses.lock().unwrap_or_else(|p| p.into_inner());
-        misses.retain(|id, _| list.iter().any(|r| r.id == *id));
+        misses.retain(|id, _| ids.contains(id));
     }
 }
 
@@ -267,11 +275,13 @@ impl BackgroundService for EngineLoadWatch {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut round = 0u32;
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
-                _ = tick.tick() => self.round().await,
+                _ = tick.tick() => self.round(round).await,
             }
+            round = round.wrapping_add(1);
         }
     }
 }

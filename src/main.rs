@@ -136,9 +136,8 @@ fn main() -> anyhow::Result<()> {
         Some(e) => Some(
             EngineLoadWatch::new(
                 Arc::clone(&replicas),
-                &e.path,
+                e,
                 own_host(&cfg.replica_tls),
-                prefix_router::config::ms(e.interval_ms),
                 own_requests(&cfg.replica_tls),
                 Arc::clone(&metrics),
             )

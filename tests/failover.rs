@@ -212,3 +212,57 @@ fn with_every_replica_failing_its_checks_panic_mode_routes_to_them() {
     let picks = router.singles(4, "after");
     assert!(picks.iter().all(|p| p == "a"), "{picks:?}");
 }
+
+#[test]
+fn past_the_probe_budget_live_replicas_take_turns_and_a_down_one_is_checked_every_round() {
+    let sims: Vec<Sim> = ["a", "b", "c", "d", "e"]
+        .into_iter()
+        .map(|name| Sim::start(name, &[]))
+        .collect();
+    let all: Vec<&Sim> = sims.iter().collect();
+    // Five replicas, rounds every 100 ms, at most 5 checks (and engine
+    // reads) a second: half a probe a round, so each live replica's turn
+    // comes one round in ten.
+    let router = Router::start(
+        &all,
+        "health_check: {interval_ms: 100, max_per_second: 5}\n\
+         engine_load: {interval_ms: 100, max_per_second: 5}\n",
+    );
+    for name in ["a", "b", "c", "d", "e"] {
+        router.wait_replica_up(name, true);
+    }
+    sims[4].set_healthy(false);
+    router.wait_replica_up("e", false);
+    let checks = |name: &str, result: &str| {
+        router.metric(&format!(
+            "prefix_router_health_checks_total{{replica=\"{name}\",result=\"{result}\"}}"
+        ))
+    };
+    let reads = |name: &str| {
+        router.metric(&format!(
+            "prefix_router_engine_reads_total{{replica=\"{name}\",result=\"ok\"}}"
+        ))
+    };
+    let live = ["a", "b", "c", "d"];
+    let before: Vec<(f64, f64)> = live.iter().map(|n| (checks(n, "pass"), reads(n))).collect();
+    // Twenty rounds, counted by the down replica's checks: it is checked in
+    // every one (it must be seen to come back at once).
+    let failed = checks("e", "fail");
+    wait_for(
+        "twenty checks of the down replica",
+        Duration::from_secs(30),
+        || (checks("e", "fail") >= failed + 20.0).then_some(()),
+    );
+    for (name, (passed, read)) in live.iter().zip(before) {
+        // Two turns in twenty rounds (every round: twenty).
+        let passed = checks(name, "pass") - passed;
+        assert!(passed <= 5.0, "{name} checked {passed} times in 20 rounds");
+        let read = reads(name) - read;
+        assert!(
+            read <= 6.0,
+            "{name}'s engine read {read} times in 20 rounds"
+        );
+    }
+    sims[4].set_healthy(true);
+    router.wait_replica_up("e", true);
+}

@@ -283,6 +283,10 @@ pub struct HealthCheck {
     pub unhealthy_threshold: u32,
     /// Passed checks in a row that bring it up.
     pub healthy_threshold: u32,
+    /// Checks a second at most: past it a live replica is checked in its
+    /// turn of every few rounds (a replica that is not live, every round);
+    /// 0: every replica every round.
+    pub max_per_second: u32,
 }
 
 /// `engine_load:` — where and how often engines' own metrics are read.
@@ -295,6 +299,9 @@ pub struct EngineLoad {
     /// a row that take longer, fail or name none of the known series, the
     /// router's own counts are in force until one works.
     pub interval_ms: u64,
+    /// Reads a second at most: past it each replica is read in its turn of
+    /// every few rounds; 0: every replica every round.
+    pub max_per_second: u32,
 }
 
 impl Default for EngineLoad {
@@ -302,6 +309,7 @@ impl Default for EngineLoad {
         Self {
             path: "/metrics".into(),
             interval_ms: 500,
+            max_per_second: 500,
         }
     }
 }
@@ -384,6 +392,7 @@ impl Default for HealthCheck {
             interval_ms: 1_000,
             unhealthy_threshold: 3,
             healthy_threshold: 1,
+            max_per_second: 250,
         }
     }
 }

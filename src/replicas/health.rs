@@ -6,12 +6,14 @@
 //! answer lately) does not count: a `/health` late under a burst says less
 //! than the answers do. An explicit failure always counts (an engine that
 //! says it is unhealthy, or one being drained by its `/health`). A passing
-//! check also ends an ejection whose time is up.
+//! check also ends an ejection whose time is up. Past the probes' budget
+//! (`max_per_second`) a live replica is checked in its turn of every few
+//! rounds ([`super::probes`]); one that is not live, every round.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use super::Replica;
+use super::{probes, Replica};
 use crate::config;
 
 /// The bound on one whole health check (connect, answer, model list).
@@ -26,6 +28,20 @@ pub struct HealthRules {
     pub rise: u32,
     /// A replica that answered a routed request this recently is serving.
     pub serving: Duration,
+    /// The rounds' interval, and the checks a second at most (0: no cap).
+    pub interval: Duration,
+    pub per_second: u32,
+}
+
+impl HealthRules {
+    /// Rounds between a live replica's checks in a fleet of `replicas`, and
+    /// these rules with the serving window as many rounds wide.
+    pub fn spread(&self, replicas: usize) -> (u32, HealthRules) {
+        let spread = probes::spread(replicas, self.interval, self.per_second);
+        let more = self.interval.saturating_mul(2 * (spread - 1));
+        let serving = self.serving.saturating_add(more);
+        (spread, HealthRules { serving, ..*self })
+    }
 }
 
 impl From<&config::HealthCheck> for HealthRules {
@@ -36,6 +52,8 @@ impl From<&config::HealthCheck> for HealthRules {
             // Two rounds and the slowest check: an answer since the round
             // before the one that failed.
             serving: config::ms(h.interval_ms).saturating_mul(2) + CHECK_DEADLINE,
+            interval: config::ms(h.interval_ms),
+            per_second: h.max_per_second,
         }
     }
 }
@@ -61,6 +79,13 @@ impl Replica {
         let since = now.saturating_duration_since(self.joined).as_millis();
         u64::try_from(since).unwrap_or(u64::MAX)
             < (at - 1).saturating_add(window.as_millis() as u64)
+    }
+
+    /// Whether this health-check round checks it: every round while it is
+    /// not live, else its turn of every `spread`.
+    pub fn check_due(&self, spread: u32) -> bool {
+        let round = self.check_rounds.fetch_add(1, Relaxed);
+        !self.live() || probes::turn(self.id.0, round, spread)
     }
 
     /// The checks have brought it up at least once since it joined.
@@ -118,6 +143,8 @@ mod tests {
         fall: 3,
         rise: 2,
         serving: Duration::from_secs(5),
+        interval: Duration::from_secs(1),
+        per_second: 0,
     };
 
     fn replica() -> Arc<Replica> {
@@ -182,5 +209,23 @@ mod tests {
         // An answer does not bring it up: only checks do.
         r.answered(t);
         assert!(!r.on_check(true, false, t, &RULES) && !r.live());
+    }
+
+    #[test]
+    fn past_the_budget_a_live_replica_is_checked_in_its_turn_and_a_down_one_every_round() {
+        let rules = HealthRules {
+            per_second: 100,
+            ..RULES
+        };
+        let (spread, wide) = rules.spread(400);
+        assert_eq!(spread, 4);
+        assert_eq!(wide.serving, RULES.serving + Duration::from_secs(6));
+        let r = replica();
+        let checked = |r: &Replica| (0..8).filter(|_| r.check_due(spread)).count();
+        assert_eq!(checked(&r), 8, "not up yet: every round");
+        let t = Instant::now();
+        r.on_check(true, false, t, &RULES);
+        r.on_check(true, false, t, &RULES);
+        assert_eq!(checked(&r), 2, "live: one round in four");
     }
 }

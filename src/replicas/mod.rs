@@ -35,6 +35,7 @@ use crate::metrics::{Ejection, Metrics, ReplicaCounters};
 use crate::policy::{ReplicaId, ReplicaState};
 
 mod health;
+pub mod probes;
 mod replica;
 mod view;
 

@@ -85,6 +85,9 @@ pub struct Replica {
     /// Checks failed in a row (counted ones) and passed in a row.
     pub(super) checks_failed: AtomicU32,
     pub(super) checks_passed: AtomicU32,
+    /// Health-check rounds that came to it (checked or, past the probes'
+    /// budget, not).
+    pub(super) check_rounds: AtomicU32,
     /// The checks have brought it up at least once since it joined.
     pub(super) up_once: AtomicBool,
     /// When it joined; `answered_ms` is counted from here.
@@ -154,6 +157,7 @@ impl Replica {
             checked: AtomicBool::new(false),
             checks_failed: AtomicU32::new(0),
             checks_passed: AtomicU32::new(0),
+            check_rounds: AtomicU32::new(0),
             up_once: AtomicBool::new(false),
             joined: Instant::now(),
             answered_ms: AtomicU64::new(0),

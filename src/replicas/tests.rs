@@ -236,6 +236,8 @@ const CHECKS: HealthRules = HealthRules {
     fall: 1,
     rise: 1,
     serving: Duration::ZERO,
+    interval: Duration::from_secs(1),
+    per_second: 0,
 };
 
 const RULES: OutlierRules = OutlierRules {
