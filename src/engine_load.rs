@@ -184,7 +184,7 @@ impl EngineLoadWatch {
         let list = self.reader.replicas.snapshot();
         let spread = probes::spread(list.len(), self.interval, self.per_second);
         let mut reads = tokio::task::JoinSet::new();
-        for r in list.iter().filter(|r| probes::turn(r.id.0, round, spread)) {
+        for r in list.iter().filter(|r| r.read_due(round, spread)) {
             let (reader, r, limit) = (Arc::clone(&self.reader), Arc::clone(r), self.interval);
             reads.spawn(async move {
                 // The router's own requests there as the engine counts them.

@@ -222,7 +222,7 @@ fn past_the_probe_budget_live_replicas_take_turns_and_a_down_one_is_checked_ever
     let all: Vec<&Sim> = sims.iter().collect();
     // Five replicas, rounds every 100 ms, at most 5 checks (and engine
     // reads) a second: half a probe a round, so each live replica's turn
-    // comes one round in ten.
+    // comes one round in ten (a read: once a second).
     let router = Router::start(
         &all,
         "health_check: {interval_ms: 100, max_per_second: 5}\n\
@@ -248,19 +248,26 @@ fn past_the_probe_budget_live_replicas_take_turns_and_a_down_one_is_checked_ever
     // Twenty rounds, counted by the down replica's checks: it is checked in
     // every one (it must be seen to come back at once).
     let failed = checks("e", "fail");
+    let started = std::time::Instant::now();
     wait_for(
         "twenty checks of the down replica",
         Duration::from_secs(30),
         || (checks("e", "fail") >= failed + 20.0).then_some(()),
     );
+    let seconds = started.elapsed().as_secs_f64();
     for (name, (passed, read)) in live.iter().zip(before) {
         // Two turns in twenty rounds (every round: twenty).
         let passed = checks(name, "pass") - passed;
-        assert!(passed <= 5.0, "{name} checked {passed} times in 20 rounds");
+        assert!(
+            (1.0..=5.0).contains(&passed),
+            "{name} checked {passed} times in 20 rounds"
+        );
+        // About once a second (every round: ten times a second); rounds
+        // only slow down under load.
         let read = reads(name) - read;
         assert!(
-            read <= 6.0,
-            "{name}'s engine read {read} times in 20 rounds"
+            read <= 2.0 * seconds + 2.0,
+            "{name}'s engine read {read} times in {seconds:.1} s"
         );
     }
     sims[4].set_healthy(true);

@@ -8,7 +8,8 @@
 //! says it is unhealthy, or one being drained by its `/health`). A passing
 //! check also ends an ejection whose time is up. Past the probes' budget
 //! (`max_per_second`) a live replica is checked in its turn of every few
-//! rounds ([`super::probes`]); one that is not live, every round.
+//! rounds ([`super::probes`]); one that is not live, or whose last check
+//! failed, every round.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -38,7 +39,8 @@ impl HealthRules {
     /// these rules with the serving window as many rounds wide.
     pub fn spread(&self, replicas: usize) -> (u32, HealthRules) {
         let spread = probes::spread(replicas, self.interval, self.per_second);
-        let more = self.interval.saturating_mul(2 * (spread - 1));
+        let rounds = spread.saturating_sub(1).saturating_mul(2);
+        let more = self.interval.saturating_mul(rounds);
         let serving = self.serving.saturating_add(more);
         (spread, HealthRules { serving, ..*self })
     }
@@ -82,10 +84,20 @@ impl Replica {
     }
 
     /// Whether this health-check round checks it: every round while it is
-    /// not live, else its turn of every `spread`.
+    /// not live or its last check failed (so it goes down after its
+    /// failures in a row, not after as many turns), else its turn of every
+    /// `spread`.
     pub fn check_due(&self, spread: u32) -> bool {
         let round = self.check_rounds.fetch_add(1, Relaxed);
-        !self.live() || probes::turn(self.id.0, round, spread)
+        !self.live()
+            || self.checks_failed.load(Relaxed) > 0
+            || probes::turn(self.name_hash, round, spread)
+    }
+
+    /// Whether the engine-load reader's `round` reads it, reading each
+    /// replica once in `spread` rounds.
+    pub fn read_due(&self, round: u32, spread: u32) -> bool {
+        probes::turn(self.name_hash, round, spread)
     }
 
     /// The checks have brought it up at least once since it joined.
@@ -227,5 +239,8 @@ mod tests {
         r.on_check(true, false, t, &RULES);
         r.on_check(true, false, t, &RULES);
         assert_eq!(checked(&r), 2, "live: one round in four");
+        r.on_check(false, false, t, &RULES);
+        assert!(r.live(), "one failure of three");
+        assert_eq!(checked(&r), 8, "its last check failed: every round");
     }
 }

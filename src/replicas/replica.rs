@@ -197,6 +197,7 @@ impl Replica {
         let counts = [
             (&r.checks_failed, &self.checks_failed),
             (&r.checks_passed, &self.checks_passed),
+            (&r.check_rounds, &self.check_rounds),
             (&r.consecutive, &self.consecutive),
             (&r.engine_unseen, &self.engine_unseen),
             (&r.engine_kv_permille, &self.engine_kv_permille),
