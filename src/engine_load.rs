@@ -163,17 +163,22 @@ impl EngineLoadWatch {
         (peer, connector): (HttpPeer, HttpConnector),
         metrics: Arc<Metrics>,
     ) -> pingora_core::Result<Self> {
-        let interval = config::ms(load.interval_ms);
-        // Kept between reads, past the rounds of a replica's turns.
-        let idle = KEEP_IDLE;
+        // Connections kept between reads, past the rounds of a replica's turns.
+        let page = OwnGet::new(
+            &load.path,
+            host,
+            (peer, connector),
+            KEEP_IDLE,
+            MAX_PAGE_BYTES,
+        )?;
         Ok(Self {
             reader: Arc::new(Reader {
                 replicas,
-                page: OwnGet::new(&load.path, host, (peer, connector), idle, MAX_PAGE_BYTES)?,
+                page,
                 metrics,
                 misses: Mutex::new(HashMap::new()),
             }),
-            interval,
+            interval: config::ms(load.interval_ms),
             per_second: load.max_per_second,
         })
     }
