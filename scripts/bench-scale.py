@@ -70,7 +70,7 @@ _spec.loader.exec_module(bp)
 ROOT, Procs, tree, cpu_s, status_kib, free_port, write = bp.ROOT, bp.Procs, bp.tree, bp.cpu_s, bp.status_kib, bp.free_port, bp.write
 
 ARMS = ["router", "smg"]
-PARTS = ["replicas", "probes", "streams", "conversations", "prompts", "fleet"]
+PARTS = ["replicas", "flat", "probes", "streams", "conversations", "prompts", "fleet"]
 # The router's probe schedules on the probes curve: name, what, config lines.
 # Each within its default budget (`max_per_second`: 250 checks, 500 reads).
 ALL_PROBES = ["health_check: {interval_ms: 1000}", "engine_load: {interval_ms: 500}"]
@@ -98,7 +98,8 @@ def probes_per_s(lines, n):
         total += n / max(spread, 1) / interval
     return total
 # What the report says of how a run was made (kept in scale.json).
-RUN_ARGS = ["duration", "idle", "settle", "rate", "window", "probe", "rounds"]
+RUN_ARGS = ["duration", "idle", "settle", "rate", "window", "probe", "rounds", "cycles", "leg", "max_steal",
+            "steal_tries"]
 MARK_BEGIN, MARK_END = "<!-- scale bench -->", "<!-- /scale bench -->"
 NAMES = {"router": "prefix-router", "smg": "SMG cache_aware", "direct": "stub direct",
          "router-nockpt": "prefix-router, no checkpoints"}
@@ -341,6 +342,108 @@ def replicas_point(a, procs, work, lua, arm, n, ports, direct):
              "requests": r["requests"], "errors": r["bad"] + r["errors"]}
     stop(procs, info["proc"])
     return point
+
+
+def signal_all(pids, sig):
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stolen(cpus):
+    """Ticks the hypervisor took from these CPUs (`/proc/stat`'s steal)."""
+    total = 0
+    for line in open("/proc/stat"):
+        f = line.split()
+        if f[0].startswith("cpu") and f[0][3:] in cpus:
+            total += int(f[8])
+    return total
+
+
+def flat_leg(a, s, lua):
+    """One leg against an arm (warm-up, 16 connections, one connection),
+    run again (after a pause) while the hypervisor took more than
+    `max_steal` of the proxy CPU: on this shared host it has taken up to
+    70 % of it for minutes, which no ratio survives."""
+    port, cpus = s["info"]["port"], set(a.proxy_cpu.split(","))
+    for attempt in range(a.steal_tries):
+        wrk(a, port, lua, 16, 1)
+        c0, t0, st0 = cpu_s(s["pids"]), time.time(), stolen(cpus)
+        r = wrk(a, port, lua, 16, a.leg)
+        cpu, steal = cpu_s(s["pids"]) - c0, (stolen(cpus) - st0) / bp.TICK / (time.time() - t0) / len(cpus)
+        one = wrk(a, port, lua, 1, a.leg)
+        if steal <= a.max_steal:
+            break
+        time.sleep(3)
+    return {"cpu_us_per_req": cpu / max(1, r["good"]) * 1e6, "p50_us": r["p50_us"], "one_p50_us": one["p50_us"],
+            "steal": steal, "tries": attempt + 1, "requests": r["requests"] + one["requests"],
+            "errors": r["bad"] + r["errors"] + one["bad"] + one["errors"]}
+
+
+def flat_part(a, procs, work, lua):
+    """The flatness goal, paired: per arm, one instance in front of each
+    size's stubs, all started at once; each cycle sends wrk to every size in
+    turn (the order reversed every other cycle), the others stopped
+    (SIGSTOP: their probes neither run nor take the CPU), so a cycle's
+    ratios to the smallest size see one state of this noisy machine. A leg:
+    1 s of warm-up, `leg` s at 16 connections (CPU per request, p50 at
+    saturation), `leg` s at one connection (p50 with the arm otherwise
+    idle); each cycle also times one stub direct at one connection. A cycle
+    in which a leg lost more than `max_steal` of the proxy CPU to the
+    hypervisor, after `steal_tries`, counts in no ratio."""
+    points = []
+    for arm in a.arms:
+        started, skipped = [], None
+        try:
+            for n in a.replicas:
+                stubs, ports = start_stubs(procs, a, f"flat-stubs-{arm}-{n}", n, 4, 0)
+                info, why = start_arm(procs, a, work, arm, ports, tag=f"flat-{arm}-{n}")
+                if not info:
+                    skipped = why
+                    break
+                pids = pids_of(info)
+                signal_all(pids, 19)  # SIGSTOP
+                started.append({"n": n, "info": info, "pids": pids, "stubs": stubs, "port0": ports[0], "legs": []})
+            if skipped:
+                points += [{"arm": arm, "replicas": n, "skipped": skipped} for n in a.replicas]
+                continue
+            for c in range(a.cycles):
+                d = wrk(a, started[0]["port0"], lua, 1, a.leg)
+                for s in (started if c % 2 == 0 else started[::-1]):
+                    signal_all(s["pids"], 18)  # SIGCONT
+                    leg = flat_leg(a, s, lua)
+                    signal_all(s["pids"], 19)
+                    leg["one_added_us"] = leg["one_p50_us"] - d["p50_us"]
+                    s["legs"].append(leg)
+                print(json.dumps({"flat": arm, "cycle": c, "cpu": [round(s["legs"][-1]["cpu_us_per_req"], 1)
+                                                                  for s in started],
+                                  "steal": [round(s["legs"][-1]["steal"], 2) for s in started]}), file=sys.stderr)
+        finally:
+            for s in started:
+                signal_all(s["pids"], 18)
+                stop(procs, s["info"]["proc"])
+                stop(procs, s["stubs"])
+        clean = [all(s["legs"][c]["steal"] <= a.max_steal for s in started) for c in range(len(started[0]["legs"]))]
+        base = started[0]["legs"]
+        for s in started:
+            legs = [x for x, ok in zip(s["legs"], clean) if ok]
+            pairs = [(x, b) for x, b, ok in zip(s["legs"], base, clean) if ok]
+            point = {"arm": arm, "replicas": s["n"], "cycles": len(s["legs"]), "clean_cycles": len(legs),
+                     "tries": sum(x["tries"] for x in s["legs"]),
+                     "steal": statistics.median(x["steal"] for x in s["legs"]),
+                     "requests": sum(x["requests"] for x in s["legs"]),
+                     "errors": sum(x["errors"] for x in s["legs"])}
+            for k in ("cpu_us_per_req", "p50_us", "one_p50_us", "one_added_us"):
+                point[k] = statistics.median(x[k] for x in legs) if legs else None
+                ratios = sorted(x[k] / b[k] for x, b in pairs if b[k] > 0)
+                point[k + "_ratio"] = statistics.median(ratios) if ratios else None
+                # The middle half of the cycles' ratios.
+                q = len(ratios) // 4
+                point[k + "_iqr"] = (ratios[q], ratios[-1 - q]) if ratios else None
+            points.append(point)
+    return points
 
 
 def probes_point(a, procs, work, arm, n, ports, schedule):
@@ -718,6 +821,30 @@ def doc(a, run, made):
     out += table(["arm", "replicas", "idle CPU (cores)", "req/s", "p50", "p99", "p50 added", "CPU-µs/req",
                   "less idle", "per round", "÷ smallest", "RSS MiB", "scrape", "scrape ms", "requests", "errors"],
                  rep_points, lambda p: [NAMES[p["arm"]], f"{p['replicas']:,}"], replicas_row)
+    if run.get("flat"):
+        cycles = max(p.get("cycles", 0) for p in run["flat"])
+        out += ["\n## Flatness, paired\n",
+                f"Each arm started once in front of each size's stubs, all at once; {cycles} cycles, each "
+                "sending wrk to every size in turn (order reversed every other cycle) while the others are "
+                f"stopped (SIGSTOP). A leg: 1 s of warm-up, {a.leg} s at 16 connections (CPU-µs per "
+                f"request, p50 at saturation), {a.leg} s at one connection (p50, and p50 added over a stub "
+                "direct timed in the same cycle). A leg that lost more than "
+                f"{a.max_steal:.0%} of the proxy CPU to the hypervisor (`/proc/stat`'s steal) is run again "
+                f"after a pause, up to {a.steal_tries} times; a cycle with a leg still over it counts in no "
+                "figure (`clean`: cycles counted of those run; `steal`: the median share taken). Figures "
+                "are medians over clean cycles; `÷ smallest` is the median over them of the figure over "
+                "the same cycle's at the smallest size, with the middle half of those ratios.\n"]
+
+        def ratio(p, k):
+            r, q = p.get(k + "_ratio"), p.get(k + "_iqr")
+            return "—" if r is None else f"{r:.2f} ({q[0]:.2f}–{q[1]:.2f})"
+        out += table(["arm", "replicas", "clean", "steal", "CPU-µs/req", "÷ smallest", "p50, 16 conns",
+                      "÷ smallest", "p50 added, 1 conn", "÷ smallest", "requests", "errors"], run["flat"],
+                     lambda p: [NAMES[p["arm"]], f"{p['replicas']:,}"],
+                     lambda p: [f"{p['clean_cycles']} of {p['cycles']}", f"{p['steal']:.0%}",
+                                fmt(p["cpu_us_per_req"], ".1f"), ratio(p, "cpu_us_per_req"),
+                                fmt(p["p50_us"]) + " µs", ratio(p, "p50_us"), fmt(p["one_added_us"]) + " µs",
+                                ratio(p, "one_added_us"), f"{p['requests']:,}", f"{p['errors']}"])
     if run.get("probes"):
         out += ["\n## Probes: idle CPU by schedule\n",
                 f"Each arm alone in front of the stubs, idle CPU over {a.idle} s after {a.settle} s of "
@@ -824,6 +951,11 @@ def parse_args():
     ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--duration", type=int, default=5, help="seconds of wrk per replicas point")
     ap.add_argument("--rounds", type=int, default=3, help="sweeps of the replicas curve")
+    ap.add_argument("--cycles", type=int, default=12, help="cycles of the paired flatness part")
+    ap.add_argument("--leg", type=int, default=2, help="seconds of wrk per leg of the flatness part")
+    ap.add_argument("--max-steal", type=float, default=0.1,
+                    help="share of the proxy CPU the hypervisor may take in a flatness leg")
+    ap.add_argument("--steal-tries", type=int, default=4, help="runs of a flatness leg while it is stolen")
     ap.add_argument("--idle", type=float, default=5, help="seconds of idle CPU measured per replicas point")
     ap.add_argument("--settle", type=float, default=3, help="seconds after an arm is ready")
     ap.add_argument("--rate", type=float, default=1000, help="streams opened per second")
@@ -841,7 +973,7 @@ def parse_args():
     a = ap.parse_args()
     if a.quick:
         a.replicas, a.streams, a.duration, a.idle, a.settle, a.window, a.probe = "2,16", "100", 2, 1, 1, 2, 1
-        a.rounds = 1
+        a.rounds, a.cycles, a.leg = 1, 2, 1
         a.conversations, a.prompt_kib, a.fleet_conversations = "1000", "4,40", 1000
     a.replicas = [int(x) for x in a.replicas.split(",")]
     a.streams = [int(x) for x in a.streams.split(",")]
@@ -903,6 +1035,9 @@ def main():
                 for arm in a.arms:
                     keep("replicas", {**replicas_point(a, procs, work, lua, arm, n, ports, d), "round": rnd})
                 stop(procs, stubs)
+        if "flat" in a.parts:
+            for p in flat_part(a, procs, work, lua):
+                keep("flat", p)
         if "probes" in a.parts:
             for n in a.replicas:
                 stubs, ports = start_stubs(procs, a, f"stubs-{n}", n, 4, 0)
