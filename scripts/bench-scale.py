@@ -352,14 +352,17 @@ def signal_all(pids, sig):
             pass
 
 
-def stolen(cpus):
-    """Ticks the hypervisor took from these CPUs (`/proc/stat`'s steal)."""
-    total = 0
+def cpu_ticks(cpus):
+    """Ticks of these CPUs (`/proc/stat`): (busy, steal). Busy is every
+    tick but idle, iowait and steal."""
+    busy = steal = 0
     for line in open("/proc/stat"):
         f = line.split()
         if f[0].startswith("cpu") and f[0][3:] in cpus:
-            total += int(f[8])
-    return total
+            t = [int(x) for x in f[1:9]]
+            busy += sum(t) - t[3] - t[4] - t[7]
+            steal += t[7]
+    return busy, steal
 
 
 def flat_leg(a, s, lua):
@@ -367,18 +370,21 @@ def flat_leg(a, s, lua):
     run again (after a pause) while the hypervisor took more than
     `max_steal` of the proxy CPU: on this shared host it has taken up to
     70 % of it for minutes, which no ratio survives."""
-    port, cpus = s["info"]["port"], set(a.proxy_cpu.split(","))
+    port, cpus, load = s["info"]["port"], set(a.proxy_cpu.split(",")), set(a.load_cpus.split(","))
     for attempt in range(a.steal_tries):
         wrk(a, port, lua, 16, 1)
-        c0, t0, st0 = cpu_s(s["pids"]), time.time(), stolen(cpus)
+        c0, t0, (_, st0), (lb0, _) = cpu_s(s["pids"]), time.time(), cpu_ticks(cpus), cpu_ticks(load)
         r = wrk(a, port, lua, 16, a.leg)
-        cpu, steal = cpu_s(s["pids"]) - c0, (stolen(cpus) - st0) / bp.TICK / (time.time() - t0) / len(cpus)
+        wall, cpu = time.time() - t0, cpu_s(s["pids"]) - c0
+        steal = (cpu_ticks(cpus)[1] - st0) / bp.TICK / wall / len(cpus)
+        load_busy = (cpu_ticks(load)[0] - lb0) / bp.TICK / wall / len(load)
         one = wrk(a, port, lua, 1, a.leg)
         if steal <= a.max_steal:
             break
         time.sleep(3)
     return {"cpu_us_per_req": cpu / max(1, r["good"]) * 1e6, "p50_us": r["p50_us"], "one_p50_us": one["p50_us"],
-            "steal": steal, "tries": attempt + 1, "requests": r["requests"] + one["requests"],
+            "busy": cpu / wall, "load_busy": load_busy, "steal": steal, "tries": attempt + 1,
+            "requests": r["requests"] + one["requests"],
             "errors": r["bad"] + r["errors"] + one["bad"] + one["errors"]}
 
 
@@ -402,6 +408,7 @@ def flat_part(a, procs, work, lua):
                 info, why = start_arm(procs, a, work, arm, ports, tag=f"flat-{arm}-{n}")
                 if not info:
                     skipped = why
+                    stop(procs, stubs)
                     break
                 pids = pids_of(info)
                 signal_all(pids, 19)  # SIGSTOP
@@ -435,6 +442,8 @@ def flat_part(a, procs, work, lua):
                      "steal": statistics.median(x["steal"] for x in s["legs"]),
                      "requests": sum(x["requests"] for x in s["legs"]),
                      "errors": sum(x["errors"] for x in s["legs"])}
+            for k in ("busy", "load_busy"):
+                point[k] = statistics.median(x[k] for x in legs) if legs else None
             for k in ("cpu_us_per_req", "p50_us", "one_p50_us", "one_added_us"):
                 point[k] = statistics.median(x[k] for x in legs) if legs else None
                 ratios = sorted(x[k] / b[k] for x, b in pairs if b[k] > 0)
@@ -831,17 +840,20 @@ def doc(a, run, made):
                 "direct timed in the same cycle). A leg that lost more than "
                 f"{a.max_steal:.0%} of the proxy CPU to the hypervisor (`/proc/stat`'s steal) is run again "
                 f"after a pause, up to {a.steal_tries} times; a cycle with a leg still over it counts in no "
-                "figure (`clean`: cycles counted of those run; `steal`: the median share taken). Figures "
+                "figure (`clean`: cycles counted of those run; `steal`: the median share taken; `busy`: the "
+                "arm's CPU time over the 16-connection run's wall time, and the load CPUs' (wrk and the "
+                "stubs): an arm well under 100 % was not saturated). Figures "
                 "are medians over clean cycles; `÷ smallest` is the median over them of the figure over "
                 "the same cycle's at the smallest size, with the middle half of those ratios.\n"]
 
         def ratio(p, k):
             r, q = p.get(k + "_ratio"), p.get(k + "_iqr")
             return "—" if r is None else f"{r:.2f} ({q[0]:.2f}–{q[1]:.2f})"
-        out += table(["arm", "replicas", "clean", "steal", "CPU-µs/req", "÷ smallest", "p50, 16 conns",
+        out += table(["arm", "replicas", "clean", "steal", "busy: arm / load", "CPU-µs/req", "÷ smallest", "p50, 16 conns",
                       "÷ smallest", "p50 added, 1 conn", "÷ smallest", "requests", "errors"], run["flat"],
                      lambda p: [NAMES[p["arm"]], f"{p['replicas']:,}"],
                      lambda p: [f"{p['clean_cycles']} of {p['cycles']}", f"{p['steal']:.0%}",
+                                "—" if p.get("busy") is None else f"{p['busy']:.0%} / {p['load_busy']:.0%}",
                                 fmt(p["cpu_us_per_req"], ".1f"), ratio(p, "cpu_us_per_req"),
                                 fmt(p["p50_us"]) + " µs", ratio(p, "p50_us"), fmt(p["one_added_us"]) + " µs",
                                 ratio(p, "one_added_us"), f"{p['requests']:,}", f"{p['errors']}"])

@@ -36,7 +36,8 @@ pub struct HealthRules {
 
 impl HealthRules {
     /// Rounds between a live replica's checks in a fleet of `replicas`, and
-    /// these rules with the serving window as many rounds wide.
+    /// these rules with the serving window widened by two turns (the
+    /// rounds a turn adds, twice: it spans two checks as before).
     pub fn spread(&self, replicas: usize) -> (u32, HealthRules) {
         let spread = probes::spread(replicas, self.interval, self.per_second);
         let rounds = spread.saturating_sub(1).saturating_mul(2);
