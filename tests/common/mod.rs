@@ -4,6 +4,7 @@
 //! event by event.
 #![allow(dead_code)]
 
+mod accept;
 pub mod http;
 pub mod kv;
 mod raw;
@@ -53,6 +54,8 @@ pub struct Sim {
     /// With `--kv-events-port`: its KV events' ports (publisher, replay),
     /// declared to the router too.
     pub kv_events: Option<(u16, u16)>,
+    /// `--backlog` when given: how many connections its accept queue holds.
+    backlog: Option<u32>,
     child: Child,
 }
 
@@ -93,11 +96,14 @@ impl Sim {
             .strip_prefix("listening on ")
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("replica-sim said {line:?}"));
-        let kv_tokens = args
-            .iter()
-            .position(|a| *a == "--kv-tokens")
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok());
+        let flag = |name: &str| {
+            args.iter()
+                .position(|a| *a == name)
+                .and_then(|i| args.get(i + 1))
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        let kv_tokens = flag("--kv-tokens");
+        let backlog = flag("--backlog").and_then(|b| u32::try_from(b).ok());
         // `--kv-events-port`: its publisher's and replay socket's ports.
         let kv_events = args.contains(&"--kv-events-port").then(|| {
             let mut line = String::new();
@@ -114,6 +120,7 @@ impl Sim {
             addr,
             kv_tokens,
             kv_events,
+            backlog,
             child,
         }
     }
@@ -132,28 +139,6 @@ impl Sim {
     /// Completion requests that reached the simulator, answered or not.
     pub fn received(&self) -> u64 {
         self.stats()["received"].as_u64().expect("received")
-    }
-
-    /// Stops accepting connections and fills the accept queue (start the sim
-    /// with a short `--backlog`), so connects time out as on an overloaded
-    /// host. The returned handle resumes it, over a connection opened first.
-    pub fn pause_accept(&self) -> Paused {
-        let mut control = std::net::TcpStream::connect(self.addr).expect("control connection");
-        control
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("timeout");
-        http::keepalive_post(&mut control, "/sim/accept?paused=true");
-        let mut queued = Vec::new();
-        while let Ok(s) =
-            std::net::TcpStream::connect_timeout(&self.addr, Duration::from_millis(300))
-        {
-            queued.push(s);
-            assert!(
-                queued.len() < 64,
-                "the accept queue never filled: use --backlog"
-            );
-        }
-        Paused { control, queued }
     }
 
     /// Makes `/health` answer 200 (`true`) or 503.
@@ -190,20 +175,6 @@ impl Sim {
 impl Drop for Sim {
     fn drop(&mut self) {
         self.kill();
-    }
-}
-
-/// A simulator that stopped accepting connections; see [`Sim::pause_accept`].
-pub struct Paused {
-    control: std::net::TcpStream,
-    queued: Vec<std::net::TcpStream>,
-}
-
-impl Paused {
-    /// Accepts connections again.
-    pub fn resume(mut self) {
-        http::keepalive_post(&mut self.control, "/sim/accept?paused=false");
-        self.queued.clear();
     }
 }
 
