@@ -365,6 +365,21 @@ def cpu_ticks(cpus):
     return busy, steal
 
 
+def user_s(pids):
+    """utime of these processes (all their threads), seconds: the arm's own
+    code, without the kernel's work for its sockets. On loopback that work
+    includes the receiver's: a write runs the peer's TCP receive and wakes
+    it, across CPUs an interprocessor interrupt, a hypervisor exit here."""
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                total += int(f.read().rsplit(")", 1)[1].split()[11])
+        except OSError:
+            pass
+    return total / bp.TICK
+
+
 def flat_leg(a, s, lua):
     """One leg against an arm (warm-up, 16 connections, one connection),
     run again (after a pause) while the hypervisor took more than
@@ -373,16 +388,18 @@ def flat_leg(a, s, lua):
     port, cpus, load = s["info"]["port"], set(a.proxy_cpu.split(",")), set(a.load_cpus.split(","))
     for attempt in range(a.steal_tries):
         wrk(a, port, lua, 16, 1)
-        c0, t0, (_, st0), (lb0, _) = cpu_s(s["pids"]), time.time(), cpu_ticks(cpus), cpu_ticks(load)
+        c0, u0, t0 = cpu_s(s["pids"]), user_s(s["pids"]), time.time()
+        (_, st0), (lb0, _) = cpu_ticks(cpus), cpu_ticks(load)
         r = wrk(a, port, lua, 16, a.leg)
-        wall, cpu = time.time() - t0, cpu_s(s["pids"]) - c0
+        wall, cpu, user = time.time() - t0, cpu_s(s["pids"]) - c0, user_s(s["pids"]) - u0
         steal = (cpu_ticks(cpus)[1] - st0) / bp.TICK / wall / len(cpus)
         load_busy = (cpu_ticks(load)[0] - lb0) / bp.TICK / wall / len(load)
         one = wrk(a, port, lua, 1, a.leg)
         if steal <= a.max_steal:
             break
         time.sleep(3)
-    return {"cpu_us_per_req": cpu / max(1, r["good"]) * 1e6, "p50_us": r["p50_us"], "one_p50_us": one["p50_us"],
+    return {"cpu_us_per_req": cpu / max(1, r["good"]) * 1e6, "user_us_per_req": user / max(1, r["good"]) * 1e6,
+            "p50_us": r["p50_us"], "one_p50_us": one["p50_us"],
             "busy": cpu / wall, "load_busy": load_busy, "steal": steal, "tries": attempt + 1,
             "requests": r["requests"] + one["requests"],
             "errors": r["bad"] + r["errors"] + one["bad"] + one["errors"]}
@@ -444,7 +461,7 @@ def flat_part(a, procs, work, lua):
                      "errors": sum(x["errors"] for x in s["legs"])}
             for k in ("busy", "load_busy"):
                 point[k] = statistics.median(x[k] for x in legs) if legs else None
-            for k in ("cpu_us_per_req", "p50_us", "one_p50_us", "one_added_us"):
+            for k in ("cpu_us_per_req", "user_us_per_req", "p50_us", "one_p50_us", "one_added_us"):
                 point[k] = statistics.median(x[k] for x in legs) if legs else None
                 ratios = sorted(x[k] / b[k] for x, b in pairs if b[k] > 0)
                 point[k + "_ratio"] = statistics.median(ratios) if ratios else None
@@ -842,19 +859,22 @@ def doc(a, run, made):
                 f"after a pause, up to {a.steal_tries} times; a cycle with a leg still over it counts in no "
                 "figure (`clean`: cycles counted of those run; `steal`: the median share taken; `busy`: the "
                 "arm's CPU time over the 16-connection run's wall time, and the load CPUs' (wrk and the "
-                "stubs): an arm well under 100 % was not saturated). Figures "
+                "stubs): an arm well under 100 % was not saturated; `user`: its CPU in user mode, its own code "
+                "without the kernel's work for its sockets, which on loopback includes the receiving side's). Figures "
                 "are medians over clean cycles; `÷ smallest` is the median over them of the figure over "
                 "the same cycle's at the smallest size, with the middle half of those ratios.\n"]
 
         def ratio(p, k):
             r, q = p.get(k + "_ratio"), p.get(k + "_iqr")
             return "—" if r is None else f"{r:.2f} ({q[0]:.2f}–{q[1]:.2f})"
-        out += table(["arm", "replicas", "clean", "steal", "busy: arm / load", "CPU-µs/req", "÷ smallest", "p50, 16 conns",
+        out += table(["arm", "replicas", "clean", "steal", "busy: arm / load", "CPU-µs/req", "÷ smallest",
+                      "user CPU-µs/req", "÷ smallest", "p50, 16 conns",
                       "÷ smallest", "p50 added, 1 conn", "÷ smallest", "requests", "errors"], run["flat"],
                      lambda p: [NAMES[p["arm"]], f"{p['replicas']:,}"],
                      lambda p: [f"{p['clean_cycles']} of {p['cycles']}", f"{p['steal']:.0%}",
                                 "—" if p.get("busy") is None else f"{p['busy']:.0%} / {p['load_busy']:.0%}",
                                 fmt(p["cpu_us_per_req"], ".1f"), ratio(p, "cpu_us_per_req"),
+                                fmt(p.get("user_us_per_req"), ".1f"), ratio(p, "user_us_per_req"),
                                 fmt(p["p50_us"]) + " µs", ratio(p, "p50_us"), fmt(p["one_added_us"]) + " µs",
                                 ratio(p, "one_added_us"), f"{p['requests']:,}", f"{p['errors']}"])
     if run.get("probes"):
