@@ -174,14 +174,15 @@ def tree(pid):
     return out
 
 
-def cpu_s(pids):
-    """utime+stime of these processes (all their threads, live or exited), seconds."""
+def cpu_s(pids, user_only=False):
+    """utime+stime (utime alone with `user_only`) of these processes (all
+    their threads, live or exited), seconds."""
     total = 0
     for p in pids:
         try:
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
+            total += int(fields[11]) + (0 if user_only else int(fields[12]))
         except OSError:
             pass
     return total / TICK

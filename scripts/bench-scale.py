@@ -365,21 +365,6 @@ def cpu_ticks(cpus):
     return busy, steal
 
 
-def user_s(pids):
-    """utime of these processes (all their threads), seconds: the arm's own
-    code, without the kernel's work for its sockets. On loopback that work
-    includes the receiver's: a write runs the peer's TCP receive and wakes
-    it, across CPUs an interprocessor interrupt, a hypervisor exit here."""
-    total = 0
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                total += int(f.read().rsplit(")", 1)[1].split()[11])
-        except OSError:
-            pass
-    return total / bp.TICK
-
-
 def flat_leg(a, s, lua):
     """One leg against an arm (warm-up, 16 connections, one connection),
     run again (after a pause) while the hypervisor took more than
@@ -388,10 +373,14 @@ def flat_leg(a, s, lua):
     port, cpus, load = s["info"]["port"], set(a.proxy_cpu.split(",")), set(a.load_cpus.split(","))
     for attempt in range(a.steal_tries):
         wrk(a, port, lua, 16, 1)
-        c0, u0, t0 = cpu_s(s["pids"]), user_s(s["pids"]), time.time()
+        # User mode apart: the arm's own code, without the kernel's work
+        # for its sockets, which on loopback includes the receiver's (a
+        # write runs the peer's TCP receive and wakes it: across CPUs an
+        # interprocessor interrupt, a hypervisor exit here).
+        c0, u0, t0 = cpu_s(s["pids"]), cpu_s(s["pids"], user_only=True), time.time()
         (_, st0), (lb0, _) = cpu_ticks(cpus), cpu_ticks(load)
         r = wrk(a, port, lua, 16, a.leg)
-        wall, cpu, user = time.time() - t0, cpu_s(s["pids"]) - c0, user_s(s["pids"]) - u0
+        wall, cpu, user = time.time() - t0, cpu_s(s["pids"]) - c0, cpu_s(s["pids"], user_only=True) - u0
         steal = (cpu_ticks(cpus)[1] - st0) / bp.TICK / wall / len(cpus)
         load_busy = (cpu_ticks(load)[0] - lb0) / bp.TICK / wall / len(load)
         one = wrk(a, port, lua, 1, a.leg)
