@@ -57,6 +57,7 @@ import math
 import os
 import re
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -417,7 +418,7 @@ def flat_part(a, procs, work, lua):
                     stop(procs, stubs)
                     break
                 pids = pids_of(info)
-                signal_all(pids, 19)  # SIGSTOP
+                signal_all(pids, signal.SIGSTOP)
                 started.append({"n": n, "info": info, "pids": pids, "stubs": stubs, "port0": ports[0], "legs": []})
             if skipped:
                 points += [{"arm": arm, "replicas": n, "skipped": skipped} for n in a.replicas]
@@ -425,9 +426,9 @@ def flat_part(a, procs, work, lua):
             for c in range(a.cycles):
                 d = wrk(a, started[0]["port0"], lua, 1, a.leg)
                 for s in (started if c % 2 == 0 else started[::-1]):
-                    signal_all(s["pids"], 18)  # SIGCONT
+                    signal_all(s["pids"], signal.SIGCONT)
                     leg = flat_leg(a, s, lua)
-                    signal_all(s["pids"], 19)
+                    signal_all(s["pids"], signal.SIGSTOP)
                     leg["one_added_us"] = leg["one_p50_us"] - d["p50_us"]
                     s["legs"].append(leg)
                 print(json.dumps({"flat": arm, "cycle": c, "cpu": [round(s["legs"][-1]["cpu_us_per_req"], 1)
@@ -435,11 +436,12 @@ def flat_part(a, procs, work, lua):
                                   "steal": [round(s["legs"][-1]["steal"], 2) for s in started]}), file=sys.stderr)
         finally:
             for s in started:
-                signal_all(s["pids"], 18)
+                signal_all(s["pids"], signal.SIGCONT)
                 stop(procs, s["info"]["proc"])
                 stop(procs, s["stubs"])
         clean = [all(s["legs"][c]["steal"] <= a.max_steal for s in started) for c in range(len(started[0]["legs"]))]
         base = started[0]["legs"]
+        paired = ("cpu_us_per_req", "user_us_per_req", "p50_us", "one_p50_us", "one_added_us")
         for s in started:
             legs = [x for x, ok in zip(s["legs"], clean) if ok]
             pairs = [(x, b) for x, b, ok in zip(s["legs"], base, clean) if ok]
@@ -448,10 +450,9 @@ def flat_part(a, procs, work, lua):
                      "steal": statistics.median(x["steal"] for x in s["legs"]),
                      "requests": sum(x["requests"] for x in s["legs"]),
                      "errors": sum(x["errors"] for x in s["legs"])}
-            for k in ("busy", "load_busy"):
+            for k in ("busy", "load_busy", *paired):
                 point[k] = statistics.median(x[k] for x in legs) if legs else None
-            for k in ("cpu_us_per_req", "user_us_per_req", "p50_us", "one_p50_us", "one_added_us"):
-                point[k] = statistics.median(x[k] for x in legs) if legs else None
+            for k in paired:
                 ratios = sorted(x[k] / b[k] for x, b in pairs if b[k] > 0)
                 point[k + "_ratio"] = statistics.median(ratios) if ratios else None
                 # The middle half of the cycles' ratios.
