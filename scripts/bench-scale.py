@@ -103,7 +103,7 @@ RUN_ARGS = ["duration", "idle", "settle", "rate", "window", "probe", "rounds", "
             "steal_tries"]
 MARK_BEGIN, MARK_END = "<!-- scale bench -->", "<!-- /scale bench -->"
 NAMES = {"router": "prefix-router", "smg": "SMG cache_aware", "direct": "stub direct",
-         "router-nockpt": "prefix-router, no checkpoints"}
+         "router-nockpt": "prefix-router, no checkpoints", "baseline": "prefix-router, --baseline binary"}
 ROUTEBENCH = os.path.join(ROOT, "target/release/routebench")
 ROUTER = os.path.join(ROOT, "target/release/prefix-router")
 # Distinct one-shot questions of about 4 KiB: a number first, so no two share
@@ -210,12 +210,17 @@ def start_stubs(procs, a, name, n, events, gap_ms):
     return p, ports
 
 
+def is_router(arm):
+    """The router's arms: this checkout's binary and `--baseline`'s."""
+    return arm in ("router", "baseline")
+
+
 def start_arm(procs, a, work, arm, ports, max_requests=None, extra=(), tag=None, probes=ALL_PROBES):
     """The arm in front of `ports`; `max_requests`: its bound on requests in
     flight, raised for the open-streams curve (both default to about 4,096);
     `extra`: lines of the router's config; `probes`: its probe schedule."""
     port, mport = free_port(), free_port()
-    if arm == "router":
+    if is_router(arm):
         lines = [f'listen: "127.0.0.1:{port}"', f'metrics_listen: "127.0.0.1:{mport}"', "policy: shape",
                  "threads: 1", *probes]
         if max_requests:
@@ -225,7 +230,8 @@ def start_arm(procs, a, work, arm, ports, max_requests=None, extra=(), tag=None,
         lines += [f'  - {{name: r{i}, addr: "127.0.0.1:{p}"}}' for i, p in enumerate(ports)]
         tag = tag or f"router-{len(ports)}"
         cfg = write(os.path.join(work, f"{tag}.yaml"), "\n".join(lines) + "\n")
-        proc = procs.start(tag, [ROUTER, "--config", cfg], a.proxy_cpu, {"RUST_LOG": "info"})
+        binary = a.baseline if arm == "baseline" else ROUTER
+        proc = procs.start(tag, [binary, "--config", cfg], a.proxy_cpu, {"RUST_LOG": "info"})
     else:
         smg, why = bp.ensure_smg(a.venv)
         if not smg:
@@ -248,7 +254,7 @@ def ready_count(info):
     except OSError:
         return None
     page = page.decode()
-    if info["arm"] == "router":
+    if is_router(info["arm"]):
         return len(re.findall(r'^prefix_router_replica_up\{[^}]*\} 1$', page, re.M))
     # SMG: a chat answered is enough to start; its workers are checked by it.
     return None
@@ -261,7 +267,7 @@ def wait_ready(info, n, timeout=180):
         if info["proc"].poll() is not None:
             return f"exited with {info['proc'].returncode}"
         up = ready_count(info)
-        if info["arm"] == "router" and (up or 0) < n:
+        if is_router(info["arm"]) and (up or 0) < n:
             time.sleep(0.2)
             continue
         try:
@@ -313,6 +319,16 @@ def scrape(info, times=5):
     return len(got[-1][1]), statistics.median(t for _, _, t in got)
 
 
+def profile(a, arm, info, work, name, seconds):
+    """With `--perf`, a profile of the router for `seconds` (OUT/perf-NAME.data:
+    `perf report -i` it); the caller waits for it."""
+    if not (a.perf and arm == "router"):
+        return None
+    return subprocess.Popen(["perf", "record", "-q", "-F", "999", "-g", "-p", str(info["proc"].pid),
+                             "-o", os.path.join(work, f"perf-{name}.data"), "--", "sleep", str(seconds)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def replicas_point(a, procs, work, lua, arm, n, ports, direct):
     info, why = start_arm(procs, a, work, arm, ports)
     if not info:
@@ -323,12 +339,7 @@ def replicas_point(a, procs, work, lua, arm, n, ports, direct):
     time.sleep(a.idle)
     idle = (cpu_s(pids) - c0) / (time.time() - t0)
     wrk(a, info["port"], lua, 16, 1)
-    perf = None
-    if a.perf and arm == "router":
-        # A profile of the router under the load (`perf report -i` it).
-        perf = subprocess.Popen(["perf", "record", "-q", "-F", "999", "-g", "-p", str(info["proc"].pid),
-                                 "-o", os.path.join(work, f"perf-{n}.data"), "--", "sleep", str(a.duration)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    perf = profile(a, arm, info, work, n, a.duration)
     c0 = cpu_s(pids)
     r = wrk(a, info["port"], lua, 16, a.duration)
     cpu = cpu_s(pids) - c0
@@ -367,20 +378,20 @@ def cpu_ticks(cpus):
 
 
 def flat_leg(a, s, lua):
-    """One leg against an arm (warm-up, 16 connections, one connection),
+    """One leg against an arm (warm-up, `flat_conns` connections, one connection),
     run again (after a pause) while the hypervisor took more than
     `max_steal` of the proxy CPU: on this shared host it has taken up to
     70 % of it for minutes, which no ratio survives."""
     port, cpus, load = s["info"]["port"], set(a.proxy_cpu.split(",")), set(a.load_cpus.split(","))
     for attempt in range(a.steal_tries):
-        wrk(a, port, lua, 16, 1)
+        wrk(a, port, lua, a.flat_conns, 1)
         # User mode apart: the arm's own code, without the kernel's work
         # for its sockets, which on loopback includes the receiver's (a
         # write runs the peer's TCP receive and wakes it: across CPUs an
         # interprocessor interrupt, a hypervisor exit here).
         c0, u0, t0 = cpu_s(s["pids"]), cpu_s(s["pids"], user_only=True), time.time()
         (_, st0), (lb0, _) = cpu_ticks(cpus), cpu_ticks(load)
-        r = wrk(a, port, lua, 16, a.leg)
+        r = wrk(a, port, lua, a.flat_conns, a.leg)
         wall, cpu, user = time.time() - t0, cpu_s(s["pids"]) - c0, cpu_s(s["pids"], user_only=True) - u0
         steal = (cpu_ticks(cpus)[1] - st0) / bp.TICK / wall / len(cpus)
         load_busy = (cpu_ticks(load)[0] - lb0) / bp.TICK / wall / len(load)
@@ -401,7 +412,7 @@ def flat_part(a, procs, work, lua):
     turn (the order reversed every other cycle), the others stopped
     (SIGSTOP: their probes neither run nor take the CPU), so a cycle's
     ratios to the smallest size see one state of this noisy machine. A leg:
-    1 s of warm-up, `leg` s at 16 connections (CPU per request, p50 at
+    1 s of warm-up, `leg` s at `flat_conns` connections (CPU per request, p50 at
     saturation), `leg` s at one connection (p50 with the arm otherwise
     idle); each cycle also times one stub direct at one connection. A cycle
     in which a leg lost more than `max_steal` of the proxy CPU to the
@@ -445,7 +456,8 @@ def flat_part(a, procs, work, lua):
         for s in started:
             legs = [x for x, ok in zip(s["legs"], clean) if ok]
             pairs = [(x, b) for x, b, ok in zip(s["legs"], base, clean) if ok]
-            point = {"arm": arm, "replicas": s["n"], "cycles": len(s["legs"]), "clean_cycles": len(legs),
+            point = {"arm": arm, "replicas": s["n"], "conns": a.flat_conns, "cycles": len(s["legs"]),
+                     "clean_cycles": len(legs),
                      "tries": sum(x["tries"] for x in s["legs"]),
                      "steal": statistics.median(x["steal"] for x in s["legs"]),
                      "requests": sum(x["requests"] for x in s["legs"]),
@@ -466,7 +478,7 @@ def probes_point(a, procs, work, arm, n, ports, schedule):
     """The CPU the arm spends idle in front of `n` replicas, and per probe
     (health checks and engine reads a second, from its schedule; SMG's: one
     health check per replica every 60 s)."""
-    name, _, lines = next(x for x in SCHEDULES if x[0] == schedule) if arm == "router" else ("smg", "", [])
+    name, _, lines = next(x for x in SCHEDULES if x[0] == schedule) if is_router(arm) else ("smg", "", [])
     info, why = start_arm(procs, a, work, arm, ports, probes=lines, tag=f"probes-{name}-{n}")
     point = {"arm": arm, "schedule": name, "replicas": n}
     if not info:
@@ -519,8 +531,11 @@ def streams_point(a, procs, work, lua, arm, s, ports, body_file):
     point = {"arm": arm, "streams": s, "opened": rep["opened"] if rep else 0, "idle_p50_us": idle_probe["p50_us"],
              "idle_p99_us": idle_probe["p99_us"]}
     c0, e0, t0 = cpu_s(pids), rep["events"], time.time()
+    perf = profile(a, arm, info, work, f"streams-{s}", a.window)
     while rep and time.time() - t0 < a.window:
         rep = hold_lines(holder)
+    if perf:
+        perf.wait()
     cpu, events = cpu_s(pids) - c0, (rep["events"] if rep else e0) - e0
     rss = status_kib(pids, "VmRSS")
     probe = wrk(a, info["port"], lua, 1, a.probe)
@@ -581,7 +596,7 @@ def conversations_point(a, procs, work, arm, n, ports):
     rss = status_kib(pids, "VmRSS")
     point = {"arm": arm, "conversations": n, "fill_rps": sent / fill_s, "fill_cpu_us_per_req": fill_cpu / sent * 1e6,
              "rss_mib": rss / 1024, "rss_bytes_per_conv": (rss - rss0) * 1024 / n}
-    if arm == "router":
+    if is_router(arm):
         entries = metric_sums([info], "prefix_router_prefix_index_entries").get((), 0)
         index_bytes = metric_sums([info], "prefix_router_prefix_index_bytes").get((), 0)
         point.update(index_entries=int(entries), index_bytes_per_conv=index_bytes / n)
@@ -591,7 +606,7 @@ def conversations_point(a, procs, work, arm, n, ports):
     point.update(rps=r["rps"], p50_us=r["p50_us"], p99_us=r["p99_us"],
                  cpu_us_per_req=cpu / max(1, r["good"]) * 1e6, requests=r["requests"],
                  errors=errors + r["bad"] + r["errors"])
-    if arm == "router":
+    if is_router(arm):
         # Every turn should be pinned: decisions over the whole point.
         by = metric_sums([info], "prefix_router_requests_total", "decision")
         point["decisions"] = {d: int(v) for (d,), v in by.items()}
@@ -676,7 +691,7 @@ def prompts_point(a, procs, work, arm, size, ports, checkpoints):
     point = {"arm": name, "bytes": size, "rps": r["rps"], "p50_us": r["p50_us"], "p99_us": r["p99_us"],
              "cpu_us_per_req": cpu / max(1, r["good"]) * 1e6, "requests": r["requests"],
              "errors": r["bad"] + r["errors"]}
-    if arm == "router":
+    if is_router(arm):
         got = metric_sums([info], "prefix_router_long_body_parses_total", "from")
         point["parses"] = {k: int(v) for (k,), v in got.items()}
     stop(procs, info["proc"])
@@ -839,16 +854,17 @@ def doc(a, run, made):
                  rep_points, lambda p: [NAMES[p["arm"]], f"{p['replicas']:,}"], replicas_row)
     if run.get("flat"):
         cycles = max(p.get("cycles", 0) for p in run["flat"])
+        conns = run["flat"][0].get("conns", 16)
         out += ["\n## Flatness, paired\n",
                 f"Each arm started once in front of each size's stubs, all at once; {cycles} cycles, each "
                 "sending wrk to every size in turn (order reversed every other cycle) while the others are "
-                f"stopped (SIGSTOP). A leg: 1 s of warm-up, {a.leg} s at 16 connections (CPU-µs per "
+                f"stopped (SIGSTOP). A leg: 1 s of warm-up, {a.leg} s at {conns} connections (CPU-µs per "
                 f"request, p50 at saturation), {a.leg} s at one connection (p50, and p50 added over a stub "
                 "direct timed in the same cycle). A leg that lost more than "
                 f"{a.max_steal:.0%} of the proxy CPU to the hypervisor (`/proc/stat`'s steal) is run again "
                 f"after a pause, up to {a.steal_tries} times; a cycle with a leg still over it counts in no "
                 "figure (`clean`: cycles counted of those run; `steal`: the median share taken; `busy`: the "
-                "arm's CPU time over the 16-connection run's wall time, and the load CPUs' (wrk and the "
+                f"arm's CPU time over the {conns}-connection run's wall time, and the load CPUs' (wrk and the "
                 "stubs): an arm well under 100 % was not saturated; `user`: its CPU in user mode, its own code "
                 "without the kernel's work for its sockets, which on loopback includes the receiving side's). Figures "
                 "are medians over clean cycles; `÷ smallest` is the median over them of the figure over "
@@ -858,7 +874,7 @@ def doc(a, run, made):
             r, q = p.get(k + "_ratio"), p.get(k + "_iqr")
             return "—" if r is None else f"{r:.2f} ({q[0]:.2f}–{q[1]:.2f})"
         out += table(["arm", "replicas", "clean", "steal", "busy: arm / load", "CPU-µs/req", "÷ smallest",
-                      "user CPU-µs/req", "÷ smallest", "p50, 16 conns",
+                      "user CPU-µs/req", "÷ smallest", f"p50, {conns} conns",
                       "÷ smallest", "p50 added, 1 conn", "÷ smallest", "requests", "errors"], run["flat"],
                      lambda p: [NAMES[p["arm"]], f"{p['replicas']:,}"],
                      lambda p: [f"{p['clean_cycles']} of {p['cycles']}", f"{p['steal']:.0%}",
@@ -965,7 +981,9 @@ def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--replicas", default="2,16,128,1000")
     ap.add_argument("--streams", default="100,1000,10000")
-    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"subset of {','.join(ARMS)}, and `baseline`")
+    ap.add_argument("--baseline", help="another prefix-router binary, run as arm `baseline` (the flatness, "
+                                       "replicas and streams parts) to compare two builds in one run")
     ap.add_argument("--conversations", default="10000,100000,1000000")
     ap.add_argument("--prompt-kib", default="4,40,400")
     ap.add_argument("--instances", default="1,2,3", help="router instances of the Redis fleet curve")
@@ -975,6 +993,9 @@ def parse_args():
     ap.add_argument("--rounds", type=int, default=3, help="sweeps of the replicas curve")
     ap.add_argument("--cycles", type=int, default=12, help="cycles of the paired flatness part")
     ap.add_argument("--leg", type=int, default=2, help="seconds of wrk per leg of the flatness part")
+    ap.add_argument("--flat-conns", type=int, default=16,
+                    help="connections of the flatness part's saturated leg (as many as the largest fleet: "
+                         "the router's working set of connections the same at every size)")
     ap.add_argument("--max-steal", type=float, default=0.1,
                     help="share of the proxy CPU the hypervisor may take in a flatness leg")
     ap.add_argument("--steal-tries", type=int, default=4, help="runs of a flatness leg while it is stolen")
@@ -986,7 +1007,7 @@ def parse_args():
     ap.add_argument("--proxy-cpu", default="0")
     ap.add_argument("--load-cpus", default="1")
     ap.add_argument("--perf", action="store_true",
-                    help="record a perf profile of the router at each replicas point (OUT/perf-N.data)")
+                    help="record a perf profile of the router at each replicas and streams point (OUT/perf-*.data)")
     ap.add_argument("--quick", action="store_true", help="smoke test: small sizes, short runs")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench-out/scale"))
     ap.add_argument("--venv", default=os.path.join(ROOT, "bench-out/venv"))
@@ -1003,6 +1024,8 @@ def parse_args():
     a.prompt_kib = [int(x) for x in a.prompt_kib.split(",")]
     a.instances = [int(x) for x in a.instances.split(",")]
     a.arms, a.parts = a.arms.split(","), a.parts.split(",")
+    if "baseline" in a.arms and not (a.baseline and set(a.parts) <= {"flat", "replicas", "streams"}):
+        ap.error("arm `baseline` needs --baseline BINARY, and runs in the flat, replicas and streams parts only")
     return a
 
 
@@ -1064,7 +1087,7 @@ def main():
             for n in a.replicas:
                 stubs, ports = start_stubs(procs, a, f"stubs-{n}", n, 4, 0)
                 for arm in a.arms:
-                    for schedule in ([x[0] for x in SCHEDULES] if arm == "router" else ["smg"]):
+                    for schedule in ([x[0] for x in SCHEDULES] if is_router(arm) else ["smg"]):
                         keep("probes", probes_point(a, procs, work, arm, n, ports, schedule))
                 stop(procs, stubs)
         if "streams" in a.parts:

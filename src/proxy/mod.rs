@@ -54,6 +54,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
+use pingora_core::modules::http::HttpModules;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_core::{Error, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
@@ -114,6 +115,12 @@ impl ProxyHttp for Router {
     fn new_ctx(&self) -> Ctx {
         Ctx::new()
     }
+
+    /// None: Pingora's default is its response compression, disabled, which
+    /// still costs a module context per request and four calls per answer
+    /// chunk (the router never compresses: engines' SSE must flush event by
+    /// event).
+    fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
     fn request_header_timeout(&self) -> Option<Duration> {
         Some(self.settings.load().client_header_timeout)
