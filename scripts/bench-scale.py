@@ -200,9 +200,9 @@ def http_get(url, timeout=10):
     return r.status, body, time.perf_counter() - t
 
 
-def start_stubs(procs, a, name, n, events, gap_ms):
+def start_stubs(procs, a, name, n, events, gap_ms, delay_ms=0):
     p = subprocess.Popen(["taskset", "-c", a.load_cpus, ROUTEBENCH, "stubs", "--replicas", str(n),
-                          "--events", str(events), "--gap-ms", str(gap_ms)],
+                          "--events", str(events), "--gap-ms", str(gap_ms), "--delay-ms", str(delay_ms)],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     p.bench_name = name
     procs.all.append(p)
@@ -228,7 +228,7 @@ def start_arm(procs, a, work, arm, ports, max_requests=None, extra=(), tag=None,
         lines += extra
         lines.append("replicas:")
         lines += [f'  - {{name: r{i}, addr: "127.0.0.1:{p}"}}' for i, p in enumerate(ports)]
-        tag = tag or f"router-{len(ports)}"
+        tag = tag or f"{arm}-{len(ports)}"
         cfg = write(os.path.join(work, f"{tag}.yaml"), "\n".join(lines) + "\n")
         binary = a.baseline if arm == "baseline" else ROUTER
         proc = procs.start(tag, [binary, "--config", cfg], a.proxy_cpu, {"RUST_LOG": "info"})
@@ -320,12 +320,14 @@ def scrape(info, times=5):
 
 
 def profile(a, arm, info, work, name, seconds):
-    """With `--perf`, a profile of the router for `seconds` (OUT/perf-NAME.data:
-    `perf report -i` it); the caller waits for it."""
-    if not (a.perf and arm == "router"):
+    """With `--perf`, a profile of the router for `seconds` (OUT/perf-NAME.data,
+    the baseline's OUT/perf-baseline-NAME.data: `perf report -i` it); the
+    caller waits for it."""
+    if not (a.perf and is_router(arm)):
         return None
+    out = os.path.join(work, f"perf-{name}.data" if arm == "router" else f"perf-{arm}-{name}.data")
     return subprocess.Popen(["perf", "record", "-q", "-F", "999", "-g", "-p", str(info["proc"].pid),
-                             "-o", os.path.join(work, f"perf-{name}.data"), "--", "sleep", str(seconds)],
+                             "-o", out, "--", "sleep", str(seconds)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -396,10 +398,15 @@ def flat_leg(a, s, lua):
         steal = (cpu_ticks(cpus)[1] - st0) / bp.TICK / wall / len(cpus)
         load_busy = (cpu_ticks(load)[0] - lb0) / bp.TICK / wall / len(load)
         one = wrk(a, port, lua, 1, a.leg)
+        # Its idle CPU (the probes, timers) at this size, to leave out.
+        i0, it0 = cpu_s(s["pids"]), time.time()
+        time.sleep(a.leg)
+        idle = (cpu_s(s["pids"]) - i0) / (time.time() - it0)
         if steal <= a.max_steal:
             break
         time.sleep(3)
     return {"cpu_us_per_req": cpu / max(1, r["good"]) * 1e6, "user_us_per_req": user / max(1, r["good"]) * 1e6,
+            "less_idle_us_per_req": max(0.0, cpu - idle * wall) / max(1, r["good"]) * 1e6, "idle_cpu": idle,
             "p50_us": r["p50_us"], "one_p50_us": one["p50_us"],
             "busy": cpu / wall, "load_busy": load_busy, "steal": steal, "tries": attempt + 1,
             "requests": r["requests"] + one["requests"],
@@ -414,7 +421,8 @@ def flat_part(a, procs, work, lua):
     ratios to the smallest size see one state of this noisy machine. A leg:
     1 s of warm-up, `leg` s at `flat_conns` connections (CPU per request, p50 at
     saturation), `leg` s at one connection (p50 with the arm otherwise
-    idle); each cycle also times one stub direct at one connection. A cycle
+    idle), then `leg` s idle (the arm's CPU at rest: its probes and timers);
+    each cycle also times one stub direct at one connection. A cycle
     in which a leg lost more than `max_steal` of the proxy CPU to the
     hypervisor, after `steal_tries`, counts in no ratio."""
     points = []
@@ -422,8 +430,9 @@ def flat_part(a, procs, work, lua):
         started, skipped = [], None
         try:
             for n in a.replicas:
-                stubs, ports = start_stubs(procs, a, f"flat-stubs-{arm}-{n}", n, 4, 0)
-                info, why = start_arm(procs, a, work, arm, ports, tag=f"flat-{arm}-{n}")
+                stubs, ports = start_stubs(procs, a, f"flat-stubs-{arm}-{n}", n, 4, 0, a.flat_delay_ms)
+                probes = next(x[2] for x in SCHEDULES if x[0] == a.flat_probes)
+                info, why = start_arm(procs, a, work, arm, ports, tag=f"flat-{arm}-{n}", probes=probes)
                 if not info:
                     skipped = why
                     stop(procs, stubs)
@@ -452,17 +461,20 @@ def flat_part(a, procs, work, lua):
                 stop(procs, s["stubs"])
         clean = [all(s["legs"][c]["steal"] <= a.max_steal for s in started) for c in range(len(started[0]["legs"]))]
         base = started[0]["legs"]
-        paired = ("cpu_us_per_req", "user_us_per_req", "p50_us", "one_p50_us", "one_added_us")
+        paired = ("cpu_us_per_req", "less_idle_us_per_req", "user_us_per_req", "p50_us", "one_p50_us",
+                  "one_added_us")
         for s in started:
             legs = [x for x, ok in zip(s["legs"], clean) if ok]
             pairs = [(x, b) for x, b, ok in zip(s["legs"], base, clean) if ok]
-            point = {"arm": arm, "replicas": s["n"], "conns": a.flat_conns, "cycles": len(s["legs"]),
+            point = {"arm": arm, "replicas": s["n"], "conns": a.flat_conns, "delay_ms": a.flat_delay_ms,
+                     "probes": a.flat_probes,
+                     "cycles": len(s["legs"]),
                      "clean_cycles": len(legs),
                      "tries": sum(x["tries"] for x in s["legs"]),
                      "steal": statistics.median(x["steal"] for x in s["legs"]),
                      "requests": sum(x["requests"] for x in s["legs"]),
                      "errors": sum(x["errors"] for x in s["legs"])}
-            for k in ("busy", "load_busy", *paired):
+            for k in ("busy", "load_busy", "idle_cpu", *paired):
                 point[k] = statistics.median(x[k] for x in legs) if legs else None
             for k in paired:
                 ratios = sorted(x[k] / b[k] for x, b in pairs if b[k] > 0)
@@ -534,9 +546,11 @@ def streams_point(a, procs, work, lua, arm, s, ports, body_file):
     perf = profile(a, arm, info, work, f"streams-{s}", a.window)
     while rep and time.time() - t0 < a.window:
         rep = hold_lines(holder)
-    if perf:
-        perf.wait()
     cpu, events = cpu_s(pids) - c0, (rep["events"] if rep else e0) - e0
+    if perf:
+        # Counted before perf's own work at its end, which serves no event.
+        perf.wait()
+        point["profiled"] = True
     rss = status_kib(pids, "VmRSS")
     probe = wrk(a, info["port"], lua, 1, a.probe)
     point.update(rss_mib=rss / 1024, rss_kib_per_stream=(rss - rss0) / max(1, s), events=events,
@@ -744,7 +758,7 @@ def svg_chart(title, xlabel, ylabel, series, logx=True, logy=False):
 def plots(doc_dir, run):
     made = []
     def series(points, key, x):
-        arms = ARMS + ["router-nockpt"]
+        arms = ARMS + ["router-nockpt", "baseline"]
         return {NAMES[arm]: [(p[x], p.get(key)) for p in points if p["arm"] == arm and "skipped" not in p]
                 for arm in arms if any(p["arm"] == arm for p in points)}
     for key, title, unit, part, x, xl in (
@@ -854,18 +868,22 @@ def doc(a, run, made):
                  rep_points, lambda p: [NAMES[p["arm"]], f"{p['replicas']:,}"], replicas_row)
     if run.get("flat"):
         cycles = max(p.get("cycles", 0) for p in run["flat"])
-        conns = run["flat"][0].get("conns", 16)
+        conns = next((p["conns"] for p in run["flat"] if "conns" in p), 16)
+        delay = next((p["delay_ms"] for p in run["flat"] if p.get("delay_ms")), 0)
         out += ["\n## Flatness, paired\n",
                 f"Each arm started once in front of each size's stubs, all at once; {cycles} cycles, each "
                 "sending wrk to every size in turn (order reversed every other cycle) while the others are "
-                f"stopped (SIGSTOP). A leg: 1 s of warm-up, {a.leg} s at {conns} connections (CPU-µs per "
+                f"stopped (SIGSTOP){f'; the stubs answer after {delay} ms' if delay else ''}. "
+                f"A leg: 1 s of warm-up, {a.leg} s at {conns} connections (CPU-µs per "
                 f"request, p50 at saturation), {a.leg} s at one connection (p50, and p50 added over a stub "
                 "direct timed in the same cycle). A leg that lost more than "
                 f"{a.max_steal:.0%} of the proxy CPU to the hypervisor (`/proc/stat`'s steal) is run again "
                 f"after a pause, up to {a.steal_tries} times; a cycle with a leg still over it counts in no "
                 "figure (`clean`: cycles counted of those run; `steal`: the median share taken; `busy`: the "
                 f"arm's CPU time over the {conns}-connection run's wall time, and the load CPUs' (wrk and the "
-                "stubs): an arm well under 100 % was not saturated; `user`: its CPU in user mode, its own code "
+                "stubs): an arm well under 100 % was not saturated; `idle CPU`: the arm's over "
+                f"{a.leg} s idle after each leg (its probes and timers, which grow with the fleet: "
+                "`less idle` leaves that rate out of CPU per request); `user`: its CPU in user mode, its own code "
                 "without the kernel's work for its sockets, which on loopback includes the receiving side's). Figures "
                 "are medians over clean cycles; `÷ smallest` is the median over them of the figure over "
                 "the same cycle's at the smallest size, with the middle half of those ratios.\n"]
@@ -874,13 +892,14 @@ def doc(a, run, made):
             r, q = p.get(k + "_ratio"), p.get(k + "_iqr")
             return "—" if r is None else f"{r:.2f} ({q[0]:.2f}–{q[1]:.2f})"
         out += table(["arm", "replicas", "clean", "steal", "busy: arm / load", "CPU-µs/req", "÷ smallest",
-                      "user CPU-µs/req", "÷ smallest", f"p50, {conns} conns",
+                      "idle CPU (cores)", "less idle", "÷ smallest", "user CPU-µs/req", "÷ smallest", f"p50, {conns} conns",
                       "÷ smallest", "p50 added, 1 conn", "÷ smallest", "requests", "errors"], run["flat"],
                      lambda p: [NAMES[p["arm"]], f"{p['replicas']:,}"],
                      lambda p: [f"{p['clean_cycles']} of {p['cycles']}", f"{p['steal']:.0%}",
                                 "—" if p.get("busy") is None else f"{p['busy']:.0%} / {p['load_busy']:.0%}",
                                 fmt(p["cpu_us_per_req"], ".1f"), ratio(p, "cpu_us_per_req"),
-                                fmt(p.get("user_us_per_req"), ".1f"), ratio(p, "user_us_per_req"),
+                                fmt(p.get("idle_cpu"), ".3f"), fmt(p.get("less_idle_us_per_req"), ".1f"),
+                                ratio(p, "less_idle_us_per_req"), fmt(p.get("user_us_per_req"), ".1f"), ratio(p, "user_us_per_req"),
                                 fmt(p["p50_us"]) + " µs", ratio(p, "p50_us"), fmt(p["one_added_us"]) + " µs",
                                 ratio(p, "one_added_us"), f"{p['requests']:,}", f"{p['errors']}"])
     if run.get("probes"):
@@ -995,7 +1014,12 @@ def parse_args():
     ap.add_argument("--leg", type=int, default=2, help="seconds of wrk per leg of the flatness part")
     ap.add_argument("--flat-conns", type=int, default=16,
                     help="connections of the flatness part's saturated leg (as many as the largest fleet: "
-                         "the router's working set of connections the same at every size)")
+                         "with --flat-delay-ms, as many connections to replicas in use at every size)")
+    ap.add_argument("--flat-probes", default="all", choices=[x[0] for x in SCHEDULES],
+                    help="the router's probe schedule in the flatness part (the probes part's names)")
+    ap.add_argument("--flat-delay-ms", type=int, default=0,
+                    help="the stubs' delay before a whole answer in the flatness part (a prefill's time: "
+                         "requests in flight, and so connections to replicas, at every fleet size)")
     ap.add_argument("--max-steal", type=float, default=0.1,
                     help="share of the proxy CPU the hypervisor may take in a flatness leg")
     ap.add_argument("--steal-tries", type=int, default=4, help="runs of a flatness leg while it is stolen")
@@ -1024,8 +1048,16 @@ def parse_args():
     a.prompt_kib = [int(x) for x in a.prompt_kib.split(",")]
     a.instances = [int(x) for x in a.instances.split(",")]
     a.arms, a.parts = a.arms.split(","), a.parts.split(",")
+    if a.baseline:
+        a.baseline = os.path.abspath(a.baseline)
+        if not os.access(a.baseline, os.X_OK):
+            ap.error(f"--baseline {a.baseline}: not an executable file")
+        if "baseline" not in a.arms:
+            a.arms.append("baseline")
     if "baseline" in a.arms and not (a.baseline and set(a.parts) <= {"flat", "replicas", "streams"}):
         ap.error("arm `baseline` needs --baseline BINARY, and runs in the flat, replicas and streams parts only")
+    if a.flat_conns < 1:
+        ap.error("--flat-conns must be at least 1")
     return a
 
 

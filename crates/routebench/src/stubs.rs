@@ -2,7 +2,8 @@
 //! `make bench-scale`. Each of N ports answers what the router (and SMG) ask
 //! a replica: `GET /health`, `GET /v1/models` (one model), `GET /metrics` in
 //! vLLM's format (its in-flight count as `vllm:num_requests_running`), and
-//! `POST /v1/chat/completions` with a fixed small answer, or, when the body
+//! `POST /v1/chat/completions` with a fixed small answer (after `--delay-ms`,
+//! a prefill's time that keeps many requests in flight), or, when the body
 //! asks for `"stream": true`, a stream of `--events` SSE chunks `--gap-ms`
 //! apart (a slow decode that holds the stream open). Nothing is simulated:
 //! the stubs cost as little as an answer can, so the router's cost is what a
@@ -39,12 +40,16 @@ pub struct StubArgs {
     /// Milliseconds between a streamed answer's chunks (the first goes at once).
     #[arg(long, default_value_t = 0)]
     gap_ms: u64,
+    /// Milliseconds before a whole (not streamed) answer.
+    #[arg(long, default_value_t = 0)]
+    delay_ms: u64,
 }
 
 struct Stubs {
     models: Bytes,
     events: u32,
     gap: Duration,
+    delay: Duration,
     /// Requests in flight, per port (read by `/metrics`).
     running: Vec<AtomicU64>,
 }
@@ -68,6 +73,7 @@ pub async fn stubs(args: StubArgs) -> Result<()> {
         models: Bytes::from(models.to_string()),
         events: args.events,
         gap: Duration::from_millis(args.gap_ms),
+        delay: Duration::from_millis(args.delay_ms),
         running: (0..args.replicas).map(|_| AtomicU64::new(0)).collect(),
     });
     let mut out = std::io::stdout().lock();
@@ -149,6 +155,10 @@ impl Stubs {
                         .insert("content-type", "text/event-stream".parse().expect("static"));
                     r
                 } else {
+                    if !self.delay.is_zero() {
+                        let _running = Running::new(Arc::clone(&self), port);
+                        tokio::time::sleep(self.delay).await;
+                    }
                     full(StatusCode::OK, "application/json", ANSWER)
                 }
             }
