@@ -613,7 +613,7 @@ def guarded_run(a, arm, info, case, conc, seconds, lua, upstream_pids):
     A run still over it is kept, marked, and left out of the ratios."""
     for tries in range(1, a.steal_tries + 1):
         r = run_one(a, arm, info, case, conc, seconds, lua, upstream_pids)
-        if r["steal"] <= a.max_steal:
+        if r["steal"] <= a.max_steal or tries == a.steal_tries:
             break
         time.sleep(3)
     r["tries"] = tries

@@ -467,9 +467,7 @@ def flat_part(a, procs, work, lua):
             legs = [x for x, ok in zip(s["legs"], clean) if ok]
             pairs = [(x, b) for x, b, ok in zip(s["legs"], base, clean) if ok]
             point = {"arm": arm, "replicas": s["n"], "conns": a.flat_conns, "delay_ms": a.flat_delay_ms,
-                     "probes": a.flat_probes,
-                     "cycles": len(s["legs"]),
-                     "clean_cycles": len(legs),
+                     "probes": a.flat_probes, "cycles": len(s["legs"]), "clean_cycles": len(legs),
                      "tries": sum(x["tries"] for x in s["legs"]),
                      "steal": statistics.median(x["steal"] for x in s["legs"]),
                      "requests": sum(x["requests"] for x in s["legs"]),
@@ -870,10 +868,12 @@ def doc(a, run, made):
         cycles = max(p.get("cycles", 0) for p in run["flat"])
         conns = next((p["conns"] for p in run["flat"] if "conns" in p), 16)
         delay = next((p["delay_ms"] for p in run["flat"] if p.get("delay_ms")), 0)
+        probes = next((p["probes"] for p in run["flat"] if "probes" in p), "all")
         out += ["\n## Flatness, paired\n",
                 f"Each arm started once in front of each size's stubs, all at once; {cycles} cycles, each "
                 "sending wrk to every size in turn (order reversed every other cycle) while the others are "
-                f"stopped (SIGSTOP){f'; the stubs answer after {delay} ms' if delay else ''}. "
+                f"stopped (SIGSTOP){f'; the stubs answer after {delay} ms' if delay else ''}"
+                f"{f'; the router probes as `{probes}` in the probes part' if probes != 'all' else ''}. "
                 f"A leg: 1 s of warm-up, {a.leg} s at {conns} connections (CPU-µs per "
                 f"request, p50 at saturation), {a.leg} s at one connection (p50, and p50 added over a stub "
                 "direct timed in the same cycle). A leg that lost more than "

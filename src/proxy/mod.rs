@@ -117,9 +117,9 @@ impl ProxyHttp for Router {
     }
 
     /// None: Pingora's default is its response compression, disabled, which
-    /// still costs a module context per request and four calls per answer
-    /// chunk (the router never compresses: engines' SSE must flush event by
-    /// event).
+    /// still costs two boxed header filters and a done filter per request
+    /// and a call per answer chunk (the router never compresses: engines'
+    /// SSE must flush event by event).
     fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
     fn request_header_timeout(&self) -> Option<Duration> {
