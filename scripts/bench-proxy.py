@@ -568,10 +568,25 @@ def lua_script(work, case, body_file):
                  LUA % {"method": method, "body": body, "headers": hdrs, "marker": json.dumps(marker)})
 
 
-def run_one(a, arm, info, case, conc, seconds, lua, upstream_pids):
-    """One wrk run against one arm; CPU and RSS of the arm's processes around it."""
+def profile(a, arm, pids, name, seconds):
+    """With `--perf`, a profile of a Pingora-based arm for the run's
+    `seconds`; its CPU counts in the run's CPU figures (perf's own work at
+    its end comes after them), so compare those figures without `--perf`."""
+    if not (a.perf and pids and (arm == "pingora" or arm.startswith("router") or arm == "baseline")):
+        return None
+    out = os.path.join(a.out, "perf", f"{arm}-{name}.data")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    return subprocess.Popen(["perf", "record", "-q", "-F", "1999", "-g", "-p", ",".join(map(str, pids)),
+                             "-o", out, "--", "sleep", str(seconds)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def run_one(a, arm, info, case, conc, seconds, lua, upstream_pids, rnd=None):
+    """One wrk run against one arm; CPU and RSS of the arm's processes around it
+    (`rnd`: the round of a measured run, None for a warm-up)."""
     pids = tree(info["proc"].pid) if info["proc"] else []
     rss_reset = reset_peak_rss(pids)
+    perf = profile(a, arm, pids, f"{case}-c{conc}-r{rnd}", seconds) if rnd is not None else None
     before = cpu_s(pids), cpu_s(upstream_pids), cpu_busy(), time.time()
     url = f"http://127.0.0.1:{info['port']}{CASES[case][1]}"
     cmd = ["taskset", "-c", a.load_cpus, "wrk", "-t1", f"-c{conc}", f"-d{seconds}s",
@@ -585,6 +600,8 @@ def run_one(a, arm, info, case, conc, seconds, lua, upstream_pids):
     run_one.current = None
     wall = time.time() - before[3]
     busy = cpu_busy()
+    if perf:
+        perf.wait()
     line = next((l for l in out.splitlines() if l.startswith("BENCH ")), None)
     if line is None:
         raise RuntimeError(f"wrk printed no result for {arm} {case} c={conc}:\n{out}")
@@ -606,13 +623,13 @@ def run_one(a, arm, info, case, conc, seconds, lua, upstream_pids):
     return r
 
 
-def guarded_run(a, arm, info, case, conc, seconds, lua, upstream_pids):
+def guarded_run(a, arm, info, case, conc, seconds, lua, upstream_pids, rnd):
     """`run_one`, run again after a pause while the hypervisor took more than
     `max_steal` of the proxy CPU (up to `steal_tries` runs): this shared
     host has taken up to 70 % of it for minutes, which no ratio survives.
     A run still over it is kept, marked, and left out of the ratios."""
     for tries in range(1, a.steal_tries + 1):
-        r = run_one(a, arm, info, case, conc, seconds, lua, upstream_pids)
+        r = run_one(a, arm, info, case, conc, seconds, lua, upstream_pids, rnd)
         if r["steal"] <= a.max_steal or tries == a.steal_tries:
             break
         time.sleep(3)
@@ -896,6 +913,9 @@ def parse_args():
     ap.add_argument("--out", default=os.path.join(ROOT, "bench-out/proxy"))
     ap.add_argument("--venv", default=os.path.join(ROOT, "bench-out/venv"), help="where SMG is installed")
     ap.add_argument("--doc", help="write the proxy section into this Markdown file")
+    ap.add_argument("--perf", action="store_true",
+                    help="record a perf profile of plain Pingora and the router arms in each measured run "
+                         "(OUT/perf/ARM-CASE-cCONNS-rROUND.data: `perf report -i` it)")
     a = ap.parse_args()
     a.out = os.path.abspath(a.out)  # nginx resolves paths against its prefix
     if a.quick:
@@ -953,7 +973,7 @@ def bench(a, procs, work):
                 for arm in rot:
                     if (arm, case) in NOT_SERVED:
                         continue
-                    r = guarded_run(a, arm, arms[arm], case, conc, a.duration, luas[case], up_pids)
+                    r = guarded_run(a, arm, arms[arm], case, conc, a.duration, luas[case], up_pids, rnd)
                     r["round"], r["max_steal"] = rnd, a.max_steal
                     runs.append(r)
                     print(f"[{len(runs)}/{total}] round {rnd + 1} {case:>8} c={conc:<3} {arm:>8}: "
