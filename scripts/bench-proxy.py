@@ -576,7 +576,7 @@ def profile(a, arm, pids, name, seconds):
         return None
     out = os.path.join(a.out, "perf", f"{arm}-{name}.data")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    return subprocess.Popen(["perf", "record", "-q", "-F", "1999", "-g", "-p", ",".join(map(str, pids)),
+    return subprocess.Popen(["perf", "record", "-q", "-F", "1999", "--call-graph", a.perf_call_graph, "-p", ",".join(map(str, pids)),
                              "-o", out, "--", "sleep", str(seconds)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -825,7 +825,9 @@ the upstreams are pinned to CPU {a['load_cpus']}. nginx: `keepalive` to the upst
 HAProxy: `nbthread 1`, `http-reuse always`, `option http-buffer-request` with
 `tune.bufsize` 512 KiB so it too holds a 400 KiB body whole; plain Pingora: a
 minimal `ProxyHttp` over Pingora's `LoadBalancer<RoundRobin>` that streams the
-body through unread, built from this repository (`examples/plain-pingora.rs`);
+body through unread, with the router's default timeouts (to clients and to
+replicas; `--no-timeouts` runs it without, as before 2026-12-04), built from
+this repository (`examples/plain-pingora.rs`);
 SMG: `smg launch --policy cache_aware`; prefix-router: `policy: shape`, at the
 default log level (`info`: an access line per request, as users run it; the
 `router-warn` arm at `RUST_LOG=warn` logs none),
@@ -913,6 +915,8 @@ def parse_args():
     ap.add_argument("--out", default=os.path.join(ROOT, "bench-out/proxy"))
     ap.add_argument("--venv", default=os.path.join(ROOT, "bench-out/venv"), help="where SMG is installed")
     ap.add_argument("--doc", help="write the proxy section into this Markdown file")
+    ap.add_argument("--perf-call-graph", default="fp",
+                    help="perf's --call-graph mode with --perf (`dwarf` walks frames the release build keeps no pointers for)")
     ap.add_argument("--perf", action="store_true",
                     help="record a perf profile of plain Pingora and the router arms in each measured run "
                          "(OUT/perf/ARM-CASE-cCONNS-rROUND.data: `perf report -i` it)")

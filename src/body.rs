@@ -31,9 +31,12 @@ pub const INLINE_RESUME_BYTES: usize = 1 << 20;
 /// that sends everything before reading still gets the answer.
 pub const LINGER: Duration = Duration::from_secs(10);
 
-/// A body's buffer starts at most this large and grows as bytes arrive, so a
-/// client that declares a large body and sends nothing holds nothing.
-const INITIAL_CAPACITY: usize = 256 << 10;
+/// Once a body's first bytes have arrived, its buffer is sized at once to
+/// its declared length up to this (one copy of those first bytes, none of
+/// the rest); past it, it grows by doubling as bytes arrive. Nothing is
+/// held before the first bytes: a client that declares a large body and
+/// sends nothing holds nothing.
+const EAGER_CAPACITY: usize = 1 << 20;
 
 /// The most Pingora reads of a request body at a time.
 const READ_PIECE: usize = 64 << 10;
@@ -50,30 +53,31 @@ pub async fn read(
     declared: Option<usize>,
     ticket: &mut Ticket,
 ) -> Result<std::result::Result<Bytes, RouterError>> {
-    // Grows by doubling as bytes arrive, never past the declared length: a
-    // body that sends what it declared ends in an exactly sized buffer.
+    // Sized to the declared length (up to EAGER_CAPACITY) after the first
+    // piece, then grows by doubling, never past the declared length: a body
+    // that sends what it declared ends in an exactly sized buffer.
     let declared_cap = declared.unwrap_or(limit).min(limit);
+    let eager = declared.map_or(0, |_| EAGER_CAPACITY);
     let mut buf = Vec::new();
     let mut reserved = 0;
     let mut grow = |buf: &mut Vec<u8>, n: usize, ticket: &mut Ticket| {
         if buf.capacity() - buf.len() < n {
-            let doubled = (2 * buf.capacity()).min(declared_cap);
+            let doubled = (2 * buf.capacity()).max(eager).min(declared_cap);
             buf.reserve_exact(doubled.max(buf.len() + n) - buf.len());
         }
         let more = buf.capacity().saturating_sub(reserved);
         reserved += more;
         ticket.reserve(more)
     };
-    let initial = declared.unwrap_or(0).min(limit).min(INITIAL_CAPACITY);
-    if !grow(&mut buf, initial, ticket) {
-        return Ok(Err(RouterError::OVER_BUDGET));
-    }
     loop {
         // Room for the next piece before it is read (Pingora copies it straight
-        // into this buffer), none past the declared length; a larger piece
-        // grows the buffer itself (by doubling), and is reserved at the top of
-        // the next turn.
-        let next = READ_PIECE.min(declared_cap.saturating_sub(buf.len()));
+        // into this buffer), none past the declared length; the first piece,
+        // or a larger one, grows the buffer itself, and is reserved at the top
+        // of the next turn.
+        let next = match buf.is_empty() {
+            true => 0,
+            false => READ_PIECE.min(declared_cap.saturating_sub(buf.len())),
+        };
         if !grow(&mut buf, next, ticket) {
             return Ok(Err(RouterError::OVER_BUDGET));
         }

@@ -433,6 +433,34 @@ fn with_every_replica_saturated_a_request_is_shed_at_once_with_429() {
 }
 
 #[test]
+fn a_declared_body_that_never_arrives_holds_none_of_the_byte_budget() {
+    let a = Sim::start("a", &[]);
+    let router = Router::start(
+        &[&a],
+        "max_body_bytes: 100000\nbody_read_timeout_ms: 20000\nlimits: {max_buffered_bytes: 100000}\ntenants: {header: x-tenant, default: {max_concurrent: 10}}\n",
+    );
+    // Declares 90 kB and sends none of it: its buffer waits for its bytes.
+    let mut idle = std::net::TcpStream::connect(router.addr).unwrap();
+    write!(
+        idle,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-tenant: t\r\ncontent-length: 90000\r\n\r\n"
+    )
+    .unwrap();
+    wait_for("the upload to be received", Duration::from_secs(10), || {
+        let series = "prefix_router_tenant_in_progress_requests{tenant=\"other\"}";
+        (router.metric(series) == 1.0).then_some(())
+    });
+    let held = router.metric("prefix_router_buffered_body_bytes");
+    assert!(
+        held < 1000.0,
+        "an upload that sent nothing holds {held} bytes"
+    );
+    let big = serde_json::to_vec(&single(&"z".repeat(20_000))).unwrap();
+    let r = http::request(router.addr, "POST", "/v1/chat/completions", &[], &big);
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[test]
 fn a_body_past_the_shared_byte_budget_gets_503_before_any_upload() {
     let a = Sim::start("a", &[]);
     let router = Router::start(
