@@ -93,7 +93,7 @@ impl Prompt {
     /// once, with its last value, as Python's `json` (and so the engines) reads it.
     pub fn parse(body: &[u8], max_text_bytes: usize) -> Result<Self, RequestError> {
         let (fields, _) = walk::read(body, max_text_bytes, false)?;
-        Ok(fields.assemble(max_text_bytes))
+        Ok(fields.assemble(max_text_bytes, 0))
     }
 
     /// Reads only the `model` of a JSON body (embeddings, rerank, tokenize):
@@ -141,8 +141,8 @@ impl Prompt {
         self.into_request_after(block_bytes, header_key, None)
     }
 
-    /// As [`Prompt::into_request`] for a prompt whose text starts with
-    /// `bytes` bytes of `known`'s (see [`PrefixChain::salted_after`]).
+    /// As [`Prompt::into_request`] for a prompt whose text follows the first
+    /// `bytes` bytes of `known`'s (see [`PrefixChain::identified_after`]).
     fn into_request_after(
         self,
         block_bytes: usize,
@@ -178,6 +178,10 @@ impl Prompt {
 #[derive(Debug, Default, Clone)]
 struct Section {
     text: Vec<u8>,
+    /// Bytes of the section before `text`, not held here: those a message
+    /// list read from a checkpoint had at it (the checkpoint's chain holds
+    /// them). Offsets (`message_ends`, `root_end`) count them.
+    base: usize,
     message_ends: Vec<usize>,
     model_turn: bool,
     /// Where the first message holding a model turn starts.
@@ -186,6 +190,11 @@ struct Section {
 }
 
 impl Section {
+    /// Its length, with its `base`.
+    fn len(&self) -> usize {
+        self.base + self.text.len()
+    }
+
     /// Closes a message whose content was appended since it began: the role goes
     /// after the content, so the two may come in either order in the JSON.
     fn end_message(&mut self, role: &[u8], max: usize) {
@@ -193,13 +202,13 @@ impl Section {
         // cut), the text kept ends there.
         let start = match self.message_ends.len() == self.messages {
             true => self.message_ends.last().copied().unwrap_or(0),
-            false => self.text.len(),
+            false => self.len(),
         };
-        let room = &mut max.saturating_sub(self.text.len());
+        let room = &mut max.saturating_sub(self.len());
         push(&mut self.text, room, &[ROLE_SEP]);
         push(&mut self.text, room, role);
         if push(&mut self.text, room, &[MESSAGE_END]) {
-            self.message_ends.push(self.text.len());
+            self.message_ends.push(self.len());
         }
         self.messages += 1;
         // A tool part (Anthropic's tool_result) may have set it already.
@@ -275,9 +284,11 @@ impl Fields {
 
     /// The canonical text: Anthropic's `system` first wherever its key stood,
     /// then `messages`, then a completions `prompt`, within `max_text_bytes`.
-    fn assemble(self, max_text_bytes: usize) -> Prompt {
+    /// Its first `skip` bytes are held elsewhere: those of `system` and of the
+    /// list's `base` when the list was read from a checkpoint whose chain
+    /// holds them (0 otherwise); the prompt's `text` holds the bytes after them.
+    fn assemble(self, max_text_bytes: usize, skip: usize) -> Prompt {
         let sections = [self.system, self.messages, self.prompt];
-        let mut parts = sections.into_iter().flatten();
         let mut prompt = Prompt {
             identity: identity::of(self.salt.as_deref(), self.model.as_deref(), &self.rendered),
             key: self.key,
@@ -286,34 +297,46 @@ impl Fields {
             stream: self.stream,
             ..Prompt::default()
         };
-        let Some(first) = parts.next() else {
-            return prompt;
-        };
-        let (mut text, mut ends) = (first.text, first.message_ends);
-        prompt.model_turn = first.model_turn;
-        prompt.root_end = first.root_end;
-        prompt.messages = first.messages;
-        for s in parts {
-            let shift = text.len();
+        // Bytes `skip..len` of the text.
+        let mut text = Vec::new();
+        let mut len = 0;
+        let mut ends = Vec::new();
+        for s in sections.into_iter().flatten() {
+            let shift = len;
             if prompt.root_end.is_none() {
                 prompt.root_end = s.root_end.map(|e| e + shift);
             }
-            let mut room = max_text_bytes.saturating_sub(shift);
-            push(&mut text, &mut room, &s.text);
+            prompt.model_turn |= s.model_turn;
+            prompt.messages += s.messages;
+            if shift + s.len() <= skip {
+                // Held elsewhere whole (within the cap: the checkpoint's was).
+                len = shift + s.len();
+                ends.extend(s.message_ends.into_iter().map(|e| e + shift));
+                continue;
+            }
+            // What is held elsewhere ends where this section's own bytes start.
+            let own = shift + s.base;
+            debug_assert_eq!(own, skip + text.len(), "a section held in part elsewhere");
+            let mut room = max_text_bytes.saturating_sub(own);
+            if text.is_empty() {
+                text = s.text;
+                text.truncate(room);
+            } else {
+                push(&mut text, &mut room, &s.text);
+            }
+            len = skip + text.len();
             ends.extend(
                 s.message_ends
                     .into_iter()
                     .map(|e| e + shift)
-                    .filter(|e| *e <= text.len()),
+                    .filter(|e| *e <= len),
             );
-            prompt.model_turn |= s.model_turn;
-            prompt.messages += s.messages;
         }
         // The buffer was sized for the whole body; keep only what the text needs.
         if text.capacity() > text.len() + text.len() / 4 + 64 {
             text.shrink_to_fit();
         }
-        prompt.root_end = prompt.root_end.map(|e| e.min(text.len()));
+        prompt.root_end = prompt.root_end.map(|e| e.min(len));
         prompt.text = text;
         prompt.message_ends = ends;
         prompt

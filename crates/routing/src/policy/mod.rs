@@ -148,6 +148,7 @@ mod prefix;
 mod rendezvous;
 mod shards;
 mod singles;
+mod text;
 mod types;
 
 pub use prefix::PrefixChain;

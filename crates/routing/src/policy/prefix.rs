@@ -18,6 +18,8 @@ use std::sync::Arc;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use super::text::Text;
+
 /// Hash of the empty prefix, `H_0`.
 pub(crate) const SEED: u64 = 0x7072_6566_6978_2d72; // "prefix-r"
 const END: u64 = 0x656e_645f_6f66_5f70; // "end_of_p"
@@ -33,8 +35,9 @@ pub struct PrefixChain {
     /// the index shares prefixes only within one identity).
     seed: u64,
     /// The canonical text, kept to hash candidate ends at lookup time
-    /// (shared with the checkpoint a long body leaves, see `request`).
-    pub(crate) text: Arc<Vec<u8>>,
+    /// (shared with the checkpoint a long body leaves, and with the next
+    /// turn read from that checkpoint: see `request`).
+    pub(crate) text: Arc<Text>,
     /// `H_1..H_n`, one per full block.
     pub(crate) blocks: Vec<u64>,
     /// Byte offsets where a message ends (candidate ends of an earlier prompt).
@@ -60,12 +63,13 @@ impl PrefixChain {
         Self::identified_after(text, message_ends, block_bytes, identity, None)
     }
 
-    /// As [`PrefixChain::identified`] for a text whose first `bytes` bytes
-    /// are those of `known`'s text: the hashes of the blocks within them are
-    /// reused when they were taken with the same block size and identity,
-    /// and only the blocks after them are hashed.
+    /// As [`PrefixChain::identified`] for a text that is `known`'s first
+    /// `bytes` bytes, then `tail`: those bytes are shared with `known`'s
+    /// text, not copied, and the hashes of the blocks within them are reused
+    /// when they were taken with the same block size and identity; only the
+    /// blocks after them are hashed.
     pub fn identified_after(
-        text: Vec<u8>,
+        tail: Vec<u8>,
         message_ends: Vec<usize>,
         block_bytes: usize,
         identity: Option<u64>,
@@ -73,21 +77,25 @@ impl PrefixChain {
     ) -> Self {
         let block_bytes = block_bytes.max(1);
         let seed = identity.map_or(SEED, |i| xxh3_64_with_seed(&i.to_le_bytes(), IDENTITY));
-        let known = known
-            .filter(|(k, bytes)| {
-                k.seed == seed && k.block_bytes == block_bytes && *bytes <= text.len()
-            })
-            .map_or(&[][..], |(k, bytes)| {
-                debug_assert_eq!(text.get(..bytes), k.text.get(..bytes));
-                &k.blocks[..k.blocks.len().min(bytes / block_bytes)]
-            });
+        let (text, reused) = match known {
+            Some((k, bytes)) => {
+                let bytes = bytes.min(k.len());
+                let same = k.seed == seed && k.block_bytes == block_bytes;
+                let reused = match same {
+                    true => &k.blocks[..k.blocks.len().min(bytes / block_bytes)],
+                    false => &[][..],
+                };
+                (k.text.extended(bytes, tail), reused)
+            }
+            None => (Text::from(tail), &[][..]),
+        };
         let mut blocks = Vec::with_capacity(text.len() / block_bytes);
-        blocks.extend_from_slice(known);
+        blocks.extend_from_slice(reused);
         let mut h = blocks.last().copied().unwrap_or(seed);
-        for block in text[known.len() * block_bytes..].chunks_exact(block_bytes) {
+        text.blocks(reused.len() * block_bytes, block_bytes, |block| {
             h = xxh3_64_with_seed(block, h);
             blocks.push(h);
-        }
+        });
         Self {
             block_bytes,
             seed,
@@ -99,7 +107,7 @@ impl PrefixChain {
 
     /// Heap bytes held: the text, the block hashes and the message ends.
     pub fn heap_bytes(&self) -> usize {
-        self.text.capacity()
+        self.text.heap_bytes()
             + (self.blocks.capacity() + self.message_ends.capacity()) * std::mem::size_of::<u64>()
     }
 
@@ -110,7 +118,7 @@ impl PrefixChain {
 
     /// Whether the prompt is empty (it then has no identity worth recording).
     pub fn is_empty(&self) -> bool {
-        self.text.is_empty()
+        self.text.len() == 0
     }
 
     /// `H_k` for `k` full blocks (`H_0` is the seed).
@@ -125,10 +133,8 @@ impl PrefixChain {
     /// `End(pos)`: the key of the prefix that ends exactly at `pos`.
     pub(crate) fn end_hash(&self, pos: usize) -> u64 {
         let k = pos / self.block_bytes;
-        xxh3_64_with_seed(
-            &self.text[k * self.block_bytes..pos],
-            self.block_hash(k) ^ END,
-        )
+        let tail = self.text.get(k * self.block_bytes..pos).unwrap_or_default();
+        xxh3_64_with_seed(&tail, self.block_hash(k) ^ END)
     }
 
     /// The index key for an explicit conversation key (`prompt_cache_key`,

@@ -42,8 +42,9 @@ use bytes::Bytes;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::walk::{self, Mark};
-use super::{Fields, JsonError, Prompt, RequestError, Section};
+use super::{Prompt, RequestError};
 use crate::policy::{PrefixChain, Request};
+use resume::{system_text, Left};
 
 /// Bodies shorter than this parse in a few tens of µs: no checkpoint.
 pub const MIN_BODY: usize = 32 << 10;
@@ -298,13 +299,21 @@ impl Checkpoints {
         if let Some(from) = from {
             if let Some(resumed) = from.resume(body, max) {
                 let resumed = resumed?;
-                let (fields, mark) = (resumed.fields, resumed.mark);
+                let (mut fields, mark) = (resumed.fields, resumed.mark);
                 // The text up to the end of the list as it was, when the
-                // `system` before it is the same and the list is the one resumed.
-                let known = resumed.continued && system_text(&fields) == from.system();
-                let known = known.then(|| (&from.chain, from.system_text + from.mark.list.text));
+                // `system` before it is the same and the list is the one
+                // resumed: the checkpoint's chain holds it (shared, not
+                // copied). Else the list's first bytes are put back.
+                let known = resumed.continued && from.system_is(system_text(&fields));
+                let skip = from.system_text + from.mark.list.text;
+                if !known {
+                    if let Some(list) = fields.messages.as_mut() {
+                        from.give_back(list);
+                    }
+                }
+                let known = known.then_some((&from.chain, skip));
                 let left = Left::of(&fields, mark);
-                let prompt = fields.assemble(max);
+                let prompt = fields.assemble(max, known.map_or(0, |(_, n)| n));
                 let request = prompt.into_request_after(block_bytes, header_key, known);
                 let moved = left
                     .as_ref()
@@ -326,7 +335,9 @@ impl Checkpoints {
         }
         let (fields, mark) = walk::read(body, max, true)?;
         let left = Left::of(&fields, mark);
-        let request = fields.assemble(max).into_request(block_bytes, header_key);
+        let request = fields
+            .assemble(max, 0)
+            .into_request(block_bytes, header_key);
         let left = self.keep(at, body, left, &request, None);
         Ok(Parsed {
             request,
@@ -526,75 +537,8 @@ impl Checkpoint {
     fn held(&self) -> usize {
         self.bytes + self.kept.get().map_or(0, |(_, b)| *b)
     }
-
-    /// The `system` text its chain starts with.
-    fn system(&self) -> &[u8] {
-        &self.chain.text[..self.system_text]
-    }
-
-    /// Whether `body` starts with the same bytes up to this checkpoint.
-    fn covers(&self, body: &[u8]) -> bool {
-        let at = self.mark.raw_len;
-        body.get(..at) == self.body.get(..at)
-    }
-
-    /// Reads a body it covers from this checkpoint. An error is the body's,
-    /// the one a walk from its first byte meets (its state at the offset is
-    /// the same).
-    fn resume(&self, body: &[u8], max: usize) -> Option<Result<walk::Resumed, JsonError>> {
-        let at = self.mark.raw_len;
-        let shape = self.mark.list;
-        let start = self.system_text;
-        let text = self.chain.text.get(start..start + shape.text)?;
-        let ends = self
-            .chain
-            .message_ends
-            .get(self.system_ends..self.system_ends + shape.ends)?;
-        // Room for the rest, as a parse from the start reserves.
-        let mut list_text = Vec::with_capacity(text.len() + (body.len() - at).min(max) + 32);
-        list_text.extend_from_slice(text);
-        let list = Section {
-            text: list_text,
-            message_ends: ends.iter().map(|e| e - start).collect(),
-            model_turn: shape.model_turn,
-            root_end: shape.root_end,
-            messages: shape.messages,
-        };
-        Some(walk::resume(body, max, &self.mark, list))
-    }
 }
 
-/// The `system` section's text, if any.
-fn system_text(fields: &Fields) -> &[u8] {
-    fields.system.as_ref().map_or(&[], |s| &s.text)
-}
-
-/// What a parse leaves for a checkpoint: its mark, and where the `system`
-/// section put the list in the text.
-struct Left {
-    mark: Mark,
-    system_text: usize,
-    system_ends: usize,
-}
-
-impl Left {
-    /// `None` also when the salt was set or changed after the list: a
-    /// checkpoint is only found by bodies with its bytes up to the list's end,
-    /// so one with a salt is found only by requests of that salt.
-    fn of(fields: &Fields, mark: Option<Mark>) -> Option<Self> {
-        let mark = mark?;
-        let before = &mark.fields;
-        if fields.salt != before.salt || fields.odd_salt != before.odd_salt {
-            return None;
-        }
-        let system = fields.system.as_ref();
-        Some(Left {
-            mark,
-            system_text: system.map_or(0, |s| s.text.len()),
-            system_ends: system.map_or(0, |s| s.message_ends.len()),
-        })
-    }
-}
-
+mod resume;
 #[cfg(test)]
 mod tests;

@@ -28,7 +28,7 @@ pub fn parse(body: &[u8], max_text_bytes: usize) -> Result<Prompt, serde_json::E
     let mut de = serde_json::Deserializer::from_str(body);
     let fields = de.deserialize_map(Top(&mut parser))?;
     de.end()?;
-    Ok(fields.assemble(max_text_bytes))
+    Ok(fields.assemble(max_text_bytes, 0))
 }
 
 /// Parsing state: the section being built, a reused buffer for short strings

@@ -94,7 +94,7 @@ impl<'de> Visitor<'de> for Top {
                 },
             }
         }
-        let mut prompt = f.assemble(max);
+        let mut prompt = f.assemble(max, 0);
         prompt.model_turn |= previous.is_some();
         prompt.previous_response_id = previous;
         prompt.no_store = no_store;

@@ -89,7 +89,7 @@ pub struct Shape {
 impl Shape {
     fn of(s: &Section) -> Self {
         Shape {
-            text: s.text.len(),
+            text: s.len(),
             ends: s.message_ends.len(),
             model_turn: s.model_turn,
             root_end: s.root_end,
@@ -285,7 +285,7 @@ impl<'b> Walk<'b> {
     }
 
     fn append(&mut self, bytes: &[u8]) {
-        let room = self.max.saturating_sub(self.section.text.len());
+        let room = self.max.saturating_sub(self.section.len());
         self.section
             .text
             .extend_from_slice(bytes.get(..room).unwrap_or(bytes));
@@ -293,7 +293,7 @@ impl<'b> Walk<'b> {
 
     fn text(&mut self) -> Result<()> {
         self.s.bump();
-        let limit = self.max;
+        let limit = self.max.saturating_sub(self.section.base);
         self.s.string(&mut Canonical {
             out: &mut self.section.text,
             limit,

@@ -13,7 +13,7 @@ fn same(a: Option<&Request>, b: Option<&Request>) -> std::result::Result<(), Tes
     let view = |r: Option<&Request>| {
         r.map(|r| {
             let c = &r.chain;
-            let text = c.text.as_slice().to_vec();
+            let text = c.text.to_vec();
             let shape = (r.model_turn, r.root_end, r.messages, r.cache_bypass);
             let names = (r.key.clone(), r.model.clone());
             (text, c.blocks.clone(), c.message_ends.clone(), shape, names)
@@ -96,7 +96,9 @@ struct Turns {
 fn turns() -> impl Strategy<Value = Turns> {
     let fields = || prop::collection::vec(field(), 0..3);
     let turn = prop::collection::vec(message(), 0..4);
-    (fields(), prop::collection::vec((turn, fields()), 3)).prop_map(|(before, t)| Turns {
+    // Past the pieces a text holds at most (see `policy::text`).
+    let n = 3..=10;
+    (fields(), prop::collection::vec((turn, fields()), n)).prop_map(|(before, t)| Turns {
         before,
         turns: t.iter().map(|(m, _)| m.clone()).collect(),
         after: t.into_iter().map(|(_, a)| a).collect(),
@@ -193,6 +195,22 @@ fn a_conversation_keeps_one_checkpoint_its_latest_turn() {
     let entries = store.entries();
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].body, bodies[4]);
+}
+
+#[test]
+fn a_resumed_turn_shares_the_text_it_resumed_from() {
+    let store = Checkpoints::with_min_body(0);
+    let parse = |body| store.parse(body, usize::MAX, 64, 1 << 30, None).unwrap();
+    let bodies = conversation(12);
+    let first = parse(&bodies[0]).request;
+    for body in &bodies[1..] {
+        let next = parse(body);
+        assert!(next.resumed());
+        assert!(next.request.chain.text.shares_with(&first.chain.text));
+        let want = whole(body, usize::MAX, 64).unwrap();
+        assert_eq!(next.request.chain.text, want.chain.text);
+        assert_eq!(next.request.chain.blocks, want.chain.blocks);
+    }
 }
 
 #[test]
