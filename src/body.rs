@@ -60,23 +60,31 @@ pub async fn read(
     let eager = declared.map_or(0, |_| EAGER_CAPACITY);
     let mut buf = Vec::new();
     let mut reserved = 0;
+    // Reserved on the ticket before it is allocated.
     let mut grow = |buf: &mut Vec<u8>, n: usize, ticket: &mut Ticket| {
-        if buf.capacity() - buf.len() < n {
-            let doubled = (2 * buf.capacity()).max(eager).min(declared_cap);
-            buf.reserve_exact(doubled.max(buf.len() + n) - buf.len());
+        let mut want = buf.capacity();
+        if want - buf.len() < n {
+            let doubled = (2 * want).max(eager).min(declared_cap);
+            want = doubled.max(buf.len() + n);
         }
-        let more = buf.capacity().saturating_sub(reserved);
+        let more = want.saturating_sub(reserved);
         reserved += more;
-        ticket.reserve(more)
+        let room = ticket.reserve(more);
+        if room {
+            buf.reserve_exact(want - buf.len());
+        }
+        room
     };
     loop {
         // Room for the next piece before it is read (Pingora copies it straight
-        // into this buffer), none past the declared length; the first piece,
-        // or a larger one, grows the buffer itself, and is reserved at the top
-        // of the next turn.
-        let next = match buf.is_empty() {
-            true => 0,
-            false => READ_PIECE.min(declared_cap.saturating_sub(buf.len())),
+        // into this buffer): none past the declared length, a whole piece for
+        // a chunked body (one past the limit is refused without growing the
+        // buffer). The first piece grows the buffer itself, and is reserved
+        // at the top of the next turn.
+        let next = match (buf.is_empty(), declared) {
+            (true, _) => 0,
+            (false, Some(_)) => READ_PIECE.min(declared_cap.saturating_sub(buf.len())),
+            (false, None) => READ_PIECE,
         };
         if !grow(&mut buf, next, ticket) {
             return Ok(Err(RouterError::OVER_BUDGET));

@@ -132,6 +132,7 @@ impl PrefixChain {
 
     /// `End(pos)`: the key of the prefix that ends exactly at `pos`.
     pub(crate) fn end_hash(&self, pos: usize) -> u64 {
+        debug_assert!(pos <= self.len(), "an end past the text");
         let k = pos / self.block_bytes;
         let tail = self.text.get(k * self.block_bytes..pos).unwrap_or_default();
         xxh3_64_with_seed(&tail, self.block_hash(k) ^ END)

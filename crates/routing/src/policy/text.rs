@@ -4,8 +4,11 @@
 //! A turn read from a checkpoint (see `request`) starts with the text of
 //! the turn that left it, hundreds of KiB in a long agent loop: that text is
 //! shared, not copied, and the turn's own bytes follow in a piece of their
-//! own. Past [`MAX_PIECES`] the pieces after the first (the later turns'
-//! bytes, short beside the first turn's) are merged into one.
+//! own. A piece at least as long as the one before it is merged with it (a
+//! copy of both), as are the last two past [`MAX_PIECES`]: pieces shrink
+//! from the first on, so a long conversation's text is in a few pieces, and
+//! each of its bytes is copied about log2(turns) times in all, not once per
+//! turn.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -35,6 +38,7 @@ impl From<Vec<u8>> for Text {
     }
 }
 
+#[cfg(test)]
 impl PartialEq for Text {
     fn eq(&self, other: &Self) -> bool {
         self.len == other.len && self.get(0..self.len) == other.get(0..other.len)
@@ -72,11 +76,14 @@ impl Text {
             left -= end;
         }
         out.push(tail);
-        if out.pieces.len() > MAX_PIECES {
-            let rest = out.get(out.pieces[0].end..out.len).map(Cow::into_owned);
-            out.pieces.truncate(1);
-            out.len = out.pieces[0].end;
-            out.push(rest.unwrap_or_default());
+        while let [.., before, last] = &out.pieces[..] {
+            if last.end < before.end && out.pieces.len() <= MAX_PIECES {
+                break;
+            }
+            let both = [&before.bytes[..before.end], &last.bytes[..last.end]].concat();
+            out.pieces.truncate(out.pieces.len() - 2);
+            out.len -= both.len();
+            out.push(both);
         }
         out
     }
@@ -201,23 +208,25 @@ mod tests {
     }
 
     #[test]
-    fn past_the_most_pieces_the_later_ones_are_merged() {
-        let mut text = Text::from(vec![b'a'; 100]);
-        let mut want = vec![b'a'; 100];
-        for turn in 0..3 * MAX_PIECES {
+    fn pieces_shrink_from_the_first_and_stay_few() {
+        let mut text = Text::from(vec![b'a'; 1000]);
+        let mut want = vec![b'a'; 1000];
+        for turn in 0..200 {
             let tail = vec![b'0' + (turn % 10) as u8; 3];
             want.extend_from_slice(&tail);
             text = text.extended(text.len(), tail);
             assert!(text.pieces.len() <= MAX_PIECES);
-            assert_eq!(
-                text.pieces[0].bytes.len(),
-                100,
-                "the first piece stays shared"
-            );
+            let ends: Vec<usize> = text.pieces.iter().map(|p| p.end).collect();
+            assert!(ends.windows(2).all(|w| w[1] < w[0]), "{ends:?}");
+            assert_eq!(text.pieces[0].bytes.len(), 1000, "the first stays shared");
         }
         assert_eq!(text.to_vec(), want);
         // A prefix cut inside a piece.
-        let cut = text.extended(102, b"!".to_vec());
-        assert_eq!(cut.to_vec(), [&want[..102], b"!"].concat());
+        let cut = text.extended(1002, b"!".to_vec());
+        assert_eq!(cut.to_vec(), [&want[..1002], b"!"].concat());
+        // Tails as long as the first: merged into it.
+        let long = text.extended(text.len(), vec![b'z'; 2000]);
+        assert_eq!(long.pieces.len(), 1);
+        assert_eq!(long.to_vec(), [&want[..], &[b'z'; 2000][..]].concat());
     }
 }

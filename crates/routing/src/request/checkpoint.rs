@@ -306,31 +306,30 @@ impl Checkpoints {
                 // copied). Else the list's first bytes are put back.
                 let known = resumed.continued && from.system_is(system_text(&fields));
                 let skip = from.system_text + from.mark.list.text;
-                if !known {
-                    if let Some(list) = fields.messages.as_mut() {
-                        from.give_back(list);
-                    }
+                // (The chain holds them: `resume` checked; else it is read whole.)
+                let list = fields.messages.as_mut();
+                if known || list.is_none_or(|l| from.give_back(l)) {
+                    let known = known.then_some((&from.chain, skip));
+                    let left = Left::of(&fields, mark);
+                    let prompt = fields.assemble(max, known.map_or(0, |(_, n)| n));
+                    let request = prompt.into_request_after(block_bytes, header_key, known);
+                    let moved = left
+                        .as_ref()
+                        .is_none_or(|l| l.mark.raw_len != from.mark.raw_len);
+                    let head = at.head;
+                    let left = match moved {
+                        true => self.keep(at, body, left, &request, Some(&from)),
+                        false => None,
+                    };
+                    let from = Some(Turn {
+                        checkpoint: from,
+                        head,
+                    });
+                    return Ok(Parsed {
+                        request,
+                        turns: Turns { from, left },
+                    });
                 }
-                let known = known.then_some((&from.chain, skip));
-                let left = Left::of(&fields, mark);
-                let prompt = fields.assemble(max, known.map_or(0, |(_, n)| n));
-                let request = prompt.into_request_after(block_bytes, header_key, known);
-                let moved = left
-                    .as_ref()
-                    .is_none_or(|l| l.mark.raw_len != from.mark.raw_len);
-                let head = at.head;
-                let left = match moved {
-                    true => self.keep(at, body, left, &request, Some(&from)),
-                    false => None,
-                };
-                let from = Some(Turn {
-                    checkpoint: from,
-                    head,
-                });
-                return Ok(Parsed {
-                    request,
-                    turns: Turns { from, left },
-                });
             }
         }
         let (fields, mark) = walk::read(body, max, true)?;

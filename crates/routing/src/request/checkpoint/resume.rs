@@ -13,14 +13,19 @@ impl Checkpoint {
     }
 
     /// Puts back in front of a message list read from here (unless another
-    /// list replaced it) the bytes it had here, which its chain holds.
-    pub(super) fn give_back(&self, list: &mut Section) {
+    /// list replaced it) the bytes it had here, which its chain holds; false
+    /// when the chain no longer holds them (the body is then read whole).
+    pub(super) fn give_back(&self, list: &mut Section) -> bool {
         let start = self.system_text;
-        let had = self.chain.text.get(start..start + list.base);
-        if let Some(had) = had.filter(|_| list.base > 0) {
-            list.text.splice(0..0, had.iter().copied());
-            list.base = 0;
+        if list.base == 0 {
+            return true;
         }
+        let Some(had) = self.chain.text.get(start..start + list.base) else {
+            return false;
+        };
+        list.text.splice(0..0, had.iter().copied());
+        list.base = 0;
+        true
     }
 
     /// Whether `body` starts with the same bytes up to this checkpoint.

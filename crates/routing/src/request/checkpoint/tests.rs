@@ -201,7 +201,14 @@ fn a_conversation_keeps_one_checkpoint_its_latest_turn() {
 fn a_resumed_turn_shares_the_text_it_resumed_from() {
     let store = Checkpoints::with_min_body(0);
     let parse = |body| store.parse(body, usize::MAX, 64, 1 << 30, None).unwrap();
-    let bodies = conversation(12);
+    // A long system prompt, then turns of about 1 KiB: the first turn's
+    // text stays shared (later ones merge among themselves).
+    let system = format!(r#"{{"role":"system","content":"{}"}},"#, "s".repeat(40_000));
+    let bodies = conversation(30).into_iter().map(|b| {
+        let b = String::from_utf8(b.to_vec()).unwrap();
+        Bytes::from(b.replacen(r#""messages":["#, &format!(r#""messages":[{system}"#), 1))
+    });
+    let bodies: Vec<Bytes> = bodies.collect();
     let first = parse(&bodies[0]).request;
     for body in &bodies[1..] {
         let next = parse(body);
