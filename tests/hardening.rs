@@ -440,12 +440,13 @@ fn a_declared_body_that_never_arrives_holds_none_of_the_byte_budget() {
         "max_body_bytes: 100000\nbody_read_timeout_ms: 20000\nlimits: {max_buffered_bytes: 100000}\ntenants: {header: x-tenant, default: {max_concurrent: 10}}\n",
     );
     // Declares 90 kB and sends none of it: its buffer waits for its bytes.
-    let mut idle = std::net::TcpStream::connect(router.addr).unwrap();
-    write!(
-        idle,
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-tenant: t\r\ncontent-length: 90000\r\n\r\n"
-    )
-    .unwrap();
+    let _idle = http::stall_upload(
+        router.addr,
+        "/v1/chat/completions",
+        &[("x-tenant", "t")],
+        90_000,
+        b"",
+    );
     wait_for("the upload to be received", Duration::from_secs(10), || {
         let series = "prefix_router_tenant_in_progress_requests{tenant=\"other\"}";
         (router.metric(series) == 1.0).then_some(())

@@ -138,10 +138,31 @@ pub fn send(
 
 /// Declares a `declared`-byte body, sends only `partial`, and waits for the answer.
 pub fn send_stalled(addr: SocketAddr, path: &str, declared: usize, partial: &[u8]) -> Response {
-    let mut s = connect(addr).expect("connect");
-    write_head(&mut s, "POST", path, &[], Framing::ContentLength, declared).expect("head");
-    s.write_all(partial).expect("partial body");
+    let s = stall_upload(addr, path, &[], declared, partial);
     read_response(&mut BufReader::new(s)).expect("response")
+}
+
+/// Declares a `declared`-byte body, sends only `partial`, and returns the
+/// open connection.
+pub fn stall_upload(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    declared: usize,
+    partial: &[u8],
+) -> TcpStream {
+    let mut s = connect(addr).expect("connect");
+    write_head(
+        &mut s,
+        "POST",
+        path,
+        headers,
+        Framing::ContentLength,
+        declared,
+    )
+    .expect("head");
+    s.write_all(partial).expect("partial body");
+    s
 }
 
 /// Sends one request; panics on connection failure.
