@@ -1,5 +1,5 @@
 # The two commands of the README, plus the benchmarks.
-.PHONY: run test bench bench-proxy bench-sse bench-memory bench-scale results fleet-results soak fuzz prepare container-check
+.PHONY: run test bench bench-proxy count-instructions bench-sse bench-memory bench-scale results fleet-results soak fuzz prepare container-check
 
 prepare:
 	scripts/prepare.sh
@@ -28,6 +28,13 @@ bench: prepare
 bench-proxy: prepare
 	cargo build --release --bins --examples
 	scripts/bench-proxy.py --doc docs/performance.md
+
+# The same proxies' user-mode instructions per request under Valgrind's
+# callgrind (~5 min; needs valgrind): work counted, not timed, so it does not
+# swing with the machine. Prints a table; docs/performance.md quotes it.
+count-instructions: prepare
+	cargo build --release --bins --examples
+	scripts/count-instructions.py --hooks
 
 # How much later an SSE event reaches the client through the router (and plain
 # Pingora) than straight from the replica (~1 min). Rewrites the SSE section of

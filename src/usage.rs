@@ -39,6 +39,7 @@ enum Figure {
     CacheWrite,
 }
 
+/// Every key of [`figure`] starts with one of `c`, `p`, `i`.
 fn figure(key: &[u8]) -> Option<Figure> {
     match key {
         b"cached_tokens" | b"cache_n" => Some(Figure::Cached),
@@ -94,18 +95,46 @@ impl UsageScan {
     pub fn feed(&mut self, bytes: &[u8]) {
         let mut i = 0;
         while i < bytes.len() {
-            if self.state == State::Idle {
-                match memchr(b'"', &bytes[i..]) {
+            match self.state {
+                State::Idle => match memchr(b'"', &bytes[i..]) {
                     Some(at) => {
                         i += at + 1;
                         self.state = State::Key { len: 0 };
                     }
                     None => return,
+                },
+                // A run that does not start as one of ours can never become
+                // one: on to the next quote (the one that ends it, which may
+                // open a key).
+                State::Key { len: 0 } if !matches!(bytes[i], b'c' | b'p' | b'i' | b'"') => {
+                    self.state = State::Idle;
+                    i += 1;
                 }
-                continue;
+                // A run of key letters at once (an answer's words are most
+                // of what follows its quotes), then the byte that ends it.
+                State::Key { len } => {
+                    let len = usize::from(len);
+                    let run = bytes[i..]
+                        .iter()
+                        .take(MAX_KEY - len)
+                        .take_while(|b| matches!(b, b'a'..=b'z' | b'_'))
+                        .count();
+                    self.key[len..len + run].copy_from_slice(&bytes[i..i + run]);
+                    i += run;
+                    // At most MAX_KEY (27), so it fits.
+                    self.state = State::Key {
+                        len: (len + run) as u8,
+                    };
+                    if let Some(&b) = bytes.get(i) {
+                        self.step(b);
+                        i += 1;
+                    }
+                }
+                _ => {
+                    self.step(bytes[i]);
+                    i += 1;
+                }
             }
-            self.step(bytes[i]);
-            i += 1;
         }
     }
 
@@ -352,7 +381,42 @@ mod tests {
         prop::collection::vec(prop_oneof![piece, digits, noise], 0..64).prop_map(|v| v.concat())
     }
 
+    /// The scan a byte at a time (past quotes it finds with `memchr`), as
+    /// it was before key letters were read in runs.
+    fn feed_stepwise(s: &mut UsageScan, bytes: &[u8]) {
+        let mut i = 0;
+        while i < bytes.len() {
+            if s.state == State::Idle {
+                match memchr(b'"', &bytes[i..]) {
+                    Some(at) => {
+                        i += at + 1;
+                        s.state = State::Key { len: 0 };
+                    }
+                    None => return,
+                }
+                continue;
+            }
+            s.step(bytes[i]);
+            i += 1;
+        }
+    }
+
     proptest::proptest! {
+        /// Reading key letters in runs finds what stepping finds.
+        #[test]
+        fn runs_read_as_steps(body in body(), cut in 0usize..4096) {
+            let cut = cut % (body.len() + 1);
+            let (mut runs, mut steps) = (UsageScan::default(), UsageScan::default());
+            for piece in [&body[..cut], &body[cut..]] {
+                runs.feed(piece);
+                feed_stepwise(&mut steps, piece);
+            }
+            runs.finish();
+            steps.finish();
+            let figures = |s: &UsageScan| (s.cached, s.prompt, s.read, s.written);
+            proptest::prop_assert_eq!(figures(&runs), figures(&steps));
+        }
+
         /// Whatever the bytes and however they are cut into pieces, the
         /// scan neither panics nor depends on the cuts.
         #[test]
