@@ -39,15 +39,22 @@ enum Figure {
     CacheWrite,
 }
 
-/// Every key of [`figure`] starts with one of `c`, `p`, `i`.
+/// The keys looked for, and the figure each carries.
+const KEYS: [(&[u8], Figure); 6] = [
+    (b"cached_tokens", Figure::Cached),
+    (b"cache_n", Figure::Cached),
+    (b"prompt_tokens", Figure::Prompt),
+    (b"input_tokens", Figure::Prompt),
+    (b"cache_read_input_tokens", Figure::CacheRead),
+    (b"cache_creation_input_tokens", Figure::CacheWrite),
+];
+
+/// The first letters of [`KEYS`]: a quoted run that starts otherwise is
+/// dropped at once.
+const FIRST: [u8; 3] = [b'c', b'p', b'i'];
+
 fn figure(key: &[u8]) -> Option<Figure> {
-    match key {
-        b"cached_tokens" | b"cache_n" => Some(Figure::Cached),
-        b"prompt_tokens" | b"input_tokens" => Some(Figure::Prompt),
-        b"cache_read_input_tokens" => Some(Figure::CacheRead),
-        b"cache_creation_input_tokens" => Some(Figure::CacheWrite),
-        _ => None,
-    }
+    KEYS.iter().find(|(k, _)| *k == key).map(|&(_, f)| f)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,7 +113,7 @@ impl UsageScan {
                 // A run that does not start as one of ours can never become
                 // one: on to the next quote (the one that ends it, which may
                 // open a key).
-                State::Key { len: 0 } if !matches!(bytes[i], b'c' | b'p' | b'i' | b'"') => {
+                State::Key { len: 0 } if bytes[i] != b'"' && !FIRST.contains(&bytes[i]) => {
                     self.state = State::Idle;
                     i += 1;
                 }
@@ -318,6 +325,21 @@ mod tests {
     }
 
     #[test]
+    fn every_key_starts_with_a_first_letter_and_fits() {
+        for (key, _) in KEYS {
+            assert!(FIRST.contains(&key[0]), "{}", String::from_utf8_lossy(key));
+            assert!(key.len() <= MAX_KEY);
+        }
+        // A key with a letter more, or one before it, is not that key.
+        for body in [
+            &br#"{"cache_creation_input_tokensx":5,"prompt_tokens":9}"#[..],
+            br#"{"xcached_tokens":5,"prompt_tokens":9}"#,
+        ] {
+            assert_eq!(scan(&[body]), (None, Some(9)));
+        }
+    }
+
+    #[test]
     fn huge_numbers_saturate() {
         let body = br#"{"cached_tokens":99999999999999999999999999}"#;
         assert_eq!(scan(&[body]).0, Some(u64::MAX));
@@ -377,8 +399,11 @@ mod tests {
         ]
         .prop_map(<[u8]>::to_vec);
         let digits = "[0-9]{1,25}".prop_map(String::into_bytes);
+        // Long lowercase runs, past the longest key.
+        let words = "[a-z_\"]{0,40}".prop_map(String::into_bytes);
         let noise = prop::collection::vec(any::<u8>(), 0..8);
-        prop::collection::vec(prop_oneof![piece, digits, noise], 0..64).prop_map(|v| v.concat())
+        prop::collection::vec(prop_oneof![piece, digits, words, noise], 0..64)
+            .prop_map(|v| v.concat())
     }
 
     /// The scan a byte at a time (past quotes it finds with `memchr`), as
