@@ -9,6 +9,9 @@
 #   the HTTP/2 and custom upstream paths boxed (an HTTP/1 request's future is
 #   not sized for them).
 # - pingora-core 0.9.1: a total deadline for a client's request head (slowloris);
+#   a request's first read takes up to 8 KiB (a short request in one system
+#   call), then moves to a buffer of its size (a held stream keeps its bytes,
+#   not 8 KiB);
 #   a request body read straight into the caller's buffer (one copy, not two);
 #   an HTTP/1 request head held back to go out with the body's first write;
 #   a replica's response head read with room for the headers the router adds;

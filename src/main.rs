@@ -330,11 +330,9 @@ fn main() -> anyhow::Result<()> {
     }
     // A client connection's read buffer lives as long as the connection: at
     // Pingora's 64 KiB, 10,000 open streams held 640 MiB in them alone
-    // (docs/scale.md). With none, though, a request of 4 KiB took three reads
-    // where plain Pingora takes one: its head's 4 KiB, the rest, and a
-    // would-block probe (Tokio forgets a socket is drained only after a read
-    // that did not fill its buffer). 8 KiB reads a short prompt in one; a
-    // read larger than the buffer goes straight to the socket.
+    // (docs/scale.md). So it has none: a request's first read goes into an
+    // 8 KiB buffer of its own (a short prompt in one system call), whose
+    // bytes then move to one of their size (patches/pingora-core-0.9.1.diff).
     proxy.add_listener(
         pingora_core::listeners::ListenerConfig::tcp(cfg.listen.as_str()).l4_buffer(
             pingora_core::listeners::L4BufferSettings::default().read(CLIENT_READ_BUFFER),
@@ -413,8 +411,8 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Bytes of a client connection's read buffer over plain TCP (Pingora's
-/// default: 64 KiB).
-const CLIENT_READ_BUFFER: usize = 8 << 10;
+/// default: 64 KiB): none.
+const CLIENT_READ_BUFFER: usize = 0;
 
 /// Raises the soft limit on open descriptors to the hard one (a proxied
 /// request holds two: the client's and the replica's), and says so: the

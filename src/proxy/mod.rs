@@ -141,6 +141,11 @@ impl ProxyHttp for Router {
             session.set_keepalive(Some(s.client_keepalive_s));
         }
         session.set_write_timeout(Some(s.client_write_timeout));
+        // A client may send its next request before reading this answer
+        // (HTTP/1.1 pipelining): it is answered after this one, in order.
+        // Off, Pingora took those bytes for a broken body and the request
+        // in progress failed with 502.
+        session.downstream_session.set_pipelining_enabled(true);
         Ok(())
     }
 

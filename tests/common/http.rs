@@ -414,6 +414,15 @@ pub fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Writes whole requests back to back in one write on one connection
+/// (pipelined), then reads one response for each, in order.
+pub fn pipelined(addr: SocketAddr, requests: &[Vec<u8>]) -> Vec<io::Result<Response>> {
+    let mut s = connect(addr).expect("connect");
+    s.write_all(&requests.concat()).expect("write");
+    let mut r = BufReader::new(s);
+    requests.iter().map(|_| read_response(&mut r)).collect()
+}
+
 /// Writes a request head and the *whole* body before reading anything, as
 /// Python's `http.client` and many SDKs do; the response, or the error that
 /// writing or reading met.

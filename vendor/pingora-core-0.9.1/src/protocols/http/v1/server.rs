@@ -42,6 +42,10 @@ use crate::protocols::http::{
 use crate::protocols::{Digest, SocketAddr, Stream};
 use crate::utils::{BufRef, KVRef};
 
+/// prefix-router patch: bytes of a request's first read (its head, and the
+/// body sent with it).
+const FIRST_READ_SIZE: usize = 8 << 10;
+
 /// Tracks which writer is currently processing a task.
 ///
 /// This enables resuming writes after cancellation. Each variant stores the
@@ -328,9 +332,15 @@ impl HttpSession {
             .pipelined_prefix
             .take()
             .filter(|prefix| !prefix.is_empty())
-            .unwrap_or_else(|| BytesMut::with_capacity(INIT_HEADER_BUF_SIZE));
+            // prefix-router patch: a connection has no read buffer of its own,
+            // so the first read takes up to 8 KiB: a short request in one
+            // system call. The head is moved to a buffer of its size once read.
+            .unwrap_or_else(|| BytesMut::with_capacity(FIRST_READ_SIZE));
         let mut already_read = buf.len();
         let mut skip_next_read = already_read != 0;
+        // prefix-router patch: only a buffer of our first read is compacted
+        // (once per read from the socket, not once per pipelined request).
+        let compact = already_read == 0;
         let mut detached_suffix = None;
         // prefix-router patch: the head's deadline starts at its first byte.
         let header_deadline =
@@ -404,6 +414,14 @@ impl HttpSession {
                             _ => Version::HTTP_09,
                         });
 
+                        // prefix-router patch: the buffer lives as long as the request
+                        // (its header and any body read with it point into it), so what
+                        // was read moves to one of its own size: a long-lived stream
+                        // holds its few hundred bytes, not the first read's 8 KiB. The
+                        // header references are offsets, valid in the copy.
+                        if compact && buf.capacity() > buf.len() {
+                            buf = BytesMut::from(&buf[..]);
+                        }
                         // Detach bytes beyond the header in O(1). Keeping them as owned BytesMut
                         // allows body parsing and subsequent pipelined sessions to continue
                         // splitting the same allocation instead of copying the shrinking suffix.
