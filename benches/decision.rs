@@ -483,12 +483,46 @@ fn exact_turn(c: &mut Criterion) {
     g.finish();
 }
 
+/// The capacity watch's pass over the index (every 500 ms, off the request
+/// path but on its core, a shard locked at a time): the distinct blocks
+/// placed per replica within the window, with the index full of recent
+/// entries (the default 1M, 2 KiB singles spread over 1,000 replicas).
+fn working_set(c: &mut Criterion) {
+    let mut g = c.benchmark_group("working_set");
+    g.sample_size(10);
+    let p = policy(1 << 20);
+    let rs = fleet(1000);
+    for i in 0..400_000 {
+        let text = format!("single {i:>12} ").repeat(2048 / 20);
+        let req = prefix_router::policy::Request {
+            chain: PrefixChain::new(text.into_bytes(), vec![], BLOCK),
+            model_turn: false,
+            root_end: None,
+            hint: None,
+            messages: 1,
+            key: None,
+            cache_bypass: false,
+            model: None,
+            previous_response_id: None,
+            store: true,
+            stream: false,
+        };
+        p.place(&req, &rs);
+    }
+    println!("working_set: {} entries tracked", p.tracked_entries());
+    g.bench_function("full_index_1000_replicas", |b| {
+        b.iter(|| black_box(p.working_set(300)))
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
     fleet_size,
     decision_path,
     lookup_vs_tracked,
     shared_policy,
-    exact_turn
+    exact_turn,
+    working_set
 );
 criterion_main!(benches);

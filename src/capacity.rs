@@ -84,9 +84,8 @@ impl CapacityWatch {
                 .with_label_values(&[&r.name])
                 .set((r.queued_bytes() / BYTES_PER_TOKEN) as i64);
             let set = ws
-                .iter()
-                .find(|(id, _)| *id == r.id)
-                .map_or(WorkingSet::default(), |(_, set)| *set);
+                .binary_search_by_key(&r.id.0, |(id, _)| id.0)
+                .map_or(WorkingSet::default(), |i| ws[i].1);
             r.set_pinned_bytes(set.pinned);
             self.metrics
                 .pinned_working_set

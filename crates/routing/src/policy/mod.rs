@@ -161,11 +161,13 @@ pub const BYTES_PER_TOKEN: u64 = 4;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use index::IdHash;
 use shards::{Shards, Upsert};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -243,17 +245,21 @@ impl Policy {
     }
 
     /// Bytes of distinct prompt blocks placed on each replica within the last
-    /// `window_s` seconds: the prefix cache each replica is asked to hold.
+    /// `window_s` seconds: the prefix cache each replica is asked to hold; in
+    /// replica id order. One pass over the index's recent entries (under
+    /// steady traffic, all of it), a shard locked at a time.
     pub fn working_set(&self, window_s: u32) -> Vec<(ReplicaId, WorkingSet)> {
         let since = self.clock_s.load(Relaxed).saturating_sub(window_s);
-        let mut sets: HashMap<u32, WorkingSet> = HashMap::new();
+        let mut sets: HashMap<u32, WorkingSet, BuildHasherDefault<IdHash>> = HashMap::default();
         let bytes = self.config().block_bytes as u64;
         self.index.recent_blocks(since, |(r, pinned)| {
             let ws = sets.entry(r).or_default();
             ws.all += bytes;
             ws.pinned += if pinned { bytes } else { 0 };
         });
-        sets.into_iter().map(|(r, ws)| (ReplicaId(r), ws)).collect()
+        let mut sets: Vec<_> = sets.into_iter().map(|(r, ws)| (ReplicaId(r), ws)).collect();
+        sets.sort_unstable_by_key(|(r, _)| r.0);
+        sets
     }
 
     /// Sets the distinct prompt bytes placed recently on all replicas

@@ -267,6 +267,25 @@ fn working_set_counts_distinct_recent_blocks_per_replica() {
 }
 
 #[test]
+fn working_set_lists_each_replica_once_in_id_order() {
+    // The capacity watch finds each replica's set by binary search.
+    let p = Policy::new(cfg(Mode::Shape));
+    let mut rs = replicas(&[true; 40]);
+    // Ids far apart and out of order, as reloads leave them.
+    for (i, r) in rs.iter_mut().enumerate() {
+        r.id = ReplicaId(((i as u32) * 7_919 + 13) % 1_000);
+    }
+    for i in 0..400 {
+        p.place(&req(&format!("single {i} ").repeat(B / 4), false), &rs);
+    }
+    let ws = p.working_set(1000);
+    assert!(ws.windows(2).all(|w| w[0].0 .0 < w[1].0 .0), "{ws:?}");
+    assert_eq!(ws.len(), 40, "the counter spreads 400 singles over all 40");
+    let blocks: u64 = ws.iter().map(|(_, s)| s.all).sum();
+    assert!(blocks >= (400 * B) as u64, "{blocks}");
+}
+
+#[test]
 fn threads_sharing_a_sharded_policy_keep_every_conversation_pinned() {
     let p = Policy::new(PolicyConfig {
         max_entries: shards::SHARDED_FROM,
