@@ -11,7 +11,8 @@
 # - pingora-core 0.9.1: a total deadline for a client's request head (slowloris);
 #   a request's first read takes up to 8 KiB (a short request in one system
 #   call), then moves to a buffer of its size (a held stream keeps its bytes,
-#   not 8 KiB);
+#   not 8 KiB); a head parsed from bytes an earlier request read is copied
+#   out of them;
 #   a request body read straight into the caller's buffer (one copy, not two);
 #   an HTTP/1 request head held back to go out with the body's first write;
 #   a replica's response head read with room for the headers the router adds;

@@ -1,6 +1,6 @@
 //! Who may use the listener and what a client can learn or smuggle: API
 //! keys checked before any body is read, placement headers off, path
-//! variants, request smuggling.
+//! variants, request smuggling, pipelined requests.
 
 mod common;
 
@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::http;
 use common::{conversation, sha256_hex, single, wait_for, Router, Sim};
+use serde_json::json;
 
 #[test]
 fn placement_headers_off_hides_replicas_from_clients() {
@@ -241,4 +242,88 @@ fn client_keys_stay_at_the_edge_and_each_replica_gets_its_own() {
         (post().status == 200).then_some(())
     });
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn pipelined_requests_and_a_head_longer_than_the_first_read_reach_the_replica_whole() {
+    // HTTP/1.1 pipelining: each request answered in order, the streamed ones
+    // too (the next request's bytes then arrive while an answer is written).
+    // A request's first read takes up to 8 KiB and what it holds then moves to
+    // a buffer of its size: the header and a body read with it must survive
+    // the move, requests pipelined behind it must still be parsed from it,
+    // and a head longer than the first read must grow it.
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "");
+    let request = |pad: usize, prompt: &str, stream: bool| {
+        let body = serde_json::to_vec(
+            &json!({"model": "sim", "max_tokens": 8, "stream": stream, "prompt": prompt}),
+        )
+        .unwrap();
+        let mut wire = format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: test\r\nx-pad: {}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            "p".repeat(pad),
+            body.len()
+        )
+        .into_bytes();
+        wire.extend(&body);
+        (wire, format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&body)))
+    };
+    let sent = [
+        request(1, &"four kilobytes ".repeat(280), false),
+        request(1, "pipelined behind it, streamed", true),
+        request(12_000, "behind a head of 12 KB", false),
+        request(1, &"and a last one ".repeat(700), true),
+    ];
+    let wires: Vec<Vec<u8>> = sent.iter().map(|(w, _)| w.clone()).collect();
+    for (i, (got, (_, want))) in http::pipelined(router.addr, &wires)
+        .into_iter()
+        .zip(&sent)
+        .enumerate()
+    {
+        let r = got.unwrap_or_else(|e| panic!("request {i}: {e}"));
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_eq!(
+            r.header("x-sim-body-xxh3"),
+            Some(want.as_str()),
+            "request {i}"
+        );
+        if i % 2 == 1 {
+            assert!(
+                r.text().ends_with("data: [DONE]\n\n"),
+                "request {i}: {}",
+                r.text()
+            );
+        }
+    }
+    // Two short ones in one read: the first moves what was read, the
+    // second is parsed from the copy.
+    let short = [request(1, "one", true), request(1, "two", false)];
+    let wires: Vec<Vec<u8>> = short.iter().map(|(w, _)| w.clone()).collect();
+    for (got, (_, want)) in http::pipelined(router.addr, &wires).into_iter().zip(&short) {
+        let r = got.expect("answer");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-sim-body-xxh3"), Some(want.as_str()));
+    }
+    // A head of 12 KB alone on its connection: read past the first 8 KiB.
+    let (wire, want) = request(12_000, "alone", false);
+    let r = http::pipelined(router.addr, &[wire])
+        .remove(0)
+        .expect("answer");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-sim-body-xxh3"), Some(want.as_str()));
+    // A request refused before its body is read closes the connection: what
+    // follows it is never taken for a request of its own.
+    let small = Router::start(&[&a], "max_body_bytes: 4096\n");
+    let refused = [
+        request(1, &"too long ".repeat(1000), false).0,
+        request(1, "after", false).0,
+    ];
+    let mut got = http::pipelined(small.addr, &refused).into_iter();
+    let first = got.next().expect("first").expect("answer");
+    assert_eq!(first.status, 413, "{}", first.text());
+    assert!(
+        got.next().expect("second").is_err(),
+        "the bytes after a refused request were answered"
+    );
 }

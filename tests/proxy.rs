@@ -132,67 +132,6 @@ fn bodies_reach_the_replica_byte_for_byte_at_every_size_and_framing() {
 }
 
 #[test]
-fn pipelined_requests_and_a_head_longer_than_the_first_read_reach_the_replica_whole() {
-    // HTTP/1.1 pipelining: each request answered in order, the streamed ones
-    // too (the next request's bytes then arrive while an answer is written).
-    // A request's first read takes up to 8 KiB and what it holds then moves to
-    // a buffer of its size: the header and a body read with it must survive
-    // the move, requests pipelined behind it must still be parsed from it,
-    // and a head longer than the first read must grow it.
-    let a = Sim::start("a", &[]);
-    let router = Router::start(&[&a], "");
-    let request = |pad: usize, prompt: &str, stream: bool| {
-        let body = serde_json::to_vec(
-            &json!({"model": "sim", "max_tokens": 8, "stream": stream, "prompt": prompt}),
-        )
-        .unwrap();
-        let mut wire = format!(
-            "POST /v1/completions HTTP/1.1\r\nhost: test\r\nx-pad: {}\r\n\
-             content-type: application/json\r\ncontent-length: {}\r\n\r\n",
-            "p".repeat(pad),
-            body.len()
-        )
-        .into_bytes();
-        wire.extend(&body);
-        (wire, format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&body)))
-    };
-    let sent = [
-        request(1, &"four kilobytes ".repeat(280), false),
-        request(1, "pipelined behind it, streamed", true),
-        request(12_000, "behind a head of 12 KB", false),
-        request(1, &"and a last one ".repeat(700), true),
-    ];
-    let wires: Vec<Vec<u8>> = sent.iter().map(|(w, _)| w.clone()).collect();
-    for (i, (got, (_, want))) in http::pipelined(router.addr, &wires)
-        .into_iter()
-        .zip(&sent)
-        .enumerate()
-    {
-        let r = got.unwrap_or_else(|e| panic!("request {i}: {e}"));
-        assert_eq!(r.status, 200, "request {i}: {}", r.text());
-        assert_eq!(
-            r.header("x-sim-body-xxh3"),
-            Some(want.as_str()),
-            "request {i}"
-        );
-        if i % 2 == 1 {
-            assert!(
-                r.text().ends_with("data: [DONE]\n\n"),
-                "request {i}: {}",
-                r.text()
-            );
-        }
-    }
-    // A head of 12 KB alone on its connection: read past the first 8 KiB.
-    let (wire, want) = request(12_000, "alone", false);
-    let r = http::pipelined(router.addr, &[wire])
-        .remove(0)
-        .expect("answer");
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.header("x-sim-body-xxh3"), Some(want.as_str()));
-}
-
-#[test]
 fn expect_100_continue_is_answered_and_the_body_forwarded() {
     let a = Sim::start("a", &[]);
     let router = Router::start(&[&a], "");

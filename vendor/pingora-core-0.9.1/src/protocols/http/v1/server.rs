@@ -338,9 +338,10 @@ impl HttpSession {
             .unwrap_or_else(|| BytesMut::with_capacity(FIRST_READ_SIZE));
         let mut already_read = buf.len();
         let mut skip_next_read = already_read != 0;
-        // prefix-router patch: only a buffer of our first read is compacted
-        // (once per read from the socket, not once per pipelined request).
-        let compact = already_read == 0;
+        // prefix-router patch: whether this call read from the socket (what it
+        // read is then compacted once; a request parsed from bytes already read
+        // has only its head copied, so the cost stays linear in bytes read).
+        let mut from_socket = false;
         let mut detached_suffix = None;
         // prefix-router patch: the head's deadline starts at its first byte.
         let header_deadline =
@@ -369,13 +370,19 @@ impl HttpSession {
             // this request and is waiting for our response).
             if skip_next_read {
                 skip_next_read = false;
-            } else if let Some(n) = self
-                .read_request_buf(&mut buf, already_read, deadline)
-                .await?
-            {
+            } else if let Some(n) = {
+                // prefix-router patch: room for a whole first read, also after
+                // a few pipelined bytes or a full buffer (not 64 bytes more).
+                if buf.capacity() - buf.len() < FIRST_READ_SIZE / 8 {
+                    buf.reserve(FIRST_READ_SIZE);
+                }
+                self.read_request_buf(&mut buf, already_read, deadline)
+                    .await?
+            } {
                 if already_read == 0 {
                     deadline = header_deadline(self.request_header_timeout);
                 }
+                from_socket = true;
                 already_read += n;
             } else {
                 return Ok(None);
@@ -419,7 +426,7 @@ impl HttpSession {
                         // was read moves to one of its own size: a long-lived stream
                         // holds its few hundred bytes, not the first read's 8 KiB. The
                         // header references are offsets, valid in the copy.
-                        if compact && buf.capacity() > buf.len() {
+                        if from_socket && buf.capacity() > buf.len() {
                             buf = BytesMut::from(&buf[..]);
                         }
                         // Detach bytes beyond the header in O(1). Keeping them as owned BytesMut
@@ -440,6 +447,12 @@ impl HttpSession {
                             }
                             rest
                         };
+                        // prefix-router patch: a head parsed from bytes an earlier
+                        // request read gets a buffer of its own, not a share of
+                        // that request's (up to the largest head allowed).
+                        if !from_socket {
+                            buf = BytesMut::from(&buf[..]);
+                        }
                         let buf = buf.freeze();
 
                         for header in header_refs {
