@@ -50,6 +50,23 @@ fn fleet(n: u32) -> Vec<ReplicaState> {
         .collect()
 }
 
+/// A one-message prompt of `text` (a continuation when `model_turn`).
+fn text_request(text: String, model_turn: bool) -> prefix_router::policy::Request {
+    prefix_router::policy::Request {
+        chain: PrefixChain::new(text.into_bytes(), vec![], BLOCK),
+        model_turn,
+        root_end: None,
+        hint: None,
+        messages: 1,
+        key: None,
+        cache_bypass: false,
+        model: None,
+        previous_response_id: None,
+        store: true,
+        stream: false,
+    }
+}
+
 /// An agent conversation of about `bytes` bytes of JSON, tool turns included.
 fn agent_body(bytes: usize, salt: usize) -> Vec<u8> {
     agent_turns(bytes, salt).0
@@ -177,20 +194,7 @@ fn lookup_vs_tracked(c: &mut Criterion) {
         for i in 0..conversations {
             // A 2 KiB canonical prompt each: two blocks plus its end.
             let text = format!("conversation {i:>12} ").repeat(2048 / 26);
-            let req = prefix_router::policy::Request {
-                chain: PrefixChain::new(text.into_bytes(), vec![], BLOCK),
-                model_turn: true,
-                root_end: None,
-                hint: None,
-                messages: 1,
-                key: None,
-                cache_bypass: false,
-                model: None,
-                previous_response_id: None,
-                store: true,
-                stream: false,
-            };
-            p.place(&req, &rs);
+            p.place(&text_request(text, true), &rs);
         }
         let per = p.index_bytes() as f64 / conversations as f64;
         println!(
@@ -494,20 +498,7 @@ fn working_set(c: &mut Criterion) {
     let rs = fleet(1000);
     for i in 0..400_000 {
         let text = format!("single {i:>12} ").repeat(2048 / 20);
-        let req = prefix_router::policy::Request {
-            chain: PrefixChain::new(text.into_bytes(), vec![], BLOCK),
-            model_turn: false,
-            root_end: None,
-            hint: None,
-            messages: 1,
-            key: None,
-            cache_bypass: false,
-            model: None,
-            previous_response_id: None,
-            store: true,
-            stream: false,
-        };
-        p.place(&req, &rs);
+        p.place(&text_request(text, false), &rs);
     }
     println!("working_set: {} entries tracked", p.tracked_entries());
     g.bench_function("full_index_1000_replicas", |b| {
