@@ -107,7 +107,10 @@ NAMES = {"router": "prefix-router", "smg": "SMG cache_aware", "direct": "stub di
 ROUTEBENCH = os.path.join(ROOT, "target/release/routebench")
 ROUTER = os.path.join(ROOT, "target/release/prefix-router")
 # Distinct one-shot questions of about 4 KiB: a number first, so no two share
-# a prefix (each is a single, spread by the counter).
+# a prefix (each is a single, spread by the counter). wrk's Lua starts every
+# run with the same random sequence; seeded from /dev/urandom, a run does not
+# repeat an earlier run's questions (which the router would pin as
+# continuations of them).
 LUA = r"""
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
@@ -116,7 +119,13 @@ n = 0
 bad = 0
 local threads = {}
 function setup(thread) table.insert(threads, thread) end
-function init(args) n = 0; bad = 0 end
+function init(args)
+  n = 0; bad = 0
+  local f = io.open("/dev/urandom", "rb")
+  local b1, b2, b3 = f:read(3):byte(1, 3)
+  f:close()
+  math.randomseed(b1 * 65536 + b2 * 256 + b3)
+end
 function request()
   n = n + 1
   local body = '{"model":"bench","max_tokens":16,"messages":[{"role":"user","content":"question ' ..

@@ -126,11 +126,8 @@ fn main() -> anyhow::Result<()> {
     startup.block_on(resolver.refresh(&cfg, prefix_router::resolve::STARTUP_LOOKUP_DEADLINE));
     startup.shutdown_background();
     let listed = resolver.expand(&cfg, |_| None);
-    let metrics =
-        Arc::new(Metrics::new(prometheus::default_registry().clone()).context("metrics registry")?);
-    metrics
-        .watch_log_drops(logging.dropped())
-        .context("metrics registry")?;
+    let metrics = Arc::new(Metrics::new());
+    metrics.watch_log_drops(logging.dropped());
     let replicas = Arc::new(Replicas::new(&listed, Arc::clone(&metrics)));
     let engine_load = match &cfg.engine_load {
         Some(e) => Some(

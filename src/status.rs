@@ -35,11 +35,10 @@ use pingora_core::services::listening::Service;
 use pingora_core::services::ServiceReadyNotifier;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_http::{RequestHeader, ResponseHeader};
-use prometheus::{Encoder, TextEncoder, TEXT_FORMAT};
 
 use crate::admin;
 use crate::auth::KeyFile;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, PAGE_FORMAT};
 use crate::replicas::Replicas;
 
 /// Serves metrics, probes and the admin API.
@@ -234,17 +233,14 @@ impl ServeHttp for MetricsApp {
                 }
                 answer(status, "text/plain", body.into_bytes())
             }
-            "/metrics" => {
-                let mut buffer = Vec::new();
-                match TextEncoder::new().encode(&self.metrics.registry().gather(), &mut buffer) {
-                    Ok(()) => answer(StatusCode::OK, TEXT_FORMAT, buffer),
-                    Err(e) => answer(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "text/plain",
-                        format!("{e}\n").into_bytes(),
-                    ),
-                }
-            }
+            "/metrics" => match self.metrics.page() {
+                Ok(page) => answer(StatusCode::OK, PAGE_FORMAT, page.into_bytes()),
+                Err(e) => answer(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "text/plain",
+                    format!("{e}\n").into_bytes(),
+                ),
+            },
             // Only the known paths: a scanner gets no page to compress.
             _ => answer(StatusCode::NOT_FOUND, "text/plain", b"not found\n".to_vec()),
         }

@@ -273,19 +273,26 @@ struct Family {
 fn exported(text: &str) -> BTreeMap<String, Family> {
     let mut out: BTreeMap<String, Family> = BTreeMap::new();
     for line in text.lines() {
+        // OpenMetrics: a counter's family is named without the `_total`
+        // its series have; its help ends with a full stop.
         if let Some(rest) = line.strip_prefix("# HELP ") {
             let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
             out.entry(name.to_owned()).or_insert(Family {
                 kind: String::new(),
                 labels: Vec::new(),
-                help: help.to_owned(),
+                help: help.strip_suffix('.').unwrap_or(help).to_owned(),
             });
         } else if let Some(rest) = line.strip_prefix("# TYPE ") {
             let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
-            if let Some(f) = out.get_mut(name) {
+            if let Some(mut f) = out.remove(name) {
                 f.kind = kind.to_owned();
+                let name = match kind {
+                    "counter" => format!("{name}_total"),
+                    _ => name.to_owned(),
+                };
+                out.insert(name, f);
             }
-        } else if !line.is_empty() {
+        } else if !line.is_empty() && !line.starts_with('#') {
             let series = line.split(' ').next().unwrap_or("");
             let (name, labels) = series.split_once('{').unwrap_or((series, ""));
             let family = ["_bucket", "_sum", "_count"]

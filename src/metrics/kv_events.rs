@@ -2,10 +2,7 @@
 //! by outcome, blocks stored, removed and left out, cache resets, and what
 //! the router holds of each engine's cache.
 
-use prometheus::{
-    register_int_counter_vec_with_registry, register_int_gauge_vec_with_registry, IntCounterVec,
-    IntGaugeVec, Registry,
-};
+use super::family::{IntCounterVec, IntGaugeVec, Register};
 
 /// What became of one batch of events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,45 +58,15 @@ pub struct KvEventMetrics {
 }
 
 impl KvEventMetrics {
-    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
-        Ok(Self {
-            batches: register_int_counter_vec_with_registry!(
-                "prefix_router_kv_event_batches_total",
-                "KV event batches from each replica's engine, by outcome (applied, replayed, lost, undecodable, skipped: another topic or shape, overflowed: past max_blocks)",
-                &["replica", "outcome"],
-                registry
-            )?,
-            blocks_changed: register_int_counter_vec_with_registry!(
-                "prefix_router_kv_event_blocks_total",
-                "GPU blocks each engine's KV events stored and removed, stored blocks left out (orphaned: their parent never seen), and malformed events skipped (unreadable)",
-                &["replica", "change"],
-                registry
-            )?,
-            resets: register_int_counter_vec_with_registry!(
-                "prefix_router_kv_engine_resets_total",
-                "Engine caches emptied as their KV events tell: AllBlocksCleared (cleared) or a new sequence (restart)",
-                &["replica", "cause"],
-                registry
-            )?,
-            blocks: register_int_gauge_vec_with_registry!(
-                "prefix_router_kv_blocks",
-                "GPU blocks each replica's engine holds, as its KV events say",
-                &["replica"],
-                registry
-            )?,
-            synced: register_int_gauge_vec_with_registry!(
-                "prefix_router_kv_synced",
-                "1 while every KV event since the engine's cache was last empty has been read; 0: its state is unknown",
-                &["replica"],
-                registry
-            )?,
-            bytes: register_int_gauge_vec_with_registry!(
-                "prefix_router_kv_index_bytes",
-                "Bytes the router holds for each replica's blocks, about",
-                &["replica"],
-                registry
-            )?,
-        })
+    pub fn new(r: &mut Register) -> Self {
+        Self {
+            batches: r.counter_vec("prefix_router_kv_event_batches_total", "KV event batches from each replica's engine, by outcome (applied, replayed, lost, undecodable, skipped: another topic or shape, overflowed: past max_blocks)", &["replica", "outcome"]),
+            blocks_changed: r.counter_vec("prefix_router_kv_event_blocks_total", "GPU blocks each engine's KV events stored and removed, stored blocks left out (orphaned: their parent never seen), and malformed events skipped (unreadable)", &["replica", "change"]),
+            resets: r.counter_vec("prefix_router_kv_engine_resets_total", "Engine caches emptied as their KV events tell: AllBlocksCleared (cleared) or a new sequence (restart)", &["replica", "cause"]),
+            blocks: r.gauge_vec("prefix_router_kv_blocks", "GPU blocks each replica's engine holds, as its KV events say", &["replica"]),
+            synced: r.gauge_vec("prefix_router_kv_synced", "1 while every KV event since the engine's cache was last empty has been read; 0: its state is unknown", &["replica"]),
+            bytes: r.gauge_vec("prefix_router_kv_index_bytes", "Bytes the router holds for each replica's blocks, about", &["replica"]),
+        }
     }
 
     pub fn batch(&self, replica: &str, outcome: KvOutcome) {
@@ -153,16 +120,16 @@ impl KvEventMetrics {
     /// Drops every series of `replica`.
     pub fn forget(&self, replica: &str) {
         for g in [&self.blocks, &self.synced, &self.bytes] {
-            let _ = g.remove_label_values(&[replica]);
+            g.remove_label_values(&[replica]);
         }
         for o in KvOutcome::ALL {
-            let _ = self.batches.remove_label_values(&[replica, o.as_str()]);
+            self.batches.remove_label_values(&[replica, o.as_str()]);
         }
         for c in BLOCK_CHANGES {
-            let _ = self.blocks_changed.remove_label_values(&[replica, c]);
+            self.blocks_changed.remove_label_values(&[replica, c]);
         }
         for c in RESET_CAUSES {
-            let _ = self.resets.remove_label_values(&[replica, c]);
+            self.resets.remove_label_values(&[replica, c]);
         }
     }
 }

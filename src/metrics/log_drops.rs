@@ -1,39 +1,37 @@
 //! `prefix_router_log_lines_dropped_total`: the log writer's count of lines
 //! it dropped because its queue was full (see `access_log`), read at each
-//! scrape.
+//! scrape once the writer is watched.
 
-use prometheus::core::{Collector, Desc, Describer};
-use prometheus::proto::MetricFamily;
-use prometheus::{IntCounter, Opts};
+use std::sync::{Arc, OnceLock};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
 use tracing_appender::non_blocking::ErrorCounter;
+
+use super::family::counter_name;
 
 const NAME: &str = "prefix_router_log_lines_dropped_total";
 const HELP: &str = "Log lines dropped because the log writer's queue was full (stderr slower than the lines logged)";
 
 /// The collector over the log writer's counter.
-pub struct LogDrops {
-    dropped: ErrorCounter,
-    desc: Desc,
-}
+pub struct LogDrops(pub Arc<OnceLock<ErrorCounter>>);
 
-impl LogDrops {
-    pub fn new(dropped: ErrorCounter) -> Result<Self, prometheus::Error> {
-        let desc = Opts::new(NAME, HELP).describe()?;
-        Ok(Self { dropped, desc })
+impl std::fmt::Debug for LogDrops {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("LogDrops")
     }
 }
 
 impl Collector for LogDrops {
-    fn desc(&self) -> Vec<&Desc> {
-        vec![&self.desc]
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        IntCounter::with_opts(Opts::new(NAME, HELP))
-            .map(|c| {
-                c.inc_by(self.dropped.dropped_lines() as u64);
-                c.collect()
-            })
-            .unwrap_or_default()
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(dropped) = self.0.get() else {
+            return Ok(());
+        };
+        let counter = ConstCounter::new(dropped.dropped_lines() as u64);
+        let help = format!("{HELP}.");
+        let series =
+            encoder.encode_descriptor(counter_name(NAME), &help, None, counter.metric_type())?;
+        counter.encode(series)
     }
 }

@@ -4,22 +4,22 @@
 //! handed to each part that counts; nothing reaches it through a global.
 //! Label values come from config (replica names) or enums, never from requests.
 
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
-use prometheus::{
-    register_gauge_vec_with_registry, register_histogram_vec_with_registry,
-    register_histogram_with_registry, register_int_counter_vec_with_registry,
-    register_int_counter_with_registry, register_int_gauge_vec_with_registry,
-    register_int_gauge_with_registry, GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Registry,
-};
+use prometheus_client::registry::Registry;
 
+mod family;
 mod kv_events;
 mod log_drops;
 mod prompts;
 mod replica;
 mod tenants;
 
+use family::Register;
+pub use family::{
+    GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+};
 pub use kv_events::{KvEventMetrics, KvOutcome};
 pub use prompts::PromptMetrics;
 pub use replica::{Ejection, Repair, ReplicaCounters};
@@ -111,8 +111,18 @@ pub struct Metrics {
     pub kv: KvEventMetrics,
     /// Per tenant.
     pub tenants: TenantMetrics,
+    /// The log writer's count of dropped lines, once it is watched.
+    log_drops: Arc<std::sync::OnceLock<tracing_appender::non_blocking::ErrorCounter>>,
     registry: Registry,
+    /// Replica names with series, and the sweeps each has been gone
+    /// (`sweep_replicas`).
+    replica_names: std::sync::Mutex<std::collections::HashMap<String, u8>>,
+    /// The last page's length: the next one's buffer.
+    page_size: AtomicUsize,
 }
+
+/// The `/metrics` page's content type.
+pub const PAGE_FORMAT: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Seconds: a cached turn's first token (tens of ms) to a long generation.
 const LATENCY_BUCKETS: [f64; 15] = [
@@ -131,254 +141,164 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Metrics {
-    /// Registers every metric in `registry` (the process's: main passes
-    /// Prometheus's default one; tests each their own).
-    pub fn new(registry: Registry) -> Result<Self, prometheus::Error> {
-        let registry = &registry;
-        Ok(Metrics {
-            requests: register_int_counter_vec_with_registry!(
-                "prefix_router_requests_total",
-                "Requests routed, by replica, decision and shape",
-                &["replica", "decision", "shape"],
-                registry
-            )?,
-            failovers: register_int_counter_vec_with_registry!(
-                "prefix_router_failovers_total",
-                "Connection failures to a replica that were retried on another",
-                &["replica"],
-                registry
-            )?,
-            replica_up: register_int_gauge_vec_with_registry!(
-                "prefix_router_replica_up",
-                "1 when the replica's health check passes and it is not ejected",
-                &["replica"],
-                registry
-            )?,
-            replica_drained: register_int_gauge_vec_with_registry!(
-                "prefix_router_replica_drained",
-                "1 while the replica is drained through the admin API",
-                &["replica"],
-                registry
-            )?,
-            in_flight: register_int_gauge_vec_with_registry!(
-                "prefix_router_in_flight_requests",
-                "Requests in flight per replica",
-                &["replica"],
-                registry
-            )?,
-            queued_prefill: register_int_gauge_vec_with_registry!(
-                "prefix_router_queued_prefill_tokens",
-                "Prompt tokens (bytes / 4) of the streams sent to the replica and not answering yet, less what their placement expected cached (queued_prefill_step_bytes; refreshed every 500 ms)",
-                &["replica"],
-                registry
-            )?,
-            kv_tokens: register_int_gauge_vec_with_registry!(
-                "prefix_router_replica_kv_capacity_tokens",
-                "Declared KV cache capacity per replica (config kv_tokens)",
-                &["replica"],
-                registry
-            )?,
-            working_set: register_int_gauge_vec_with_registry!(
-                "prefix_router_replica_working_set_tokens",
-                "Distinct prompt tokens placed on the replica within working_set_window_s (estimate, bytes/4)",
-                &["replica"],
-                registry
-            )?,
-            pinned_working_set: register_int_gauge_vec_with_registry!(
-                "prefix_router_replica_pinned_working_set_tokens",
-                "Of the working set, the tokens continuations placed (contexts expected back; kv_room keeps cold prompts off them)",
-                &["replica"],
-                registry
-            )?,
-            errors: register_int_counter_vec_with_registry!(
-                "prefix_router_errors_total",
-                "Errors answered by the router, by kind",
-                &["kind"],
-                registry
-            )?,
-            reloads: register_int_counter_vec_with_registry!(
-                "prefix_router_config_reloads_total",
-                "Config file reloads, by result",
-                &["result"],
-                registry
-            )?,
-            key_reloads: register_int_counter_vec_with_registry!(
-                "prefix_router_api_keys_reloads_total",
-                "Keys file reloads (api_keys_file, admin_keys_file), by result",
-                &["file", "result"],
-                registry
-            )?,
-            model_requests: register_int_counter_vec_with_registry!(
-                "prefix_router_model_requests_total",
-                "Routed requests by model (as a replica lists it; `unlisted` for a model no replica lists, `none` without one) and decision",
-                &["model", "decision"],
-                registry
-            )?,
+    /// Every metric, in a registry of its own (`registry`).
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let log_drops = Arc::default();
+        registry.register_collector(Box::new(log_drops::LogDrops(Arc::clone(&log_drops))));
+        let r = &mut Register(&mut registry);
+        let metrics = Metrics {
+            requests: r.counter_vec(
+                "prefix_router_requests_total", "Requests routed, by replica, decision and shape", &["replica", "decision", "shape"]
+            ),
+            failovers: r.counter_vec(
+                "prefix_router_failovers_total", "Connection failures to a replica that were retried on another", &["replica"]
+            ),
+            replica_up: r.gauge_vec(
+                "prefix_router_replica_up", "1 when the replica's health check passes and it is not ejected", &["replica"]
+            ),
+            replica_drained: r.gauge_vec(
+                "prefix_router_replica_drained", "1 while the replica is drained through the admin API", &["replica"]
+            ),
+            in_flight: r.gauge_vec(
+                "prefix_router_in_flight_requests", "Requests in flight per replica", &["replica"]
+            ),
+            queued_prefill: r.gauge_vec(
+                "prefix_router_queued_prefill_tokens", "Prompt tokens (bytes / 4) of the streams sent to the replica and not answering yet, less what their placement expected cached (queued_prefill_step_bytes; refreshed every 500 ms)", &["replica"]
+            ),
+            kv_tokens: r.gauge_vec(
+                "prefix_router_replica_kv_capacity_tokens", "Declared KV cache capacity per replica (config kv_tokens)", &["replica"]
+            ),
+            working_set: r.gauge_vec(
+                "prefix_router_replica_working_set_tokens", "Distinct prompt tokens placed on the replica within working_set_window_s (estimate, bytes/4)", &["replica"]
+            ),
+            pinned_working_set: r.gauge_vec(
+                "prefix_router_replica_pinned_working_set_tokens", "Of the working set, the tokens continuations placed (contexts expected back; kv_room keeps cold prompts off them)", &["replica"]
+            ),
+            errors: r.counter_vec(
+                "prefix_router_errors_total", "Errors answered by the router, by kind", &["kind"]
+            ),
+            reloads: r.counter_vec(
+                "prefix_router_config_reloads_total", "Config file reloads, by result", &["result"]
+            ),
+            key_reloads: r.counter_vec(
+                "prefix_router_api_keys_reloads_total", "Keys file reloads (api_keys_file, admin_keys_file), by result", &["file", "result"]
+            ),
+            model_requests: r.counter_vec(
+                "prefix_router_model_requests_total", "Routed requests by model (as a replica lists it; `unlisted` for a model no replica lists, `none` without one) and decision", &["model", "decision"]
+            ),
             models: arc_swap::ArcSwap::default(),
             models_adding: std::sync::Mutex::new(()),
-            response_ids: register_int_gauge_with_registry!(
-                "prefix_router_response_ids",
-                "Responses API response ids whose replica the router knows (bounded, least recently used evicted)",
-                registry
-            )?,
-            restart_pending: register_int_gauge_with_registry!(
-                "prefix_router_config_restart_pending",
-                "1 while the config file changes keys a reload cannot apply (logged by name); they take effect at the next restart",
-                registry
-            )?,
-            index_entries: register_int_gauge_with_registry!(
-                "prefix_router_prefix_index_entries",
-                "Entries in the prefix index",
-                registry
-            )?,
-            index_bytes: register_int_gauge_with_registry!(
-                "prefix_router_prefix_index_bytes",
-                "Heap bytes of the prefix index",
-                registry
-            )?,
-            upstream_header_seconds: register_histogram_with_registry!(
-                "prefix_router_upstream_header_seconds",
-                "Time from request arrival to the replica's response header (TTFB incl. body read)",
-                vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0],
-                registry
-            )?,
-            first_byte_seconds: register_histogram_vec_with_registry!(
-                "prefix_router_first_byte_seconds",
-                "Time from request arrival to the first response body bytes from the replica (the router's view of time to first token), by decision (not by replica too: a fleet of a thousand would export a quarter of a million series)",
-                &["decision"],
-                LATENCY_BUCKETS.to_vec(),
-                registry
-            )?,
-            duration_seconds: register_histogram_vec_with_registry!(
-                "prefix_router_request_duration_seconds",
-                "Time from request arrival to the end of the replica's response, by decision",
-                &["decision"],
-                LATENCY_BUCKETS.to_vec(),
-                registry
-            )?,
-            request_body_bytes: register_histogram_with_registry!(
-                "prefix_router_request_body_bytes",
-                "Body bytes of routed requests (the prompt the router reads and forwards)",
-                vec![1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0],
-                registry
-            )?,
-            no_replica: register_int_counter_with_registry!(
-                "prefix_router_no_replica_total",
-                "Requests answered 503 because no replica was live",
-                registry
-            )?,
-            ejections: register_int_counter_vec_with_registry!(
-                "prefix_router_ejections_total",
-                "Replicas ejected by the request path, by reason (connect_failed, consecutive_failures)",
-                &["replica", "reason"],
-                registry
-            )?,
-            health_checks: register_int_counter_vec_with_registry!(
-                "prefix_router_health_checks_total",
-                "Active health checks by replica and result (pass; fail: an error status or a connection failure; timeout: no answer within the check's deadline)",
-                &["replica", "result"],
-                registry
-            )?,
-            panic_routed: register_int_counter_with_registry!(
-                "prefix_router_panic_routed_total",
-                "Placements on a replica that is not live (ejected, or failing its health checks) because no replica was live (panic mode)",
-                registry
-            )?,
-            panic_mode: register_int_gauge_with_registry!(
-                "prefix_router_panic_mode",
-                "1 while no replica is live and requests are routed to them anyway (panic mode)",
-                registry
-            )?,
-            admitted_requests: register_int_gauge_with_registry!(
-                "prefix_router_admitted_requests",
-                "Requests in flight to replicas now (limits.max_requests; taken when placed)",
-                registry
-            )?,
-            buffered_body_bytes: register_int_gauge_with_registry!(
-                "prefix_router_buffered_body_bytes",
-                "Request bytes held now: bodies, parsed prompts and the heads of requests in progress (limits.max_buffered_bytes)",
-                registry
-            )?,
-            predicted_cached: register_int_counter_vec_with_registry!(
-                "prefix_router_predicted_cached_tokens_total",
-                "Prompt tokens the router expected the replica to have cached (matched bytes / 4), over responses that reported usage",
-                &["replica", "decision"],
-                registry
-            )?,
-            delivered_cached: register_int_counter_vec_with_registry!(
-                "prefix_router_delivered_cached_tokens_total",
-                "Prompt tokens the replica reported reused from its cache, over responses that reported usage",
-                &["replica", "decision"],
-                registry
-            )?,
-            reported_prompt: register_int_counter_vec_with_registry!(
-                "prefix_router_reported_prompt_tokens_total",
-                "Prompt tokens the replica reported, over responses that reported usage",
-                &["replica", "decision"],
-                registry
-            )?,
-            index_repairs: register_int_counter_vec_with_registry!(
-                "prefix_router_index_repairs_total",
-                "Times the prefix index forgot what a replica held, by cause (miss: the engine reported a predicted prefix gone; restart: the replica came back from a failed health check)",
-                &["replica", "cause"],
-                registry
-            )?,
-            engine_reads: register_int_counter_vec_with_registry!(
-                "prefix_router_engine_reads_total",
-                "Reads of replicas' own metrics (engine_load), by result (ok; failed: no answer in time or an error status; unrecognised: none of the known series)",
-                &["replica", "result"],
-                registry
-            )?,
-            engine_requests: register_int_gauge_vec_with_registry!(
-                "prefix_router_engine_requests",
-                "Requests running plus waiting as the replica's engine last reported them (absent while unknown)",
-                &["replica"],
-                registry
-            )?,
-            engine_kv_used: register_gauge_vec_with_registry!(
-                "prefix_router_engine_kv_used_ratio",
-                "Share of its KV cache the replica's engine last reported in use, 0..1 (absent while unknown; llama.cpp reports none)",
-                &["replica"],
-                registry
-            )?,
-            pin_outcomes: register_int_counter_vec_with_registry!(
-                "prefix_router_pin_outcomes_total",
-                "Placements that predicted cached tokens (not singles placed by a shared prompt), by whether the replica reported at least half of them cached",
-                &["replica", "outcome"],
-                registry
-            )?,
-            shared_pins: register_int_counter_vec_with_registry!(
-                "prefix_router_shared_pins_total",
-                "Shared pins in Redis (fleet: redis): lookups on a local miss (hit, miss, timeout: over redis_budget_ms, unavailable: Redis down or too many waiting) and placements written (ok, dropped: queue full, unavailable, error: Redis answered an error); response_lookup and response_write: the same for Responses API ids",
-                &["op", "result"],
-                registry
-            )?,
-            prompts: PromptMetrics::new(registry)?,
-            kv: KvEventMetrics::new(registry)?,
-            tenants: TenantMetrics::new(registry)?,
-            registry: registry.clone(),
-        })
+            response_ids: r.gauge(
+                "prefix_router_response_ids", "Responses API response ids whose replica the router knows (bounded, least recently used evicted)"
+            ),
+            restart_pending: r.gauge(
+                "prefix_router_config_restart_pending", "1 while the config file changes keys a reload cannot apply (logged by name); they take effect at the next restart"
+            ),
+            index_entries: r.gauge(
+                "prefix_router_prefix_index_entries", "Entries in the prefix index"
+            ),
+            index_bytes: r.gauge(
+                "prefix_router_prefix_index_bytes", "Heap bytes of the prefix index"
+            ),
+            upstream_header_seconds: r.histogram(
+                "prefix_router_upstream_header_seconds", "Time from request arrival to the replica's response header (TTFB incl. body read)", &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]
+            ),
+            first_byte_seconds: r.histogram_vec(
+                "prefix_router_first_byte_seconds", "Time from request arrival to the first response body bytes from the replica (the router's view of time to first token), by decision (not by replica too: a fleet of a thousand would export a quarter of a million series)", &["decision"], &LATENCY_BUCKETS
+            ),
+            duration_seconds: r.histogram_vec(
+                "prefix_router_request_duration_seconds", "Time from request arrival to the end of the replica's response, by decision", &["decision"], &LATENCY_BUCKETS
+            ),
+            request_body_bytes: r.histogram(
+                "prefix_router_request_body_bytes", "Body bytes of routed requests (the prompt the router reads and forwards)", &[1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0]
+            ),
+            no_replica: r.counter(
+                "prefix_router_no_replica_total", "Requests answered 503 because no replica was live"
+            ),
+            ejections: r.counter_vec(
+                "prefix_router_ejections_total", "Replicas ejected by the request path, by reason (connect_failed, consecutive_failures)", &["replica", "reason"]
+            ),
+            health_checks: r.counter_vec(
+                "prefix_router_health_checks_total", "Active health checks by replica and result (pass; fail: an error status or a connection failure; timeout: no answer within the check's deadline)", &["replica", "result"]
+            ),
+            panic_routed: r.counter(
+                "prefix_router_panic_routed_total", "Placements on a replica that is not live (ejected, or failing its health checks) because no replica was live (panic mode)"
+            ),
+            panic_mode: r.gauge(
+                "prefix_router_panic_mode", "1 while no replica is live and requests are routed to them anyway (panic mode)"
+            ),
+            admitted_requests: r.gauge(
+                "prefix_router_admitted_requests", "Requests in flight to replicas now (limits.max_requests; taken when placed)"
+            ),
+            buffered_body_bytes: r.gauge(
+                "prefix_router_buffered_body_bytes", "Request bytes held now: bodies, parsed prompts and the heads of requests in progress (limits.max_buffered_bytes)"
+            ),
+            predicted_cached: r.counter_vec(
+                "prefix_router_predicted_cached_tokens_total", "Prompt tokens the router expected the replica to have cached (matched bytes / 4), over responses that reported usage", &["replica", "decision"]
+            ),
+            delivered_cached: r.counter_vec(
+                "prefix_router_delivered_cached_tokens_total", "Prompt tokens the replica reported reused from its cache, over responses that reported usage", &["replica", "decision"]
+            ),
+            reported_prompt: r.counter_vec(
+                "prefix_router_reported_prompt_tokens_total", "Prompt tokens the replica reported, over responses that reported usage", &["replica", "decision"]
+            ),
+            index_repairs: r.counter_vec(
+                "prefix_router_index_repairs_total", "Times the prefix index forgot what a replica held, by cause (miss: the engine reported a predicted prefix gone; restart: the replica came back from a failed health check)", &["replica", "cause"]
+            ),
+            engine_reads: r.counter_vec(
+                "prefix_router_engine_reads_total", "Reads of replicas' own metrics (engine_load), by result (ok; failed: no answer in time or an error status; unrecognised: none of the known series)", &["replica", "result"]
+            ),
+            engine_requests: r.gauge_vec(
+                "prefix_router_engine_requests", "Requests running plus waiting as the replica's engine last reported them (absent while unknown)", &["replica"]
+            ),
+            engine_kv_used: r.float_gauge_vec(
+                "prefix_router_engine_kv_used_ratio", "Share of its KV cache the replica's engine last reported in use, 0..1 (absent while unknown; llama.cpp reports none)", &["replica"]
+            ),
+            pin_outcomes: r.counter_vec(
+                "prefix_router_pin_outcomes_total", "Placements that predicted cached tokens (not singles placed by a shared prompt), by whether the replica reported at least half of them cached", &["replica", "outcome"]
+            ),
+            shared_pins: r.counter_vec(
+                "prefix_router_shared_pins_total", "Shared pins in Redis (fleet: redis): lookups on a local miss (hit, miss, timeout: over redis_budget_ms, unavailable: Redis down or too many waiting) and placements written (ok, dropped: queue full, unavailable, error: Redis answered an error); response_lookup and response_write: the same for Responses API ids", &["op", "result"]
+            ),
+            prompts: PromptMetrics::new(r),
+            kv: KvEventMetrics::new(r),
+            tenants: TenantMetrics::new(r),
+            log_drops,
+            registry: Registry::default(),
+            replica_names: Default::default(),
+            page_size: AtomicUsize::new(0),
+        };
+        Metrics {
+            registry,
+            ..metrics
+        }
     }
 
-    /// Every metric in a registry of its own (tests, and tools that run
-    /// parts of the router).
+    /// Every metric, shared (tests, and tools that run parts of the router).
     pub fn standalone() -> Arc<Self> {
-        Arc::new(Self::new(Registry::new()).expect("fresh registry"))
+        Arc::new(Self::new())
     }
 
-    /// The registry every metric is in (the `/metrics` page).
-    pub fn registry(&self) -> &Registry {
-        &self.registry
+    /// The `/metrics` page, in the OpenMetrics text format.
+    pub fn page(&self) -> Result<String, std::fmt::Error> {
+        let mut page = String::with_capacity(self.page_size.load(Relaxed));
+        prometheus_client::encoding::text::encode(&mut page, &self.registry)?;
+        self.page_size.store(page.len(), Relaxed);
+        Ok(page)
     }
 
-    /// Exports the log writer's count of dropped lines.
-    pub fn watch_log_drops(
-        &self,
-        dropped: tracing_appender::non_blocking::ErrorCounter,
-    ) -> Result<(), prometheus::Error> {
-        self.registry
-            .register(Box::new(log_drops::LogDrops::new(dropped)?))
+    /// Exports the log writer's count of dropped lines (from the next
+    /// scrape on; a second writer is not watched).
+    pub fn watch_log_drops(&self, dropped: tracing_appender::non_blocking::ErrorCounter) {
+        let _ = self.log_drops.set(dropped);
     }
     /// Creates every label-free series and the error and reload series at 0,
     /// so dashboards and alerts see them before the first event.
@@ -428,6 +348,7 @@ impl Metrics {
         in_flight: u32,
         kv_tokens: Option<u64>,
     ) {
+        self.remember_replica(name);
         self.show_live(name, live);
         self.show_drained(name, drained);
         self.in_flight
@@ -460,21 +381,19 @@ impl Metrics {
     pub fn engine_load(&self, replica: &str, load: Option<(u32, Option<u16>)>) {
         let kv = load.and_then(|(_, kv)| kv);
         match load {
-            Some((requests, _)) => self
-                .engine_requests
-                .with_label_values(&[replica])
-                .set(i64::from(requests)),
+            Some((requests, _)) => {
+                (self.engine_requests.with_label_values(&[replica])).set(i64::from(requests));
+            }
             None => {
-                let _ = self.engine_requests.remove_label_values(&[replica]);
+                self.engine_requests.remove_label_values(&[replica]);
             }
         }
         match kv {
-            Some(k) => self
-                .engine_kv_used
-                .with_label_values(&[replica])
-                .set(f64::from(k) / 1000.0),
+            Some(k) => {
+                (self.engine_kv_used.with_label_values(&[replica])).set(f64::from(k) / 1000.0);
+            }
             None => {
-                let _ = self.engine_kv_used.remove_label_values(&[replica]);
+                self.engine_kv_used.remove_label_values(&[replica]);
             }
         }
     }
@@ -542,7 +461,7 @@ impl Metrics {
             &self.working_set,
             &self.pinned_working_set,
         ] {
-            let _ = g.remove_label_values(&[replica]);
+            g.remove_label_values(&[replica]);
         }
         self.engine_load(replica, None);
     }

@@ -2,10 +2,7 @@
 //! from their first byte or from a checkpoint, the bytes the checkpoints
 //! hold, and chat prompts tokenized for token-exact placement.
 
-use prometheus::{
-    register_int_counter_vec_with_registry, register_int_gauge_with_registry, IntCounter, IntGauge,
-    Registry,
-};
+use super::family::{IntCounter, IntGauge, Register};
 
 pub struct PromptMetrics {
     /// Chat and messages bodies of 32 KiB and more read from their first
@@ -18,32 +15,18 @@ pub struct PromptMetrics {
 }
 
 impl PromptMetrics {
-    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
-        Ok(Self {
+    pub fn new(r: &mut Register) -> Self {
+        Self {
             long_parses: {
-                let v = register_int_counter_vec_with_registry!(
-                    "prefix_router_long_body_parses_total",
-                    "Chat and messages bodies of 32 KiB and more read into a prompt, from their first byte (from=start) or from where an earlier turn of the conversation ended (from=checkpoint)",
-                    &["from"],
-                    registry
-                )?;
+                let v = r.counter_vec("prefix_router_long_body_parses_total", "Chat and messages bodies of 32 KiB and more read into a prompt, from their first byte (from=start) or from where an earlier turn of the conversation ended (from=checkpoint)", &["from"]);
                 ["start", "checkpoint"].map(|from| v.with_label_values(&[from]))
             },
             chat_prompts: {
-                let v = register_int_counter_vec_with_registry!(
-                    "prefix_router_chat_prompts_tokenized_total",
-                    "Chat prompts tokenized for token-exact placement (tokenizers): the chat template rendered and the text tokenized from the start (from=start), or only the messages after those of the conversation's earlier turn, whose tokens were kept with its checkpoint (from=turn)",
-                    &["from"],
-                    registry
-                )?;
+                let v = r.counter_vec("prefix_router_chat_prompts_tokenized_total", "Chat prompts tokenized for token-exact placement (tokenizers): the chat template rendered and the text tokenized from the start (from=start), or only the messages after those of the conversation's earlier turn, whose tokens were kept with its checkpoint (from=turn)", &["from"]);
                 ["start", "turn"].map(|from| v.with_label_values(&[from]))
             },
-            checkpoint_bytes: register_int_gauge_with_registry!(
-                "prefix_router_checkpoint_bytes",
-                "Bytes held by checkpoints of long conversations' latest turns, with the tokens of their turns kept with them (bounded by limits.max_checkpoint_bytes)",
-                registry
-            )?,
-        })
+            checkpoint_bytes: r.gauge("prefix_router_checkpoint_bytes", "Bytes held by checkpoints of long conversations' latest turns, with the tokens of their turns kept with them (bounded by limits.max_checkpoint_bytes)"),
+        }
     }
 
     /// Counts a chat prompt tokenized: from the start, or `continued` from

@@ -2,10 +2,11 @@
 //! (an atomic add per event, not a label lookup), and the label
 //! vocabularies of repairs and ejections.
 
+use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use prometheus::{Histogram, IntCounter, IntCounterVec};
+use super::family::{Histogram, IntCounter, IntCounterVec};
 
 use super::{Metrics, ENGINE_READ_RESULTS, HEALTH_CHECK_RESULTS};
 use crate::policy::{Reason, Shape};
@@ -77,6 +78,7 @@ pub struct ReplicaCounters {
 
 impl ReplicaCounters {
     pub fn new(m: &Metrics, name: &str) -> Self {
+        m.remember_replica(name);
         let reasons = Reason::ALL.iter().filter(|&&r| r != Reason::NoReplica);
         let timings = reasons
             .clone()
@@ -172,6 +174,10 @@ impl std::fmt::Debug for ReplicaCounters {
     }
 }
 
+/// Sweeps a name that left is swept again in, before it is forgotten: a
+/// health check in flight when it left may set one of its gauges again.
+const SWEEPS_REMEMBERED: u8 = 3;
+
 /// The lifecycle of a replica's series.
 impl Metrics {
     /// Drops every series, counters too, of each replica name not in
@@ -182,20 +188,32 @@ impl Metrics {
     /// handles count in them. Run after a removal and on a timer, since a
     /// health check in flight at the removal may set a gauge again.
     pub fn sweep_replicas(&self, in_set: impl Fn(&str) -> bool) {
-        let mut gone: Vec<String> = Vec::new();
-        for family in self.registry.gather() {
-            for m in family.get_metric() {
-                for l in m.get_label() {
-                    let name = l.value();
-                    if l.name() == "replica" && !in_set(name) && !gone.iter().any(|g| g == name) {
-                        gone.push(name.to_owned());
-                    }
-                }
+        let mut names = self.lock_replica_names();
+        names.retain(|name, sweeps_gone| {
+            if in_set(name) {
+                *sweeps_gone = 0;
+                return true;
+            }
+            self.forget_replica_series(name);
+            *sweeps_gone += 1;
+            *sweeps_gone < SWEEPS_REMEMBERED
+        });
+    }
+
+    /// Notes a replica name whose series `sweep_replicas` must drop when
+    /// it leaves the set.
+    pub(super) fn remember_replica(&self, name: &str) {
+        let mut names = self.lock_replica_names();
+        match names.get_mut(name) {
+            Some(sweeps_gone) => *sweeps_gone = 0,
+            None => {
+                names.insert(name.to_owned(), 0);
             }
         }
-        for name in gone {
-            self.forget_replica_series(&name);
-        }
+    }
+
+    fn lock_replica_names(&self) -> std::sync::MutexGuard<'_, HashMap<String, u8>> {
+        (self.replica_names.lock()).unwrap_or_else(|p| p.into_inner())
     }
 
     fn forget_replica_series(&self, replica: &str) {
@@ -212,10 +230,10 @@ impl Metrics {
                 &self.delivered_cached,
                 &self.reported_prompt,
             ] {
-                let _ = c.remove_label_values(&[replica, reason]);
+                c.remove_label_values(&[replica, reason]);
             }
         }
-        let _ = self.failovers.remove_label_values(&[replica]);
+        self.failovers.remove_label_values(&[replica]);
         self.kv.forget(replica);
         let by_kind = [
             (&self.pin_outcomes, &["hit", "miss"][..]),
@@ -226,8 +244,42 @@ impl Metrics {
         ];
         for (counter, kinds) in by_kind {
             for kind in kinds {
-                let _ = counter.remove_label_values(&[replica, kind]);
+                counter.remove_label_values(&[replica, kind]);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn has_series_of(m: &Metrics, name: &str) -> bool {
+        m.page().unwrap().contains(&format!("replica=\"{name}\""))
+    }
+
+    #[test]
+    fn a_sweep_drops_the_series_of_a_replica_that_left_and_again_when_one_comes_back() {
+        let m = Metrics::new();
+        for name in ["a", "b"] {
+            m.add_replica(name, (true, false), 0, None);
+            ReplicaCounters::new(&m, name).routed(Reason::Spread, Shape::Single);
+        }
+        m.sweep_replicas(|name| name == "a");
+        assert!(has_series_of(&m, "a"));
+        assert!(!has_series_of(&m, "b"));
+        // A health check in flight when it left sets its gauge again.
+        m.show_live("b", false);
+        m.sweep_replicas(|name| name == "a");
+        assert!(!has_series_of(&m, "b"));
+        // Forgotten after a few sweeps; a name that joins again is swept again.
+        for _ in 0..SWEEPS_REMEMBERED {
+            m.sweep_replicas(|name| name == "a");
+        }
+        assert!(!m.lock_replica_names().contains_key("b"));
+        m.add_replica("b", (true, false), 0, None);
+        m.sweep_replicas(|name| name == "a");
+        assert!(!has_series_of(&m, "b"));
+        assert!(has_series_of(&m, "a"));
     }
 }

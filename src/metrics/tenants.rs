@@ -3,10 +3,8 @@
 //! config or the API keys file gives (or `anonymous`); names only a request
 //! header gave are counted as `other`.
 
-use prometheus::{
-    register_histogram_vec_with_registry, register_int_counter_vec_with_registry,
-    register_int_gauge_vec_with_registry, register_int_gauge_with_registry, Histogram,
-    HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
+use super::family::{
+    Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Register,
 };
 
 /// The limits a request can be refused by, as the `limit` label (`queue`:
@@ -40,45 +38,15 @@ pub struct TenantCounters {
 }
 
 impl TenantMetrics {
-    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
-        Ok(Self {
-            requests: register_int_counter_vec_with_registry!(
-                "prefix_router_tenant_requests_total",
-                "Requests admitted, by tenant",
-                &["tenant"],
-                registry
-            )?,
-            refused: register_int_counter_vec_with_registry!(
-                "prefix_router_tenant_refused_total",
-                "Requests answered 429 by a tenant's limit, by tenant and limit (concurrency, requests, tokens)",
-                &["tenant", "limit"],
-                registry
-            )?,
-            in_flight: register_int_gauge_vec_with_registry!(
-                "prefix_router_tenant_in_progress_requests",
-                "Requests in progress (head to end), by tenant",
-                &["tenant"],
-                registry
-            )?,
-            prompt_tokens: register_int_counter_vec_with_registry!(
-                "prefix_router_tenant_prompt_tokens_total",
-                "Prompt tokens charged to tenants' limits: the engine's reported count, else the router's estimate (canonical bytes / 4)",
-                &["tenant"],
-                registry
-            )?,
-            queue_wait: register_histogram_vec_with_registry!(
-                "prefix_router_tenant_queue_wait_seconds",
-                "Time routed requests waited for a place under shed_in_flight (queue), by tenant: 0 for those that went on at once",
-                &["tenant"],
-                WAIT_BUCKETS.to_vec(),
-                registry
-            )?,
-            queue_waiting: register_int_gauge_with_registry!(
-                "prefix_router_queue_waiting_requests",
-                "Requests waiting in the queue for a replica under shed_in_flight",
-                registry
-            )?,
-        })
+    pub fn new(r: &mut Register) -> Self {
+        Self {
+            requests: r.counter_vec("prefix_router_tenant_requests_total", "Requests admitted, by tenant", &["tenant"]),
+            refused: r.counter_vec("prefix_router_tenant_refused_total", "Requests answered 429 by a tenant's limit, by tenant and limit (concurrency, requests, tokens)", &["tenant", "limit"]),
+            in_flight: r.gauge_vec("prefix_router_tenant_in_progress_requests", "Requests in progress (head to end), by tenant", &["tenant"]),
+            prompt_tokens: r.counter_vec("prefix_router_tenant_prompt_tokens_total", "Prompt tokens charged to tenants' limits: the engine's reported count, else the router's estimate (canonical bytes / 4)", &["tenant"]),
+            queue_wait: r.histogram_vec("prefix_router_tenant_queue_wait_seconds", "Time routed requests waited for a place under shed_in_flight (queue), by tenant: 0 for those that went on at once", &["tenant"], &WAIT_BUCKETS),
+            queue_waiting: r.gauge("prefix_router_queue_waiting_requests", "Requests waiting in the queue for a replica under shed_in_flight"),
+        }
     }
 
     /// The handles of the tenant labelled `label`.

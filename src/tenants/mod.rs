@@ -181,8 +181,8 @@ impl State {
     fn relabel(&mut self, label: &str, metrics: &Metrics) {
         if self.label != label {
             let counters = metrics.tenants.of(label);
-            self.counters.in_flight.sub(i64::from(self.in_progress));
-            counters.in_flight.add(i64::from(self.in_progress));
+            self.counters.in_flight.dec_by(i64::from(self.in_progress));
+            counters.in_flight.inc_by(i64::from(self.in_progress));
             (self.label, self.counters) = (label.to_owned(), counters);
         }
     }

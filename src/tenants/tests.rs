@@ -5,8 +5,10 @@ use crate::auth::ApiKeys;
 
 fn tenants(yaml: &str) -> (Arc<Tenants>, Arc<Rules>) {
     let c: config::Tenants = serde_yaml::from_str(yaml).unwrap();
-    let metrics = Metrics::new(prometheus::Registry::new()).unwrap();
-    (Tenants::new(Arc::new(metrics)), Arc::new(Rules::new(&c)))
+    (
+        Tenants::new(Metrics::standalone()),
+        Arc::new(Rules::new(&c)),
+    )
 }
 
 fn named(rules: &Rules, name: &str) -> Tenant {
