@@ -226,15 +226,18 @@ impl Reader {
             Err(Unread::Failed) => "failed",
             Err(Unread::Unrecognised) => "unrecognised",
         };
-        self.metrics
-            .engine_reads
-            .with_label_values(&[&r.name, result])
-            .inc();
         let listed = self.replicas.snapshot();
+        let named = listed.iter().any(|x| x.name == r.name);
+        // A name reloaded away while being read gets no series again.
+        if named {
+            (self.metrics.engine_reads)
+                .with_label_values(&[&r.name, result])
+                .inc();
+        }
         if !listed.iter().any(|x| x.id == r.id) {
             // Reloaded away while being read: nothing of it is shown again
             // (unless a replica of that name is still there).
-            if !listed.iter().any(|x| x.name == r.name) {
+            if !named {
                 self.metrics.engine_load(&r.name, None);
             }
             return;

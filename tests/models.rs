@@ -253,3 +253,24 @@ fn a_long_body_for_a_model_nobody_serves_leaves_no_checkpoint() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(router.metric("prefix_router_checkpoint_bytes") > 64.0 * 1024.0);
 }
+
+#[test]
+fn a_model_id_with_a_quote_a_backslash_and_a_line_break_is_escaped_on_the_metrics_page() {
+    let odd = "we\"ird\\model\nv2";
+    let a = Sim::start("a", &["--models", odd]);
+    let router = Router::start(&[&a], "");
+    assert_eq!(models_listed(&router), [odd]);
+    let r = router.post("/v1/chat/completions", &single(odd, "hello"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let page = get(router.metrics_addr, "/metrics").text();
+    let series =
+        r#"prefix_router_model_requests_total{decision="spread",model="we\"ird\\model\nv2"} 1"#;
+    assert!(page.lines().any(|l| l == series), "{page}");
+    // No label value breaks a line: each is a comment or a series of ours.
+    for line in page.lines() {
+        assert!(
+            line.starts_with('#') || line.starts_with("prefix_router_"),
+            "{line:?}"
+        );
+    }
+}

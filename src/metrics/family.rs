@@ -21,7 +21,8 @@ pub type IntGauge = gauge::Gauge<i64, AtomicI64>;
 pub type Gauge = gauge::Gauge<f64, AtomicU64>;
 pub type Histogram = histogram::Histogram;
 
-/// A series' label values and its family's label names, both in name order.
+/// A series' label values (escaped) and its family's label names, both in
+/// name order.
 #[derive(Clone, Debug)]
 pub struct Labels {
     names: Arc<[&'static str]>,
@@ -50,6 +51,25 @@ impl EncodeLabelSet for Labels {
         }
         Ok(())
     }
+}
+
+/// A label value as the text format writes it (the encoder writes values
+/// as given): a model id an engine lists may hold a quote, a backslash or
+/// a line break.
+fn escaped(value: &str) -> String {
+    if !value.contains(['\\', '"', '\n']) {
+        return value.to_owned();
+    }
+    let mut out = String::with_capacity(value.len() + 8);
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Makes a family's histograms, with its buckets.
@@ -115,10 +135,11 @@ where
     }
 
     fn labels(&self, values: &[&str]) -> Labels {
+        debug_assert_eq!(values.len(), self.at.len(), "{:?}", self.names);
         let mut sorted = vec![String::new(); self.names.len()];
         for (value, &i) in values.iter().zip(self.at.iter()) {
             if let Some(slot) = sorted.get_mut(i) {
-                *slot = (*value).to_owned();
+                *slot = escaped(value);
             }
         }
         Labels {
@@ -227,6 +248,18 @@ mod tests {
         assert!(page.contains("# TYPE x_requests counter\n"), "{page}");
         assert!(
             page.contains("\nx_requests_total{decision=\"spread\",shape=\"single\"} 3\n"),
+            "{page}"
+        );
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut registry = Registry::default();
+        let models = Register(&mut registry).counter_vec("x_total", "Models", &["model"]);
+        models.with_label_values(&["a\"b\\c\nd"]).inc();
+        let page = page(&registry);
+        assert!(
+            page.contains("\nx_total{model=\"a\\\"b\\\\c\\nd\"} 1\n"),
             "{page}"
         );
     }

@@ -1,6 +1,6 @@
 //! Every Prometheus metric the router exports, declared once in the
-//! registry `Metrics::new` is given (the process's default one, which
-//! `status` serves on `metrics_listen`). One `Metrics` is built at start and
+//! registry `Metrics::new` makes (`page` writes it in the OpenMetrics text
+//! format, which `status` serves on `metrics_listen`). One `Metrics` is built at start and
 //! handed to each part that counts; nothing reaches it through a global.
 //! Label values come from config (replica names) or enums, never from requests.
 
@@ -116,7 +116,7 @@ pub struct Metrics {
     registry: Registry,
     /// Replica names with series, and the sweeps each has been gone
     /// (`sweep_replicas`).
-    replica_names: std::sync::Mutex<std::collections::HashMap<String, u8>>,
+    replica_names: Arc<replica::ReplicaNames>,
     /// The last page's length: the next one's buffer.
     page_size: AtomicUsize,
 }
@@ -400,6 +400,7 @@ impl Metrics {
 
     /// Counts and logs one repair of the prefix index.
     pub fn repaired(&self, replica: &str, cause: Repair, forgotten: usize) {
+        self.remember_replica(replica);
         self.index_repairs
             .with_label_values(&[replica, cause.as_str()])
             .inc();
@@ -444,6 +445,7 @@ impl Metrics {
 
     /// Counts one ejection.
     pub fn ejected(&self, replica: &str, kind: Ejection) {
+        self.remember_replica(replica);
         self.ejections
             .with_label_values(&[replica, kind.as_str()])
             .inc();

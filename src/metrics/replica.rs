@@ -3,7 +3,7 @@
 //! vocabularies of repairs and ejections.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use super::family::{Histogram, IntCounter, IntCounterVec};
@@ -59,6 +59,8 @@ impl Repair {
 /// series per replica made most of a 1,000-replica fleet's scrape.
 pub struct ReplicaCounters {
     name: String,
+    /// Where a series made here later is remembered for the sweep.
+    names: Arc<ReplicaNames>,
     /// The vectors the lazy series come from.
     requests_vec: IntCounterVec,
     usage_vecs: [IntCounterVec; 3],
@@ -89,6 +91,7 @@ impl ReplicaCounters {
             .collect();
         Self {
             name: name.to_owned(),
+            names: Arc::clone(&m.replica_names),
             requests_vec: m.requests.clone(),
             usage_vecs: [&m.predicted_cached, &m.delivered_cached, &m.reported_prompt]
                 .map(Clone::clone),
@@ -116,6 +119,7 @@ impl ReplicaCounters {
             let shape_at = usize::from(shape == Shape::Single);
             by_shape[shape_at]
                 .get_or_init(|| {
+                    self.names.remember(&self.name);
                     self.requests_vec.with_label_values(&[
                         &self.name,
                         reason.as_str(),
@@ -131,6 +135,7 @@ impl ReplicaCounters {
     pub fn usage(&self, reason: Reason, predicted: u64, cached: u64, prompt: u64) {
         if let Some(slot) = Self::at(reason).and_then(|i| self.usage.get(i)) {
             let [p, c, t] = slot.get_or_init(|| {
+                self.names.remember(&self.name);
                 self.usage_vecs
                     .each_ref()
                     .map(|v| v.with_label_values(&[&self.name, reason.as_str()]))
@@ -176,7 +181,30 @@ impl std::fmt::Debug for ReplicaCounters {
 
 /// Sweeps a name that left is swept again in, before it is forgotten: a
 /// health check in flight when it left may set one of its gauges again.
+/// A series made later (a request in flight there, its first of a
+/// decision) remembers the name again.
 const SWEEPS_REMEMBERED: u8 = 3;
+
+/// Replica names with series, and the sweeps each has been gone
+/// (`Metrics::sweep_replicas`).
+#[derive(Debug, Default)]
+pub(super) struct ReplicaNames(Mutex<HashMap<String, u8>>);
+
+impl ReplicaNames {
+    pub(super) fn remember(&self, name: &str) {
+        let mut names = self.lock();
+        match names.get_mut(name) {
+            Some(sweeps_gone) => *sweeps_gone = 0,
+            None => {
+                names.insert(name.to_owned(), 0);
+            }
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, u8>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 /// The lifecycle of a replica's series.
 impl Metrics {
@@ -203,17 +231,11 @@ impl Metrics {
     /// Notes a replica name whose series `sweep_replicas` must drop when
     /// it leaves the set.
     pub(super) fn remember_replica(&self, name: &str) {
-        let mut names = self.lock_replica_names();
-        match names.get_mut(name) {
-            Some(sweeps_gone) => *sweeps_gone = 0,
-            None => {
-                names.insert(name.to_owned(), 0);
-            }
-        }
+        self.replica_names.remember(name);
     }
 
-    fn lock_replica_names(&self) -> std::sync::MutexGuard<'_, HashMap<String, u8>> {
-        (self.replica_names.lock()).unwrap_or_else(|p| p.into_inner())
+    fn lock_replica_names(&self) -> MutexGuard<'_, HashMap<String, u8>> {
+        self.replica_names.lock()
     }
 
     fn forget_replica_series(&self, replica: &str) {
@@ -261,10 +283,12 @@ mod tests {
     #[test]
     fn a_sweep_drops_the_series_of_a_replica_that_left_and_again_when_one_comes_back() {
         let m = Metrics::new();
-        for name in ["a", "b"] {
+        let counters = ["a", "b"].map(|name| {
             m.add_replica(name, (true, false), 0, None);
-            ReplicaCounters::new(&m, name).routed(Reason::Spread, Shape::Single);
-        }
+            let c = ReplicaCounters::new(&m, name);
+            c.routed(Reason::Spread, Shape::Single);
+            c
+        });
         m.sweep_replicas(|name| name == "a");
         assert!(has_series_of(&m, "a"));
         assert!(!has_series_of(&m, "b"));
@@ -277,6 +301,12 @@ mod tests {
             m.sweep_replicas(|name| name == "a");
         }
         assert!(!m.lock_replica_names().contains_key("b"));
+        // A request still in flight there when it left is the first of its
+        // decision: its series is made, and swept.
+        counters[1].routed(Reason::Pin, Shape::Continuation);
+        assert!(has_series_of(&m, "b"));
+        m.sweep_replicas(|name| name == "a");
+        assert!(!has_series_of(&m, "b"));
         m.add_replica("b", (true, false), 0, None);
         m.sweep_replicas(|name| name == "a");
         assert!(!has_series_of(&m, "b"));
