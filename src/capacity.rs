@@ -75,27 +75,16 @@ impl CapacityWatch {
             .set(self.admission.bytes() as i64);
         let mut over = self.over.lock().unwrap_or_else(|p| p.into_inner());
         for r in self.replicas.snapshot().iter() {
-            self.metrics
-                .in_flight
-                .with_label_values(&[&r.name])
-                .set(i64::from(r.in_flight()));
-            self.metrics
-                .queued_prefill
-                .with_label_values(&[&r.name])
-                .set((r.queued_bytes() / BYTES_PER_TOKEN) as i64);
+            let gauges = &r.counters.gauges;
+            gauges.in_flight.set(i64::from(r.in_flight()));
+            (gauges.queued_prefill).set((r.queued_bytes() / BYTES_PER_TOKEN) as i64);
             let set = ws
                 .binary_search_by_key(&r.id.0, |(id, _)| id.0)
                 .map_or(WorkingSet::default(), |i| ws[i].1);
             r.set_pinned_bytes(set.pinned);
-            self.metrics
-                .pinned_working_set
-                .with_label_values(&[&r.name])
-                .set((set.pinned / BYTES_PER_TOKEN) as i64);
+            (gauges.pinned_working_set).set((set.pinned / BYTES_PER_TOKEN) as i64);
             let tokens = set.all / BYTES_PER_TOKEN;
-            self.metrics
-                .working_set
-                .with_label_values(&[&r.name])
-                .set(tokens as i64);
+            gauges.working_set.set(tokens as i64);
             let Some(kv) = r.kv_tokens().filter(|kv| tokens > *kv) else {
                 over.retain(|(id, _)| *id != r.id);
                 continue;

@@ -13,6 +13,7 @@
 //! (pins, counter) survives; pins to removed replicas are dropped so they move.
 //! The API keys file, when configured, is re-read on the same tick.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -268,11 +269,10 @@ impl Reloader {
         let now = live.replicas.snapshot();
         for r in &change.removed {
             live.policy.forget_replica(r.id);
-            self.live.metrics.forget_replica(&r.name);
         }
-        for (old, _) in &change.renamed {
-            self.live.metrics.forget_replica(old);
-        }
+        // The series of names no longer in the set go; a name still there
+        // (an address change, a name another replica took) keeps them: its
+        // new replica counts in them.
         if !change.removed.is_empty() || !change.renamed.is_empty() {
             sweep(&live.metrics, &now);
         }
@@ -463,7 +463,7 @@ impl BackgroundService for Reloader {
 /// scan of the list per series: a thousand replicas export tens of
 /// thousands of series).
 fn sweep(metrics: &crate::metrics::Metrics, now: &crate::replicas::View) {
-    let names: std::collections::HashSet<&str> = now.iter().map(|r| r.name.as_str()).collect();
+    let names: HashSet<&str> = now.iter().map(|r| r.name.as_str()).collect();
     metrics.sweep_replicas(|name| names.contains(name));
 }
 

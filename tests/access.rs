@@ -327,3 +327,42 @@ fn pipelined_requests_and_a_head_longer_than_the_first_read_reach_the_replica_wh
         "the bytes after a refused request were answered"
     );
 }
+
+#[test]
+fn a_head_sent_a_few_bytes_at_a_time_is_read_whole_whichever_read_ends_it() {
+    // A partial head is parsed again only once the bytes read since hold
+    // the blank line that ends it (parsing from the first byte at every read
+    // cost the square of a slow head's size): a blank line split across two
+    // reads must still end it, with CRLF or bare LF line ends.
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "");
+    let body = br#"{"model":"sim","max_tokens":4,"prompt":"a slow client"}"#;
+    let want = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(body));
+    for eol in ["\r\n", "\n"] {
+        let head = [
+            "POST /v1/completions HTTP/1.1",
+            "host: test",
+            "content-type: application/json",
+            &format!("content-length: {}", body.len()),
+            "",
+            "",
+        ]
+        .join(eol);
+        let wire = [head.as_bytes(), body].concat();
+        let whole = http::in_pieces(router.addr, &[&wire]).expect("answer");
+        if eol == "\r\n" {
+            assert_eq!(whole.status, 200, "{}", whole.text());
+        }
+        // Split one to three bytes before the head's end, after a first
+        // piece that leaves a partial head.
+        for back in 1..=3 {
+            let end = head.len() - back;
+            let pieces = [&wire[..20], &wire[20..end], &wire[end..]];
+            let r = http::in_pieces(router.addr, &pieces).expect("answer");
+            assert_eq!(r.status, whole.status, "{eol:?}, {back} back: {}", r.text());
+            if r.status == 200 {
+                assert_eq!(r.header("x-sim-body-xxh3"), Some(want.as_str()));
+            }
+        }
+    }
+}

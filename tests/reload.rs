@@ -89,7 +89,7 @@ fn a_replica_that_leaves_takes_its_series_along_and_one_that_moves_keeps_them() 
     let (a, b, c) = (
         Sim::start("a", &[]),
         Sim::start("b", &[]),
-        Sim::start("c", &[]),
+        Sim::start("c", &["--decode-tps", "20"]),
     );
     let router = Router::start(&[&a, &b], FAST_HEALTH);
     router.singles(4, "before");
@@ -121,6 +121,13 @@ fn a_replica_that_leaves_takes_its_series_along_and_one_that_moves_keeps_them() 
     router.singles(2, "after");
     assert_eq!(spread("a"), 5.0, "a moved replica counts on in its series");
     assert_eq!(c.received(), 3);
+    // Its gauges too: the capacity watch sets its requests in flight.
+    let body = common::streaming("held at the new address", 1000);
+    let mut held = EventStream::open(router.addr, "/v1/chat/completions", &body);
+    assert!(held.next_event().is_some());
+    wait_for("a's in-flight gauge at 1", Duration::from_secs(5), || {
+        (router.metric("prefix_router_in_flight_requests{replica=\"a\"}") == 1.0).then_some(())
+    });
 }
 
 #[test]

@@ -451,9 +451,9 @@ impl Metrics {
             .inc();
     }
 
-    /// Drops the gauges of a replica that left the set (its counters stay, as
-    /// Prometheus counters should).
-    pub fn forget_replica(&self, replica: &str) {
+    /// Drops a replica's gauges (with its counters, when its name left the
+    /// set: `sweep_replicas`).
+    fn forget_replica(&self, replica: &str) {
         for g in [
             &self.replica_up,
             &self.replica_drained,

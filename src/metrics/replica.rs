@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use super::family::{Histogram, IntCounter, IntCounterVec};
+use super::family::{Histogram, IntCounter, IntCounterVec, IntGauge};
 
 use super::{Metrics, ENGINE_READ_RESULTS, HEALTH_CHECK_RESULTS};
 use crate::policy::{Reason, Shape};
@@ -76,6 +76,17 @@ pub struct ReplicaCounters {
     /// the fleet's, shared by every replica).
     timings: Vec<[Histogram; 2]>,
     failovers: IntCounter,
+    /// Its gauges the capacity watch sets every round.
+    pub gauges: ReplicaGauges,
+}
+
+/// A replica's gauges, resolved once: the capacity watch sets them for
+/// every replica twice a second.
+pub struct ReplicaGauges {
+    pub in_flight: IntGauge,
+    pub queued_prefill: IntGauge,
+    pub working_set: IntGauge,
+    pub pinned_working_set: IntGauge,
 }
 
 impl ReplicaCounters {
@@ -100,6 +111,12 @@ impl ReplicaCounters {
             timings,
             outcomes: ["hit", "miss"].map(|o| m.pin_outcomes.with_label_values(&[name, o])),
             failovers: m.failovers.with_label_values(&[name]),
+            gauges: ReplicaGauges {
+                in_flight: m.in_flight.with_label_values(&[name]),
+                queued_prefill: m.queued_prefill.with_label_values(&[name]),
+                working_set: m.working_set.with_label_values(&[name]),
+                pinned_working_set: m.pinned_working_set.with_label_values(&[name]),
+            },
         }
     }
 

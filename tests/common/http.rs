@@ -414,6 +414,18 @@ pub fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Writes a request in pieces, each on its own after a pause (a slow
+/// client: the server most likely reads each alone), then reads the answer.
+pub fn in_pieces(addr: SocketAddr, pieces: &[&[u8]]) -> io::Result<Response> {
+    let mut s = connect(addr)?;
+    s.set_nodelay(true)?;
+    for piece in pieces {
+        s.write_all(piece)?;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    read_response(&mut BufReader::new(s))
+}
+
 /// Writes whole requests back to back in one write on one connection
 /// (pipelined), then reads one response for each, in order.
 pub fn pipelined(addr: SocketAddr, requests: &[Vec<u8>]) -> Vec<io::Result<Response>> {
