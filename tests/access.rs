@@ -364,5 +364,24 @@ fn a_head_sent_a_few_bytes_at_a_time_is_read_whole_whichever_read_ends_it() {
                 assert_eq!(r.header("x-sim-body-xxh3"), Some(want.as_str()));
             }
         }
+        // Blank lines before the request line (the parser skips them), a
+        // few at a time: the head's end is looked for after them.
+        let blank = eol.repeat(40);
+        let r = http::in_pieces(
+            router.addr,
+            &[
+                &blank.as_bytes()[..4],
+                &blank.as_bytes()[4..],
+                &wire[..20],
+                &wire[20..],
+            ],
+        )
+        .expect("answer");
+        assert_eq!(
+            r.status,
+            whole.status,
+            "{eol:?} after blank lines: {}",
+            r.text()
+        );
     }
 }

@@ -70,16 +70,20 @@ impl Publisher {
     /// the SUB socket's own reconnection backs off (0.1 s doubling), so on
     /// a loaded machine whose publisher took seconds to bind again the
     /// next attempt can be 13 s later (seen once in CI at 20 s).
-    pub fn probe(&mut self, mut heard: impl FnMut() -> bool) {
+    /// Returns how many batches it published.
+    pub fn probe(&mut self, mut heard: impl FnMut() -> bool) -> u64 {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut sent = 0;
         while !heard() {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the router never heard a batch"
             );
             self.publish(serde_json::json!([]), "map", false);
+            sent += 1;
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
+        sent
     }
 
     /// Waits for the router's subscription.

@@ -355,6 +355,9 @@ impl HttpSession {
         // over the 30 s allowed, a third of a core); it is parsed again only
         // once the bytes read since hold a blank line, and so once in all.
         let mut partial_at: Option<usize> = None;
+        // The parser skips blank lines before the request line, any number
+        // of them: a head's end is looked for after those seen so far.
+        let mut blank_lines = 0;
         // prefix-router patch: the head's deadline starts at its first byte.
         let header_deadline =
             |timeout: Option<Duration>| timeout.map(|t| tokio::time::Instant::now() + t);
@@ -397,7 +400,11 @@ impl HttpSession {
                 from_socket = true;
                 already_read += n;
                 if let Some(at) = partial_at {
-                    if !has_head_end(&buf[at.saturating_sub(2)..]) {
+                    while buf.get(blank_lines).is_some_and(|b| matches!(b, b'\r' | b'\n')) {
+                        blank_lines += 1;
+                    }
+                    let new = buf.get(at.saturating_sub(2).max(blank_lines)..);
+                    if !new.is_some_and(has_head_end) {
                         partial_at = Some(buf.len());
                         continue;
                     }
@@ -544,6 +551,7 @@ impl HttpSession {
                             if let Some(new_buf) = escape_illegal_request_line(&buf) {
                                 buf = new_buf;
                                 already_read = buf.len();
+                                blank_lines = 0;
                             } else {
                                 debug!("Invalid request header from {:?}", self.underlying_stream);
                                 buf.truncate(MAX_ERR_BUF_LEN);
