@@ -83,7 +83,7 @@ impl MetricConstructor<Histogram> for Buckets {
 }
 
 /// Makes a family's counters and gauges (their default: 0).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Zero;
 
 impl<M: Default> MetricConstructor<M> for Zero {
@@ -93,22 +93,12 @@ impl<M: Default> MetricConstructor<M> for Zero {
 }
 
 /// A family of series of one metric, by the values of its labels.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Labelled<M, C = Zero> {
     family: Family<Labels, M, C>,
     /// Its label names in name order, and where each declared label is in it.
     names: Arc<[&'static str]>,
     at: Box<[usize]>,
-}
-
-impl<M, C: Clone> Clone for Labelled<M, C> {
-    fn clone(&self) -> Self {
-        Self {
-            family: self.family.clone(),
-            names: Arc::clone(&self.names),
-            at: self.at.clone(),
-        }
-    }
 }
 
 pub type IntCounterVec = Labelled<IntCounter>;

@@ -1,8 +1,9 @@
 //! Every Prometheus metric the router exports, declared once in the
 //! registry `Metrics::new` makes (`page` writes it in the OpenMetrics text
-//! format, which `status` serves on `metrics_listen`). One `Metrics` is built at start and
-//! handed to each part that counts; nothing reaches it through a global.
-//! Label values come from config (replica names) or enums, never from requests.
+//! format, which `status` serves on `metrics_listen`). One `Metrics` is
+//! built at start and handed to each part that counts; nothing reaches it
+//! through a global. Label values come from config (replica names), the
+//! replicas' model lists or enums, never from requests.
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
