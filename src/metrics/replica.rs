@@ -233,7 +233,7 @@ impl Metrics {
     /// handles count in them. Run after a removal and on a timer, since a
     /// health check in flight at the removal may set a gauge again.
     pub fn sweep_replicas(&self, in_set: impl Fn(&str) -> bool) {
-        let mut names = self.lock_replica_names();
+        let mut names = self.replica_names.lock();
         names.retain(|name, sweeps_gone| {
             if in_set(name) {
                 *sweeps_gone = 0;
@@ -249,10 +249,6 @@ impl Metrics {
     /// it leaves the set.
     pub(super) fn remember_replica(&self, name: &str) {
         self.replica_names.remember(name);
-    }
-
-    fn lock_replica_names(&self) -> MutexGuard<'_, HashMap<String, u8>> {
-        self.replica_names.lock()
     }
 
     fn forget_replica_series(&self, replica: &str) {
@@ -317,7 +313,7 @@ mod tests {
         for _ in 0..SWEEPS_REMEMBERED {
             m.sweep_replicas(|name| name == "a");
         }
-        assert!(!m.lock_replica_names().contains_key("b"));
+        assert!(!m.replica_names.lock().contains_key("b"));
         // A request still in flight there when it left is the first of its
         // decision: its series is made, and swept.
         counters[1].routed(Reason::Pin, Shape::Continuation);
