@@ -15,6 +15,7 @@ test: prepare
 	scripts/real-engine.sh prepare
 	cargo test --workspace
 	cargo test --features tls --test tls
+	scripts/test-vendor.sh
 
 # Criterion benches of the decision path; rewrites docs/performance.md.
 bench: prepare

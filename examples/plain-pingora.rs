@@ -108,6 +108,8 @@ fn main() -> anyhow::Result<()> {
         threads: cli.threads,
         grace_period_seconds: Some(1),
         graceful_shutdown_timeout_seconds: Some(1),
+        // As the router: idle connections kept to a thousand replicas.
+        upstream_keepalive_pool_size: prefix_router::engine_client::IDLE_POOL / cli.threads.max(1),
         ..ServerConf::default()
     };
     if !cli.no_timeouts {

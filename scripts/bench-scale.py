@@ -57,6 +57,7 @@ import math
 import os
 import re
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
@@ -71,6 +72,8 @@ _spec.loader.exec_module(bp)
 ROOT, Procs, tree, cpu_s, status_kib, free_port, write = bp.ROOT, bp.Procs, bp.tree, bp.cpu_s, bp.status_kib, bp.free_port, bp.write
 
 ARMS = ["router", "smg"]
+# Floors for the flatness part: proxies that only forward, round robin.
+FLOORS = ["pingora", "nginx"]
 PARTS = ["replicas", "flat", "probes", "streams", "conversations", "prompts", "fleet"]
 # The router's probe schedules on the probes curve: name, what, config lines.
 # Each within its default budget (`max_per_second`: 250 checks, 500 reads).
@@ -103,6 +106,7 @@ RUN_ARGS = ["duration", "idle", "settle", "rate", "window", "probe", "rounds", "
             "steal_tries"]
 MARK_BEGIN, MARK_END = "<!-- scale bench -->", "<!-- /scale bench -->"
 NAMES = {"router": "prefix-router", "smg": "SMG cache_aware", "direct": "stub direct",
+         "pingora": "plain Pingora (round robin)", "nginx": "nginx (round robin)",
          "router-nockpt": "prefix-router, no checkpoints", "baseline": "prefix-router, --baseline binary"}
 ROUTEBENCH = os.path.join(ROOT, "target/release/routebench")
 ROUTER = os.path.join(ROOT, "target/release/prefix-router")
@@ -241,6 +245,25 @@ def start_arm(procs, a, work, arm, ports, max_requests=None, extra=(), tag=None,
         cfg = write(os.path.join(work, f"{tag}.yaml"), "\n".join(lines) + "\n")
         binary = a.baseline if arm == "baseline" else ROUTER
         proc = procs.start(tag, [binary, "--config", cfg], a.proxy_cpu, {"RUST_LOG": "info"})
+    elif arm == "pingora":
+        binary = os.path.join(ROOT, "target/release/examples/plain-pingora")
+        if not os.path.exists(binary):
+            return None, "target/release/examples/plain-pingora missing (cargo build --release --examples)"
+        cmd = [binary, "--listen", f"127.0.0.1:{port}", "--threads", "1"]
+        for p in ports:
+            cmd += ["--upstream", f"127.0.0.1:{p}"]
+        proc = procs.start(tag or f"pingora-{len(ports)}", cmd, a.proxy_cpu, {"RUST_LOG": "warn"})
+    elif arm == "nginx":
+        if not shutil.which("nginx"):
+            return None, "nginx missing (apt install nginx-light)"
+        tag = tag or f"nginx-{len(ports)}"
+        home = os.path.join(work, tag)
+        os.makedirs(os.path.join(home, "nginx-body"), exist_ok=True)
+        # As many idle connections kept as replicas: bench-proxy's 256 would
+        # close and open connections at 1,000.
+        conf = bp.nginx_proxy_conf(home, port, ports).replace("keepalive 256;", f"keepalive {max(256, 2 * len(ports))};")
+        cfg = write(os.path.join(home, "nginx.conf"), conf)
+        proc = procs.start(tag, ["nginx", "-e", os.path.join(home, "nginx.err"), "-p", home, "-c", cfg], a.proxy_cpu)
     else:
         smg, why = bp.ensure_smg(a.venv)
         if not smg:
@@ -1009,7 +1032,8 @@ def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--replicas", default="2,16,128,1000")
     ap.add_argument("--streams", default="100,1000,10000")
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"subset of {','.join(ARMS)}, and `baseline`")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"subset of {','.join(ARMS)}, and `baseline`; in the flat part also "
+                    f"{', '.join(FLOORS)} (proxies that only forward, round robin)")
     ap.add_argument("--baseline", help="another prefix-router binary, run as arm `baseline` (the flatness, "
                                        "replicas and streams parts) to compare two builds in one run")
     ap.add_argument("--conversations", default="10000,100000,1000000")
@@ -1065,6 +1089,8 @@ def parse_args():
             a.arms.append("baseline")
     if "baseline" in a.arms and not (a.baseline and set(a.parts) <= {"flat", "replicas", "streams"}):
         ap.error("arm `baseline` needs --baseline BINARY, and runs in the flat, replicas and streams parts only")
+    if set(a.arms) & set(FLOORS) and set(a.parts) != {"flat"}:
+        ap.error(f"arms {', '.join(FLOORS)} run in the flat part only (--parts flat)")
     if a.flat_conns < 1:
         ap.error("--flat-conns must be at least 1")
     return a

@@ -20,6 +20,10 @@
 #   through a buffer of 2 KiB that doubles up to 16 KiB (was 64 KiB);
 #   a connection's HTTP/2 path boxed (an HTTP/1 connection's future is not
 #   sized for it); an HTTP/2 handshake deadline.
+# - pingora-pool 0.9.1: a node emptied by taking its last idle connection is
+#   kept for the connection's release, not dropped and built again per request
+#   (one idle connection to each of many replicas); empty nodes are swept once
+#   there are twice as many as the pool holds connections.
 # - zeromq 0.7.0: `SocketOptions::max_message_size` (libzmq's ZMQ_MAXMSGSIZE):
 #   a peer announcing a larger frame is disconnected before its bytes are
 #   buffered (the crate reserved whatever length a frame header announced).
@@ -57,4 +61,5 @@ build() {
 
 build pingora-proxy 0.9.1 8e3d5670490740405ecc8c6f75c3fcbce4d24f7adaffb355ca44550e7918e358
 build pingora-core 0.9.1 a535f47f65fdcb003f9e1df04cd18e614c128dfe9388acce3f211ae38ac14d68
+build pingora-pool 0.9.1 ecda093a10bad5e887d73286f052dd0fc78ad0d6c7654235e507ed0f85b64af1
 build zeromq 0.7.0 55b31ad37d1aad854ddc8c4f16b637259ce95f757f6c32f05447279c68ed9e2a
