@@ -21,7 +21,7 @@
 #   a connection's HTTP/2 path boxed (an HTTP/1 connection's future is not
 #   sized for it); an HTTP/2 handshake deadline.
 # - pingora-pool 0.9.1: a node emptied by taking its last idle connection is
-#   kept for the connection's release, not dropped and built again per request
+#   kept for the connections released to it, not dropped and built again per request
 #   (one idle connection to each of many replicas); empty nodes are swept once
 #   there are twice as many as the pool holds connections.
 # - zeromq 0.7.0: `SocketOptions::max_message_size` (libzmq's ZMQ_MAXMSGSIZE):

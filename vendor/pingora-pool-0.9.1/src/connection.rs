@@ -211,7 +211,7 @@ impl<S> ConnectionPool<S> {
     /// Holding the guard through [`PoolNode::insert`] prevents empty-node cleanup
     /// from removing the map entry between looking it up and repopulating it.
     ///
-    /// A node emptied by [`Self::get`] stays in the map: its connection is
+    /// A node emptied (or found empty) by [`Self::get`] stays in the map: its connection is
     /// usually released back soon, and dropping the node only to build it again
     /// (a queue's allocation and two map writes per request) is what a
     /// request paid when each of many upstreams holds one idle connection.
@@ -291,18 +291,11 @@ impl<S> ConnectionPool<S> {
     /// Get a connection from this pool under the same group key
     pub fn get(&self, key: &GroupKey) -> Option<S> {
         let pool_node = self.pools.get(key)?.value().clone();
-
-        if let Some((id, connection)) = pool_node.get_any() {
-            self.lru.pop(&id); // the notified is not needed
-
-            // A node emptied here is kept for the connection's release: see
-            // `insert_pool_connection` for when empty nodes go.
-            Some(connection.release())
-        } else {
-            // The node exists but has no connections. Clean it up.
-            self.try_remove_empty_node(*key);
-            None
-        }
+        // A node emptied here, or found empty, is kept for the connections
+        // released to it: see `insert_pool_connection` for when empty nodes go.
+        let (id, connection) = pool_node.get_any()?;
+        self.lru.pop(&id); // the notified is not needed
+        Some(connection.release())
     }
 
     /// Release a connection to this pool for reuse
@@ -1221,5 +1214,41 @@ mod tests {
         assert_eq!(pool_len(&cp), 1);
         let conn = cp.get(&meta2.key);
         assert_eq!(conn, Some("second".to_string()));
+        assert_eq!(pool_len(&cp), 1, "the emptied node stays for the release");
+    }
+
+    #[test]
+    fn test_concurrent_sweep_does_not_orphan_put() {
+        // One thread takes and releases connections to one key while another
+        // makes new keys whose nodes it empties, so the sweep runs often: a
+        // connection put during a sweep stays reachable.
+        const KEY: GroupKey = 101;
+        let cp = Arc::new(ConnectionPool::new(4));
+        let start = Arc::new(std::sync::Barrier::new(2));
+
+        let sweep_cp = cp.clone();
+        let sweep_start = start.clone();
+        let sweeper = std::thread::spawn(move || {
+            sweep_start.wait();
+            for key in 1_000..21_000u64 {
+                let meta = ConnectionMeta::new(key, key as ID);
+                sweep_cp.put(&meta, format!("v{key}"));
+                assert!(sweep_cp.get(&meta.key).is_some());
+            }
+        });
+
+        start.wait();
+        for id in 1..=20_000 {
+            let value = format!("v{id}");
+            cp.put(&ConnectionMeta::new(KEY, id), value.clone());
+            assert_eq!(
+                cp.get(&KEY),
+                Some(value),
+                "a connection put during a sweep should remain reachable"
+            );
+        }
+
+        sweeper.join().unwrap();
+        assert!(pool_len(&cp) <= 2 * 4 + 2, "{} nodes", pool_len(&cp));
     }
 }
