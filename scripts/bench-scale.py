@@ -464,7 +464,9 @@ def flat_part(a, procs, work, lua):
             for n in a.replicas:
                 stubs, ports = start_stubs(procs, a, f"flat-stubs-{arm}-{n}", n, 4, 0, a.flat_delay_ms)
                 probes = next(x[2] for x in SCHEDULES if x[0] == a.flat_probes)
-                info, why = start_arm(procs, a, work, arm, ports, tag=f"flat-{arm}-{n}", probes=probes)
+                extra = a.router_line if arm == "router" else ()
+                info, why = start_arm(procs, a, work, arm, ports, extra=extra, tag=f"flat-{arm}-{n}",
+                                      probes=probes)
                 if not info:
                     skipped = why
                     stop(procs, stubs)
@@ -500,6 +502,7 @@ def flat_part(a, procs, work, lua):
             pairs = [(x, b) for x, b, ok in zip(s["legs"], base, clean) if ok]
             point = {"arm": arm, "replicas": s["n"], "conns": a.flat_conns, "delay_ms": a.flat_delay_ms,
                      "probes": a.flat_probes, "cycles": len(s["legs"]), "clean_cycles": len(legs),
+                     "config": a.router_line if arm == "router" else [],
                      "tries": sum(x["tries"] for x in s["legs"]),
                      "steal": statistics.median(x["steal"] for x in s["legs"]),
                      "requests": sum(x["requests"] for x in s["legs"]),
@@ -1053,6 +1056,9 @@ def parse_args():
     ap.add_argument("--flat-delay-ms", type=int, default=0,
                     help="the stubs' delay before a whole answer in the flatness part (a prefill's time: "
                          "requests in flight, and so connections to replicas, at every fleet size)")
+    ap.add_argument("--router-line", action="append", default=[],
+                    help="a line added to the `router` arm's config in the flat part, not to `baseline`'s "
+                         "(repeat for several): one binary under two settings, with --baseline set to it")
     ap.add_argument("--max-steal", type=float, default=0.1,
                     help="share of the proxy CPU the hypervisor may take in a flatness leg")
     ap.add_argument("--steal-tries", type=int, default=4, help="runs of a flatness leg while it is stolen")
