@@ -346,12 +346,12 @@ http {{
 """
 
 
-def nginx_proxy_conf(work, port, ups):
+def nginx_proxy_conf(work, port, ups, keepalive=256):
     servers = "\n".join(f"    server 127.0.0.1:{p};" for p in ups)
     return nginx_common(work, "nginx") + f"""
   upstream up {{
 {servers}
-    keepalive 256;
+    keepalive {keepalive};
     keepalive_requests 1000000;
   }}
   server {{
@@ -366,6 +366,25 @@ def nginx_proxy_conf(work, port, ups):
   }}
 }}
 """
+
+
+def start_nginx(procs, name, home, port, ups, cpu, keepalive=256):
+    """nginx in front of `ups`, its files under `home`; `keepalive`: idle
+    connections it keeps to them."""
+    os.makedirs(os.path.join(home, "nginx-body"), exist_ok=True)
+    cfg = write(os.path.join(home, "nginx.conf"), nginx_proxy_conf(home, port, ups, keepalive))
+    return procs.start(name, ["nginx", "-e", os.path.join(home, "nginx.err"), "-p", home, "-c", cfg], cpu)
+
+
+def start_plain_pingora(procs, name, port, ups, threads, cpu):
+    """examples/plain-pingora in front of `ups`: (process, None), or (None, why not)."""
+    binary = os.path.join(ROOT, "target/release/examples/plain-pingora")
+    if not os.path.exists(binary):
+        return None, "target/release/examples/plain-pingora missing (cargo build --release --examples)"
+    cmd = [binary, "--listen", f"127.0.0.1:{port}", "--threads", str(threads)]
+    for p in ups:
+        cmd += ["--upstream", f"127.0.0.1:{p}"]
+    return procs.start(name, cmd, cpu, {"RUST_LOG": "warn"}), None
 
 
 def haproxy_conf(port, ups):
@@ -476,24 +495,14 @@ def start_arms(a, procs, work, ups, bodies, missing):
         elif arm == "nginx":
             why = missing.get("nginx")
             if not why:
-                os.makedirs(os.path.join(work, "nginx-body"), exist_ok=True)
-                cfg = write(os.path.join(work, "nginx.conf"), nginx_proxy_conf(work, port, ups))
-                proc = procs.start("nginx", ["nginx", "-e", os.path.join(work, "nginx.err"),
-                                             "-p", work, "-c", cfg], cpu)
+                proc = start_nginx(procs, "nginx", work, port, ups, cpu)
         elif arm == "haproxy":
             why = missing.get("haproxy")
             if not why:
                 cfg = write(os.path.join(work, "haproxy.cfg"), haproxy_conf(port, ups))
                 proc = procs.start("haproxy", ["haproxy", "-db", "-f", cfg], cpu)
         elif arm == "pingora":
-            binary = os.path.join(ROOT, "target/release/examples/plain-pingora")
-            if not os.path.exists(binary):
-                why = "target/release/examples/plain-pingora missing (cargo build --release --examples)"
-            else:
-                cmd = [binary, "--listen", f"127.0.0.1:{port}", "--threads", str(a.threads)]
-                for p in ups:
-                    cmd += ["--upstream", f"127.0.0.1:{p}"]
-                proc = procs.start("pingora", cmd, cpu, {"RUST_LOG": "warn"})
+            proc, why = start_plain_pingora(procs, "pingora", port, ups, a.threads, cpu)
         elif arm == "smg":
             smg, why = ensure_smg(a.venv)
             if smg:

@@ -246,24 +246,17 @@ def start_arm(procs, a, work, arm, ports, max_requests=None, extra=(), tag=None,
         binary = a.baseline if arm == "baseline" else ROUTER
         proc = procs.start(tag, [binary, "--config", cfg], a.proxy_cpu, {"RUST_LOG": "info"})
     elif arm == "pingora":
-        binary = os.path.join(ROOT, "target/release/examples/plain-pingora")
-        if not os.path.exists(binary):
-            return None, "target/release/examples/plain-pingora missing (cargo build --release --examples)"
-        cmd = [binary, "--listen", f"127.0.0.1:{port}", "--threads", "1"]
-        for p in ports:
-            cmd += ["--upstream", f"127.0.0.1:{p}"]
-        proc = procs.start(tag or f"pingora-{len(ports)}", cmd, a.proxy_cpu, {"RUST_LOG": "warn"})
+        proc, why = bp.start_plain_pingora(procs, tag or f"pingora-{len(ports)}", port, ports, 1, a.proxy_cpu)
+        if not proc:
+            return None, why
     elif arm == "nginx":
         if not shutil.which("nginx"):
             return None, "nginx missing (apt install nginx-light)"
         tag = tag or f"nginx-{len(ports)}"
-        home = os.path.join(work, tag)
-        os.makedirs(os.path.join(home, "nginx-body"), exist_ok=True)
-        # As many idle connections kept as replicas: bench-proxy's 256 would
-        # close and open connections at 1,000.
-        conf = bp.nginx_proxy_conf(home, port, ports).replace("keepalive 256;", f"keepalive {max(256, 2 * len(ports))};")
-        cfg = write(os.path.join(home, "nginx.conf"), conf)
-        proc = procs.start(tag, ["nginx", "-e", os.path.join(home, "nginx.err"), "-p", home, "-c", cfg], a.proxy_cpu)
+        # Twice as many idle connections kept as replicas: bench-proxy's 256
+        # would close and open connections at 1,000.
+        proc = bp.start_nginx(procs, tag, os.path.join(work, tag), port, ports, a.proxy_cpu,
+                              keepalive=max(256, 2 * len(ports)))
     else:
         smg, why = bp.ensure_smg(a.venv)
         if not smg:
