@@ -549,12 +549,40 @@ def hold_lines(proc):
     return json.loads(line) if line else None
 
 
+def threads_s(pids):
+    """CPU time of each live thread of these processes, seconds, to the
+    nanosecond (schedstat): for idle windows, where utime's 10 ms ticks are
+    too coarse."""
+    out = {}
+    for p in pids:
+        try:
+            for t in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{t}/schedstat") as f:
+                    out[t] = int(f.read().split()[0]) / 1e9
+        except OSError:
+            pass
+    return out
+
+
+def threads_since(pids, before):
+    """CPU time since `before` (a `threads_s`) of the threads alive now: a
+    thread that ended in between loses its share, but not, as in a plain
+    sum, its whole life."""
+    return sum(v - before.get(t, 0.0) for t, v in threads_s(pids).items())
+
+
 def streams_point(a, procs, work, lua, arm, s, ports, body_file):
     info, why = start_arm(procs, a, work, arm, ports, max_requests=2 * s + 100)
     if not info:
         return {"arm": arm, "streams": s, "skipped": why}
     pids = pids_of(info)
     time.sleep(a.settle)
+    # Its probes and timers: a rate that is no event's work, left out of
+    # `less_idle_us_per_event` (SMG checks its workers every 60 s, the
+    # router every second and reads their load every 500 ms here).
+    i0, t0 = threads_s(pids), time.time()
+    time.sleep(a.idle)
+    idle = threads_since(pids, i0) / (time.time() - t0)
     idle_probe = wrk(a, info["port"], lua, 1, a.probe)
     rss0 = status_kib(pids, "VmRSS")
     holder = subprocess.Popen(["taskset", "-c", a.load_cpus, ROUTEBENCH, "hold", "--addr",
@@ -568,11 +596,11 @@ def streams_point(a, procs, work, lua, arm, s, ports, body_file):
         rep = hold_lines(holder)
     point = {"arm": arm, "streams": s, "opened": rep["opened"] if rep else 0, "idle_p50_us": idle_probe["p50_us"],
              "idle_p99_us": idle_probe["p99_us"]}
-    c0, e0, t0 = cpu_s(pids), rep["events"], time.time()
+    c0, e0, t0 = threads_s(pids), rep["events"], time.time()
     perf = profile(a, arm, info, work, f"streams-{s}", a.window)
     while rep and time.time() - t0 < a.window:
         rep = hold_lines(holder)
-    cpu, events = cpu_s(pids) - c0, (rep["events"] if rep else e0) - e0
+    cpu, events, took = threads_since(pids, c0), (rep["events"] if rep else e0) - e0, time.time() - t0
     if perf:
         # Counted before perf's own work at its end, which serves no event.
         perf.wait()
@@ -580,7 +608,8 @@ def streams_point(a, procs, work, lua, arm, s, ports, body_file):
     rss = status_kib(pids, "VmRSS")
     probe = wrk(a, info["port"], lua, 1, a.probe)
     point.update(rss_mib=rss / 1024, rss_kib_per_stream=(rss - rss0) / max(1, s), events=events,
-                 cpu_us_per_event=cpu / max(1, events) * 1e6, held_p50_us=probe["p50_us"],
+                 cpu_us_per_event=cpu / max(1, events) * 1e6, idle_cpu=idle,
+                 less_idle_us_per_event=max(0.0, cpu - idle * took) / max(1, events) * 1e6, held_p50_us=probe["p50_us"],
                  held_p99_us=probe["p99_us"], probe_errors=probe["bad"] + probe["errors"])
     while rep:
         rep, last = hold_lines(holder), rep
@@ -799,7 +828,7 @@ def plots(doc_dir, run):
             ("rss_mib", "RSS", "MiB", "conversations", "conversations", "conversations"),
             ("cpu_us_per_req", "CPU per agent-loop request", "CPU-µs", "prompts", "bytes", "body bytes"),
             ("cpu_us_per_req", "CPU per request, Redis fleet", "CPU-µs", "fleet", "instances", "instances")):
-        points = by_size(run["replicas"]) if part == "replicas" else run.get(part, [])
+        points = {"replicas": by_size, "streams": by_streams}.get(part, list)(run.get(part, []))
         svg = svg_chart(title, xl, unit, series(points, key, x))
         if svg:
             name = f"scale-{part}-{key}.svg"
@@ -842,6 +871,36 @@ def by_size(points):
     return out
 
 
+def by_streams(points):
+    """The open streams' rounds folded: per arm and size, the median of each
+    figure, the rounds' CPU-µs per event, and the median over rounds of CPU
+    per event (and less idle) over SMG's in the same round, with the range
+    (`..._vs_smg`)."""
+    groups = {}
+    for p in points:
+        groups.setdefault((p["arm"], p["streams"]), []).append(p)
+    smg = {(p["streams"], p.get("round", 0)): p for p in points if p["arm"] == "smg" and "skipped" not in p}
+    out = []
+    for (arm, s), ps in groups.items():
+        ran = [p for p in ps if "skipped" not in p]
+        if not ran:
+            out.append(ps[0])
+            continue
+        m = {"arm": arm, "streams": s, "rounds": len(ran)}
+        for k, v in ran[0].items():
+            if isinstance(v, (int, float)) and k not in ("streams", "round"):
+                m[k] = statistics.median(p[k] for p in ran)
+        for k in ("done", "failed", "events"):
+            m[k] = sum(p[k] for p in ran)
+        m["per_round"] = [p["cpu_us_per_event"] for p in ran]
+        for k in ("cpu_us_per_event", "less_idle_us_per_event"):
+            ratios = [p[k] / smg[(s, p.get("round", 0))][k] for p in ran
+                      if arm != "smg" and k in p and k in smg.get((s, p.get("round", 0)), {})]
+            m[k + "_vs_smg"] = (statistics.median(ratios), min(ratios), max(ratios)) if ratios else None
+        out.append(m)
+    return out
+
+
 def table(columns, points, lead, cells):
     """A Markdown table, a row per point: `lead(p)` its first cells (arm,
     size), `cells(p)` the rest; a point that was not run says why."""
@@ -864,7 +923,7 @@ def fmt(v, spec=",.0f"):
 
 
 def doc(a, run, made):
-    meta, stream_points = run["meta"], run["streams"]
+    meta, stream_points = run["meta"], by_streams(run["streams"])
     rep_points = by_size(run["replicas"])
     direct = {}
     for d in run["direct"]:
@@ -947,14 +1006,29 @@ def doc(a, run, made):
             f"replicas (one SSE event a second per stream); once all are open, CPU and SSE events are counted "
             f"over {a.window} s, then wrk (one connection, {a.probe} s) sends small non-streamed requests. "
             f"Descriptors: {meta['nofile']} per process here; each stream holds two in the proxy, so "
-            f"the top step is {meta['max_streams']:,}.\n"]
+            f"the top step is {meta['max_streams']:,}. "
+            f"{max([p.get('rounds', 1) for p in stream_points] or [1])} round(s) of every size, the arms' order "
+            "reversed every other round: figures are medians over rounds (events, done and failed are "
+            "sums); `÷ SMG` is the median over rounds of the figure before it over SMG's in the same round, "
+            f"with its range; `idle CPU`: the arm's over {a.idle:g} s before the streams open (probes and "
+            "timers: the router's here every second and every 500 ms, SMG's every 60 s), a rate `less idle` "
+            "leaves out of CPU per event.\n"]
+
+    def vs_smg(p, k):
+        r = p.get(k + "_vs_smg")
+        return "—" if r is None else f"{r[0]:.2f} ({r[1]:.2f}–{r[2]:.2f})"
     out += table(["arm", "streams", "opened", "RSS MiB", "KiB per stream", "SSE events", "CPU-µs per event",
-                  "new request p50 idle / held", "p99 idle / held", "done", "failed"], stream_points,
-                 lambda p: [NAMES[p["arm"]], f"{p['streams']:,}"],
-                 lambda p: [f"{p['opened']:,}", f"{p['rss_mib']:.1f}", f"{p['rss_kib_per_stream']:.1f}",
+                  "per round", "÷ SMG", "idle CPU (cores)", "less idle", "÷ SMG", "new request p50 idle / held",
+                  "p99 idle / held", "done", "failed"],
+                 stream_points, lambda p: [NAMES[p["arm"]], f"{p['streams']:,}"],
+                 lambda p: [fmt(p["opened"]), f"{p['rss_mib']:.1f}", f"{p['rss_kib_per_stream']:.1f}",
                             f"{p['events']:,}", f"{p['cpu_us_per_event']:.1f}",
-                            f"{p['idle_p50_us']:,} / {p['held_p50_us']:,} µs",
-                            f"{p['idle_p99_us']:,} / {p['held_p99_us']:,} µs", f"{p['done']:,}", f"{p['failed']:,}"])
+                            ", ".join(f"{v:.1f}" for v in p.get("per_round", [p["cpu_us_per_event"]])),
+                            vs_smg(p, "cpu_us_per_event"), fmt(p.get("idle_cpu"), ".3f"),
+                            fmt(p.get("less_idle_us_per_event"), ".1f"), vs_smg(p, "less_idle_us_per_event"),
+                            f"{fmt(p['idle_p50_us'])} / {fmt(p['held_p50_us'])} µs",
+                            f"{fmt(p['idle_p99_us'])} / {fmt(p['held_p99_us'])} µs", f"{p['done']:,}",
+                            f"{p['failed']:,}"])
     if run.get("conversations"):
         out += ["\n## Conversations\n",
                 "In front of two stubs; wrk (one thread, 16 connections) places the conversations, then "
@@ -1038,7 +1112,7 @@ def parse_args():
     ap.add_argument("--fleet-conversations", type=int, default=10000)
     ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--duration", type=int, default=5, help="seconds of wrk per replicas point")
-    ap.add_argument("--rounds", type=int, default=3, help="sweeps of the replicas curve")
+    ap.add_argument("--rounds", type=int, default=3, help="sweeps of the replicas curve and of the open streams")
     ap.add_argument("--cycles", type=int, default=12, help="cycles of the paired flatness part")
     ap.add_argument("--leg", type=int, default=2, help="seconds of wrk per leg of the flatness part")
     ap.add_argument("--flat-conns", type=int, default=16,
@@ -1160,10 +1234,15 @@ def main():
             # Each stream outlasts its point's ramp, window and probe.
             last = int(min(max(a.streams), max_streams) / a.rate + a.window + a.probe + 10)
             stubs, ports = start_stubs(procs, a, "stubs-streams", 2, last, 1000)
-            for s in a.streams:
-                s = min(s, max_streams)
-                for arm in a.arms:
-                    keep("streams", streams_point(a, procs, work, lua, arm, s, ports, body_file))
+            # Rounds of every size, the arms' order reversed every other
+            # round, so each round's ratio of the router to SMG sees one
+            # state of this noisy machine.
+            for rnd in range(a.rounds):
+                for s in a.streams:
+                    s = min(s, max_streams)
+                    for arm in a.arms if rnd % 2 == 0 else a.arms[::-1]:
+                        keep("streams", {**streams_point(a, procs, work, lua, arm, s, ports, body_file),
+                                         "round": rnd})
             stop(procs, stubs)
         if {"conversations", "prompts", "fleet"} & set(a.parts):
             stubs, ports = start_stubs(procs, a, "stubs-2", 2, 4, 0)

@@ -227,14 +227,18 @@ impl Reader {
             Err(Unread::Unrecognised) => "unrecognised",
         };
         let listed = self.replicas.snapshot();
-        let named = listed.iter().any(|x| x.name == r.name);
+        // Still in the set (by id: a rename keeps it), looked up, not
+        // searched: a round reads every replica.
+        let kept = listed.position(r.id).map(|i| &listed[i]);
         // A name reloaded away while being read gets no series again.
+        let named =
+            kept.is_some_and(|x| x.name == r.name) || listed.iter().any(|x| x.name == r.name);
         if named {
             (self.metrics.engine_reads)
                 .with_label_values(&[&r.name, result])
                 .inc();
         }
-        if !listed.iter().any(|x| x.id == r.id) {
+        if kept.is_none() {
             // Reloaded away while being read: nothing of it is shown again
             // (unless a replica of that name is still there).
             if !named {

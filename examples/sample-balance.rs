@@ -1,0 +1,176 @@
+//! How evenly placement in windows (`sample`) spreads singles over a large
+//! fleet, simulated with the router's own placement (`Replicas::sample_into`
+//! and `Policy::place_offered`, as `proxy::place` calls them): 1,000 live
+//! replicas, a new one-shot question placed per tick, each held in flight
+//! for a time drawn from an exponential distribution (answers of varied
+//! length), so that `load` requests are in flight per replica on average. Per window
+//! size, every 1,000 ticks after a warm-up, the in-flight counts across the
+//! fleet: their standard deviation over their mean (0: even), the largest
+//! over the mean, and the share of placements that went to a replica
+//! busier than the fleet's least busy (the window's choice, not the
+//! fleet's). The whole fleet read (`sample: {above: 0}`) is the reference.
+//!
+//!     cargo run --release --example sample-balance [REPLICAS]
+#![forbid(unsafe_code)]
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Instant;
+
+use prefix_router::config;
+use prefix_router::metrics::Metrics;
+use prefix_router::policy::{
+    ContinuationRule, Fleet, KvRoom, Mode, Policy, PolicyConfig, ReplicaState,
+};
+use prefix_router::replicas::{HealthRules, Replicas};
+use prefix_router::request::Prompt;
+
+/// SplitMix64: a seeded, reproducible stream of uniform draws.
+struct Draws(u64);
+
+impl Draws {
+    fn unit(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Exponential with this mean, at least one tick.
+    fn hold(&mut self, mean: f64) -> u64 {
+        ((-(1.0 - self.unit()).ln() * mean) as u64).max(1)
+    }
+}
+
+struct Spread {
+    cv: f64,
+    max_over_mean: f64,
+    above_least: f64,
+}
+
+fn run(n: usize, load: f64, window: usize) -> Spread {
+    let cfg: Vec<config::Replica> = (0..n)
+        .map(|i| config::Replica::at(format!("r{i}"), format!("127.0.0.1:{}", 10_000 + i)))
+        .collect();
+    let set = Replicas::new(&cfg, Metrics::standalone());
+    let view = set.snapshot();
+    let rules = HealthRules {
+        fall: 3,
+        rise: 1,
+        serving: std::time::Duration::from_secs(5),
+        interval: std::time::Duration::from_secs(1),
+        per_second: 0,
+    };
+    for r in view.iter() {
+        r.on_check(true, false, Instant::now(), &rules);
+    }
+    let policy = Policy::new(PolicyConfig {
+        mode: Mode::Shape,
+        continuation: ContinuationRule::ModelTurn,
+        block_bytes: 1024,
+        max_entries: 1 << 16,
+        kv_room: KvRoom::Off,
+        load_guard: None,
+        least_loaded: false,
+        singles: None,
+        queued_step: 16_384,
+        fleet: Fleet::Local,
+    });
+    // A new one-shot question each tick: a placement records its prompt, so
+    // a question asked again would go back to the replica it went to.
+    let question = |t: u64| {
+        let body = serde_json::json!({"model": "m", "messages": [{"role": "user",
+            "content": format!("question {t}: please summarise these notes.")}]});
+        let body = serde_json::to_vec(&body).expect("json");
+        Prompt::parse(&body, 1 << 20)
+            .expect("a prompt")
+            .into_request(1024, None)
+    };
+    let mean_hold = load * n as f64;
+    let (warm, ticks) = ((5.0 * mean_hold) as u64, (40.0 * mean_hold) as u64);
+    let mut draws = Draws(0x5EED ^ window as u64);
+    let mut ends = BinaryHeap::new();
+    let (mut held, mut free) = (Vec::new(), Vec::new());
+    let mut states: Vec<ReplicaState> = Vec::new();
+    let (mut cv, mut top, mut samples) = (0.0, 0.0, 0u32);
+    let (mut placed, mut above) = (0u64, 0u64);
+    for t in 0..warm + ticks {
+        while let Some(Reverse((end, slot))) = ends.peek().copied() {
+            if end > t {
+                break;
+            }
+            ends.pop();
+            held[slot] = None;
+            free.push(slot);
+        }
+        let req = &question(t);
+        let offered = &mut states;
+        let decision = policy.place_offered(req, |holders| {
+            if !(window > 0 && Replicas::sample_into(&view, &[], None, holders, window, offered)) {
+                Replicas::states_into(&view, &[], None, None, offered);
+            }
+            offered
+        });
+        let Some(at) = decision.replica.and_then(|id| view.position(id)) else {
+            continue;
+        };
+        if t >= warm {
+            let least = view.iter().map(|r| r.in_flight()).min().unwrap_or(0);
+            placed += 1;
+            above += u64::from(view[at].in_flight() > least);
+        }
+        let guard = Some(view[at].begin(0, 0));
+        let slot = match free.pop() {
+            Some(slot) => {
+                held[slot] = guard;
+                slot
+            }
+            None => {
+                held.push(guard);
+                held.len() - 1
+            }
+        };
+        ends.push(Reverse((t + draws.hold(mean_hold), slot)));
+        if t >= warm && t % 1000 == 0 {
+            let counts: Vec<f64> = view.iter().map(|r| f64::from(r.in_flight())).collect();
+            let mean = counts.iter().sum::<f64>() / n as f64;
+            let var = counts.iter().map(|c| (c - mean).powi(2)).sum::<f64>() / n as f64;
+            let max = counts.iter().copied().fold(0.0, f64::max);
+            cv += var.sqrt() / mean;
+            top += max / mean;
+            samples += 1;
+        }
+    }
+    Spread {
+        cv: cv / f64::from(samples),
+        max_over_mean: top / f64::from(samples),
+        above_least: above as f64 / placed as f64,
+    }
+}
+
+fn main() {
+    let n = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1000);
+    println!("{n} replicas; one single a tick, each held an exponential time (mean: load x replicas ticks)");
+    println!("| in flight per replica | window | std / mean | largest / mean | placed above the least busy |");
+    println!("|---|---|---|---|---|");
+    for load in [1.0, 4.0, 16.0] {
+        for window in [0, 32, 16, 8] {
+            let s = run(n, load, window);
+            let name = if window == 0 {
+                "the whole fleet".to_owned()
+            } else {
+                window.to_string()
+            };
+            println!(
+                "| {load} | {name} | {:.3} | {:.2} | {:.1} % |",
+                s.cv,
+                s.max_over_mean,
+                100.0 * s.above_least
+            );
+        }
+    }
+}
