@@ -7,8 +7,12 @@
 //! size, every 1,000 ticks after a warm-up, the in-flight counts across the
 //! fleet: their standard deviation over their mean (0: even), the largest
 //! over the mean, and the share of placements that went to a replica
-//! busier than the fleet's least busy (the window's choice, not the
-//! fleet's). The whole fleet read (`sample: {above: 0}`) is the reference.
+//! busier than the fleet's least busy. A window offers its least loaded
+//! (requests in flight); the whole fleet read (`sample: {above: 0}`) is
+//! shown beside, though there the counter takes turns among the replicas
+//! least queued for prefill, and these requests carry none: plain turns.
+//! The hold times are one seeded stream for every row; each window's turn
+//! starts at random, as in the router, so a run repeats only about.
 //!
 //!     cargo run --release --example sample-balance [REPLICAS]
 #![forbid(unsafe_code)]
@@ -73,6 +77,8 @@ fn run(n: usize, load: f64, window: usize) -> Spread {
         kv_room: KvRoom::Off,
         load_guard: None,
         least_loaded: false,
+        // No `singles: prefix` (the default): these questions share no
+        // prefix, and are far shorter than its `min_prefix_bytes`.
         singles: None,
         queued_step: 16_384,
         fleet: Fleet::Local,
@@ -89,7 +95,7 @@ fn run(n: usize, load: f64, window: usize) -> Spread {
     };
     let mean_hold = load * n as f64;
     let (warm, ticks) = ((5.0 * mean_hold) as u64, (40.0 * mean_hold) as u64);
-    let mut draws = Draws(0x5EED ^ window as u64);
+    let mut draws = Draws(0x5EED);
     let mut ends = BinaryHeap::new();
     let (mut held, mut free) = (Vec::new(), Vec::new());
     let mut states: Vec<ReplicaState> = Vec::new();

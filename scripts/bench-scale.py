@@ -556,25 +556,31 @@ def threads_s(pids):
     out = {}
     for p in pids:
         try:
-            for t in os.listdir(f"/proc/{p}/task"):
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tids:
+            try:
                 with open(f"/proc/{p}/task/{t}/schedstat") as f:
                     out[t] = int(f.read().split()[0]) / 1e9
-        except OSError:
-            pass
+            except OSError:
+                pass  # ended since the listing
     return out
 
 
 def threads_since(pids, before):
     """CPU time since `before` (a `threads_s`) of the threads alive now: a
     thread that ended in between loses its share, but not, as in a plain
-    sum, its whole life."""
+    sum, its whole life. For short idle windows; a window of work is read
+    from utime and stime (`cpu_s`), which keep the share of threads that
+    ended."""
     return sum(v - before.get(t, 0.0) for t, v in threads_s(pids).items())
 
 
-def streams_point(a, procs, work, lua, arm, s, ports, body_file):
+def streams_point(a, procs, work, lua, arm, s, ports, body_file, rnd=0):
     info, why = start_arm(procs, a, work, arm, ports, max_requests=2 * s + 100)
     if not info:
-        return {"arm": arm, "streams": s, "skipped": why}
+        return {"arm": arm, "streams": s, "round": rnd, "skipped": why}
     pids = pids_of(info)
     time.sleep(a.settle)
     # Its probes and timers: a rate that is no event's work, left out of
@@ -594,13 +600,13 @@ def streams_point(a, procs, work, lua, arm, s, ports, body_file):
     rep = hold_lines(holder)
     while rep and rep["opened"] + rep["failed"] < s:
         rep = hold_lines(holder)
-    point = {"arm": arm, "streams": s, "opened": rep["opened"] if rep else 0, "idle_p50_us": idle_probe["p50_us"],
+    point = {"arm": arm, "streams": s, "round": rnd, "opened": rep["opened"] if rep else 0, "idle_p50_us": idle_probe["p50_us"],
              "idle_p99_us": idle_probe["p99_us"]}
-    c0, e0, t0 = threads_s(pids), rep["events"], time.time()
-    perf = profile(a, arm, info, work, f"streams-{s}", a.window)
+    c0, e0, t0 = cpu_s(pids), rep["events"], time.time()
+    perf = profile(a, arm, info, work, f"streams-{s}-{rnd}", a.window)
     while rep and time.time() - t0 < a.window:
         rep = hold_lines(holder)
-    cpu, events, took = threads_since(pids, c0), (rep["events"] if rep else e0) - e0, time.time() - t0
+    cpu, events, took = cpu_s(pids) - c0, (rep["events"] if rep else e0) - e0, time.time() - t0
     if perf:
         # Counted before perf's own work at its end, which serves no event.
         perf.wait()
@@ -890,12 +896,12 @@ def by_streams(points):
         for k, v in ran[0].items():
             if isinstance(v, (int, float)) and k not in ("streams", "round"):
                 m[k] = statistics.median(p[k] for p in ran)
-        for k in ("done", "failed", "events"):
-            m[k] = sum(p[k] for p in ran)
+        for k in ("done", "failed", "events", "probe_errors"):
+            m[k] = sum(p.get(k, 0) for p in ran)
         m["per_round"] = [p["cpu_us_per_event"] for p in ran]
         for k in ("cpu_us_per_event", "less_idle_us_per_event"):
             ratios = [p[k] / smg[(s, p.get("round", 0))][k] for p in ran
-                      if arm != "smg" and k in p and k in smg.get((s, p.get("round", 0)), {})]
+                      if arm != "smg" and k in p and smg.get((s, p.get("round", 0)), {}).get(k, 0) > 0]
             m[k + "_vs_smg"] = (statistics.median(ratios), min(ratios), max(ratios)) if ratios else None
         out.append(m)
     return out
@@ -1129,7 +1135,7 @@ def parse_args():
     ap.add_argument("--max-steal", type=float, default=0.1,
                     help="share of the proxy CPU the hypervisor may take in a flatness leg")
     ap.add_argument("--steal-tries", type=int, default=4, help="runs of a flatness leg while it is stolen")
-    ap.add_argument("--idle", type=float, default=5, help="seconds of idle CPU measured per replicas point")
+    ap.add_argument("--idle", type=float, default=5, help="seconds of idle CPU measured per replicas point and before each open streams point")
     ap.add_argument("--settle", type=float, default=3, help="seconds after an arm is ready")
     ap.add_argument("--rate", type=float, default=1000, help="streams opened per second")
     ap.add_argument("--window", type=float, default=10, help="seconds of CPU counted with all streams open")
@@ -1237,12 +1243,11 @@ def main():
             # Rounds of every size, the arms' order reversed every other
             # round, so each round's ratio of the router to SMG sees one
             # state of this noisy machine.
+            sizes = sorted({min(s, max_streams) for s in a.streams})
             for rnd in range(a.rounds):
-                for s in a.streams:
-                    s = min(s, max_streams)
+                for s in sizes:
                     for arm in a.arms if rnd % 2 == 0 else a.arms[::-1]:
-                        keep("streams", {**streams_point(a, procs, work, lua, arm, s, ports, body_file),
-                                         "round": rnd})
+                        keep("streams", streams_point(a, procs, work, lua, arm, s, ports, body_file, rnd))
             stop(procs, stubs)
         if {"conversations", "prompts", "fleet"} & set(a.parts):
             stubs, ports = start_stubs(procs, a, "stubs-2", 2, 4, 0)
