@@ -23,9 +23,8 @@ use std::time::Instant;
 
 use prefix_router::config;
 use prefix_router::metrics::Metrics;
-use prefix_router::policy::{
-    ContinuationRule, Fleet, KvRoom, Mode, Policy, PolicyConfig, ReplicaState,
-};
+use prefix_router::policy::{Policy, ReplicaState};
+use prefix_router::policy_config::policy_config;
 use prefix_router::replicas::{HealthRules, Replicas};
 use prefix_router::request::Prompt;
 
@@ -69,20 +68,9 @@ fn run(n: usize, load: f64, window: usize) -> Spread {
     for r in view.iter() {
         r.on_check(true, false, Instant::now(), &rules);
     }
-    let policy = Policy::new(PolicyConfig {
-        mode: Mode::Shape,
-        continuation: ContinuationRule::ModelTurn,
-        block_bytes: 1024,
-        max_entries: 1 << 16,
-        kv_room: KvRoom::Off,
-        load_guard: None,
-        least_loaded: false,
-        // No `singles: prefix` (the default): these questions share no
-        // prefix, and are far shorter than its `min_prefix_bytes`.
-        singles: None,
-        queued_step: 16_384,
-        fleet: Fleet::Local,
-    });
+    // The router's policy as shipped (no `engine_load`: the counter takes
+    // turns among the least queued).
+    let policy = Policy::new(policy_config(&config::Config::default()));
     // A new one-shot question each tick: a placement records its prompt, so
     // a question asked again would go back to the replica it went to.
     let question = |t: u64| {

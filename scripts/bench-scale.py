@@ -844,35 +844,45 @@ def plots(doc_dir, run):
     return made
 
 
+def folded(points, size, sums):
+    """Points of several rounds by arm and `size` (the curve's x): for each,
+    the points that ran and `m`, the median over them of each figure with
+    `sums` summed and the rounds counted (when none ran, no points and the
+    first, which says why)."""
+    groups = {}
+    for p in points:
+        groups.setdefault((p["arm"], p[size]), []).append(p)
+    for (arm, x), ps in groups.items():
+        ran = [p for p in ps if "skipped" not in p]
+        if not ran:
+            yield ran, ps[0]
+            continue
+        m = {"arm": arm, size: x, "rounds": len(ran)}
+        for k, v in ran[0].items():
+            if isinstance(v, (int, float)) and k not in (size, "round"):
+                m[k] = statistics.median(p[k] for p in ran)
+        for k in sums:
+            m[k] = sum(p.get(k, 0) for p in ran)
+        yield ran, m
+
+
 def by_size(points):
     """The replicas curve's rounds folded: per arm and size, the median of
     each figure, the rounds' CPU-µs per request (idle share excluded), and
     the median over rounds of that figure over the same round's at the
     smallest size (`flat`)."""
-    import collections
-    groups = collections.OrderedDict()
-    for p in points:
-        groups.setdefault((p["arm"], p["replicas"]), []).append(p)
     out = []
-    for (arm, n), ps in groups.items():
-        ran = [p for p in ps if "skipped" not in p]
-        if not ran:
-            out.append(ps[0])
-            continue
-        m = {"arm": arm, "replicas": n, "rounds": len(ran)}
-        for k, v in ran[0].items():
-            if isinstance(v, (int, float)) and k not in ("replicas", "round"):
-                m[k] = statistics.median(p[k] for p in ran)
-        for k in ("requests", "errors"):
-            m[k] = sum(p[k] for p in ran)
-        m["per_round"] = [p["cpu_us_per_req_less_idle"] for p in ran]
-        small = min(q["replicas"] for q in points if q["arm"] == arm)
-        base = {q.get("round", 0): q for q in points
-                if q["arm"] == arm and q["replicas"] == small and "skipped" not in q}
-        ratios = [p["cpu_us_per_req_less_idle"] / base[p.get("round", 0)]["cpu_us_per_req_less_idle"]
-                  for p in ran if p.get("round", 0) in base]
-        m["flat"] = statistics.median(ratios) if ratios else None
-        m["flat_range"] = (min(ratios), max(ratios)) if ratios else None
+    for ran, m in folded(points, "replicas", ("requests", "errors")):
+        if ran:
+            arm = m["arm"]
+            m["per_round"] = [p["cpu_us_per_req_less_idle"] for p in ran]
+            small = min(q["replicas"] for q in points if q["arm"] == arm)
+            base = {q.get("round", 0): q for q in points
+                    if q["arm"] == arm and q["replicas"] == small and "skipped" not in q}
+            ratios = [p["cpu_us_per_req_less_idle"] / base[p.get("round", 0)]["cpu_us_per_req_less_idle"]
+                      for p in ran if p.get("round", 0) in base]
+            m["flat"] = statistics.median(ratios) if ratios else None
+            m["flat_range"] = (min(ratios), max(ratios)) if ratios else None
         out.append(m)
     return out
 
@@ -882,27 +892,16 @@ def by_streams(points):
     figure, the rounds' CPU-µs per event, and the median over rounds of CPU
     per event (and less idle) over SMG's in the same round, with the range
     (`..._vs_smg`)."""
-    groups = {}
-    for p in points:
-        groups.setdefault((p["arm"], p["streams"]), []).append(p)
     smg = {(p["streams"], p.get("round", 0)): p for p in points if p["arm"] == "smg" and "skipped" not in p}
     out = []
-    for (arm, s), ps in groups.items():
-        ran = [p for p in ps if "skipped" not in p]
-        if not ran:
-            out.append(ps[0])
-            continue
-        m = {"arm": arm, "streams": s, "rounds": len(ran)}
-        for k, v in ran[0].items():
-            if isinstance(v, (int, float)) and k not in ("streams", "round"):
-                m[k] = statistics.median(p[k] for p in ran)
-        for k in ("done", "failed", "events", "probe_errors"):
-            m[k] = sum(p.get(k, 0) for p in ran)
-        m["per_round"] = [p["cpu_us_per_event"] for p in ran]
-        for k in ("cpu_us_per_event", "less_idle_us_per_event"):
-            ratios = [p[k] / smg[(s, p.get("round", 0))][k] for p in ran
-                      if arm != "smg" and k in p and smg.get((s, p.get("round", 0)), {}).get(k, 0) > 0]
-            m[k + "_vs_smg"] = (statistics.median(ratios), min(ratios), max(ratios)) if ratios else None
+    for ran, m in folded(points, "streams", ("done", "failed", "events", "probe_errors")):
+        if ran:
+            s = m["streams"]
+            m["per_round"] = [p["cpu_us_per_event"] for p in ran]
+            for k in ("cpu_us_per_event", "less_idle_us_per_event"):
+                ratios = [p[k] / smg[(s, p.get("round", 0))][k] for p in ran
+                          if m["arm"] != "smg" and k in p and smg.get((s, p.get("round", 0)), {}).get(k, 0) > 0]
+                m[k + "_vs_smg"] = (statistics.median(ratios), min(ratios), max(ratios)) if ratios else None
         out.append(m)
     return out
 
