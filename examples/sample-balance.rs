@@ -17,8 +17,7 @@
 //!     cargo run --release --example sample-balance [REPLICAS]
 #![forbid(unsafe_code)]
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use prefix_router::config;
@@ -84,19 +83,17 @@ fn run(n: usize, load: f64, window: usize) -> Spread {
     let mean_hold = load * n as f64;
     let (warm, ticks) = ((5.0 * mean_hold) as u64, (40.0 * mean_hold) as u64);
     let mut draws = Draws(0x5EED);
-    let mut ends = BinaryHeap::new();
-    let (mut held, mut free) = (Vec::new(), Vec::new());
+    // Requests in flight by (end, start): their guards, dropped at the end.
+    let mut held = BTreeMap::new();
     let mut states: Vec<ReplicaState> = Vec::new();
     let (mut cv, mut top, mut samples) = (0.0, 0.0, 0u32);
     let (mut placed, mut above) = (0u64, 0u64);
     for t in 0..warm + ticks {
-        while let Some(Reverse((end, slot))) = ends.peek().copied() {
-            if end > t {
-                break;
-            }
-            ends.pop();
-            held[slot] = None;
-            free.push(slot);
+        while held
+            .first_key_value()
+            .is_some_and(|(&(end, _), _)| end <= t)
+        {
+            held.pop_first();
         }
         let req = &question(t);
         let offered = &mut states;
@@ -114,18 +111,7 @@ fn run(n: usize, load: f64, window: usize) -> Spread {
             placed += 1;
             above += u64::from(view[at].in_flight() > least);
         }
-        let guard = Some(view[at].begin(0, 0));
-        let slot = match free.pop() {
-            Some(slot) => {
-                held[slot] = guard;
-                slot
-            }
-            None => {
-                held.push(guard);
-                held.len() - 1
-            }
-        };
-        ends.push(Reverse((t + draws.hold(mean_hold), slot)));
+        held.insert((t + draws.hold(mean_hold), t), view[at].begin(0, 0));
         if t >= warm && t % 1000 == 0 {
             let counts: Vec<f64> = view.iter().map(|r| f64::from(r.in_flight())).collect();
             let mean = counts.iter().sum::<f64>() / n as f64;
