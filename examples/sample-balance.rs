@@ -7,7 +7,8 @@
 //! size, every 1,000 ticks after a warm-up, the in-flight counts across the
 //! fleet: their standard deviation over their mean (0: even), the largest
 //! over the mean, and the share of placements that went to a replica
-//! busier than the fleet's least busy. A window offers its least loaded
+//! busier than the fleet's least busy, and how many replicas' states a
+//! placement read (a window is read up to its first idle replica). A window offers its least loaded
 //! (requests in flight); the whole fleet read (`sample: {above: 0}`) is
 //! shown beside, though there the counter takes turns among the replicas
 //! least queued for prefill, and these requests carry none: plain turns.
@@ -49,6 +50,7 @@ struct Spread {
     cv: f64,
     max_over_mean: f64,
     above_least: f64,
+    read: f64,
 }
 
 fn run(n: usize, load: f64, window: usize) -> Spread {
@@ -87,7 +89,7 @@ fn run(n: usize, load: f64, window: usize) -> Spread {
     let mut held = BTreeMap::new();
     let mut states: Vec<ReplicaState> = Vec::new();
     let (mut cv, mut top, mut samples) = (0.0, 0.0, 0u32);
-    let (mut placed, mut above) = (0u64, 0u64);
+    let (mut placed, mut above, mut read) = (0u64, 0u64, 0usize);
     for t in 0..warm + ticks {
         while held
             .first_key_value()
@@ -101,6 +103,7 @@ fn run(n: usize, load: f64, window: usize) -> Spread {
             if !(window > 0 && Replicas::sample_into(&view, &[], None, holders, window, offered)) {
                 Replicas::states_into(&view, &[], None, None, offered);
             }
+            read += offered.len();
             offered
         });
         let Some(at) = decision.replica.and_then(|id| view.position(id)) else {
@@ -126,6 +129,7 @@ fn run(n: usize, load: f64, window: usize) -> Spread {
         cv: cv / f64::from(samples),
         max_over_mean: top / f64::from(samples),
         above_least: above as f64 / placed as f64,
+        read: read as f64 / (warm + ticks) as f64,
     }
 }
 
@@ -135,9 +139,9 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(1000);
     println!("{n} replicas; one single a tick, each held an exponential time (mean: load x replicas ticks)");
-    println!("| in flight per replica | window | std / mean | largest / mean | placed above the least busy |");
-    println!("|---|---|---|---|---|");
-    for load in [1.0, 4.0, 16.0] {
+    println!("| in flight per replica | window | std / mean | largest / mean | placed above the least busy | replicas read per placement |");
+    println!("|---|---|---|---|---|---|");
+    for load in [0.25, 1.0, 4.0, 16.0] {
         for window in [0, 32, 16, 8] {
             let s = run(n, load, window);
             let name = if window == 0 {
@@ -146,10 +150,11 @@ fn main() {
                 window.to_string()
             };
             println!(
-                "| {load} | {name} | {:.3} | {:.2} | {:.1} % |",
+                "| {load} | {name} | {:.3} | {:.2} | {:.1} % | {:.1} |",
                 s.cv,
                 s.max_over_mean,
-                100.0 * s.above_least
+                100.0 * s.above_least,
+                s.read
             );
         }
     }

@@ -40,9 +40,10 @@ impl Default for Fleet {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Sample {
-    /// With more replicas than this, a placement reads `replicas` of them (a
-    /// window turning over the fleet) and those holding the request's
-    /// prefix, not all: its cost stays flat as the fleet grows. 0: always all.
+    /// With more replicas than this, a placement reads at most `replicas`
+    /// of them (a window turning over the fleet, up to its first idle
+    /// replica) and those holding the request's prefix, not all: its cost
+    /// stays flat as the fleet grows. 0: always all.
     pub above: usize,
     pub replicas: usize,
 }

@@ -159,14 +159,17 @@ impl Replicas {
     /// each other; each model's next window at each call), and the replicas
     /// in `holders` (those holding the request's prefix that its placement
     /// may use) wherever they are, those for their prefix only (not
-    /// `spread`) unless least loaded in the window. Of the rest of the
-    /// window only its least loaded are offered (all of them when each
-    /// declares its KV capacity: `kv_room` chooses by room then): the
-    /// windows take turns, so a burst of up to the set's size finds an idle
-    /// replica in each window it reaches, and no replica gets two of its
-    /// cold placements while another is idle there. `false` when no replica
-    /// of the window but holders is offered and live: the caller reads the
-    /// whole set then (and its fallbacks).
+    /// `spread`) unless least loaded in the window. The window is read from
+    /// a point one further at each of its turns, up to its first idle
+    /// replica but holders ([`ReplicaState::idle`]: a cold placement could
+    /// only choose another like it), else whole. Of what is read only the
+    /// least loaded are offered (all of them when each declares its KV
+    /// capacity: `kv_room` chooses by room then): the windows take turns,
+    /// so a burst of up to the set's size finds an idle replica in each
+    /// window it reaches, and no replica gets two of its cold placements
+    /// while another is idle there. `false` when no replica read but
+    /// holders is offered and live: the caller reads the whole set then
+    /// (and its fallbacks).
     pub fn sample_into(
         view: &View,
         tried: &[ReplicaId],
@@ -182,8 +185,10 @@ impl Replicas {
             return false;
         }
         let windows = n.div_ceil(size);
-        let w = members.next_window() % windows;
+        let turn = members.next_window();
+        let w = turn % windows;
         let window = &members.at[w * n / windows..(w + 1) * n / windows];
+        let (before, from) = window.split_at(turn / windows % window.len());
         let serves = model.map(|m| view.offers(m));
         let offered = |i: usize| {
             let r = &view[i];
@@ -191,7 +196,13 @@ impl Replicas {
             s.live &= !r.drained() && !tried.contains(&r.id) && serves.is_none_or(|o| o[i]);
             s
         };
-        states.extend(window.iter().map(|i| offered(*i)));
+        for i in from.iter().chain(before) {
+            let s = offered(*i);
+            states.push(s);
+            if s.idle() && !holders.contains(&s.id) {
+                break;
+            }
+        }
         let cold = || states.iter().filter(|s| s.live && !holders.contains(&s.id));
         let Some(least) = cold().map(ReplicaState::load).min() else {
             return false;
@@ -208,13 +219,16 @@ impl Replicas {
                 }
             }
         }
-        let held = (holders.iter().filter_map(|id| view.position(*id)))
-            .filter(|i| !window.contains(i))
-            .map(|i| ReplicaState {
-                spread: false,
-                ..offered(i)
-            });
-        states.extend(held);
+        let read = states.len();
+        for id in holders {
+            if states[..read].iter().any(|s| s.id == *id) {
+                continue;
+            }
+            if let Some(i) = view.position(*id) {
+                let s = offered(i);
+                states.push(ReplicaState { spread: false, ..s });
+            }
+        }
         true
     }
 

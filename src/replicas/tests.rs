@@ -119,44 +119,62 @@ fn a_sample_is_the_next_window_in_turn_its_least_loaded_and_the_holders() {
     let (_set, list) = checked_set(&names, Instant::now());
     let mut states = Vec::new();
     let ids = |states: &[ReplicaState]| -> Vec<u32> {
-        states.iter().filter(|s| s.live).map(|s| s.id.0).collect()
+        let mut ids: Vec<u32> = states.iter().filter(|s| s.live).map(|s| s.id.0).collect();
+        ids.sort_unstable();
+        ids
     };
-    // Windows of at most 4 over 10: three of 3, 3 and 4, in turn (the
-    // first at random).
+    let sample = |holders: &[ReplicaId], states: &mut Vec<ReplicaState>| {
+        Replicas::sample_into(&list, &[], None, holders, 4, states)
+    };
+    // Every replica busy alike: each window is read whole. Windows of at
+    // most 4 over 10: three of 3, 3 and 4, in turn (the first at random).
+    let busy: Vec<_> = list.iter().map(|r| r.begin(0, 0)).collect();
     let mut seen = Vec::new();
     for _ in 0..3 {
-        assert!(Replicas::sample_into(&list, &[], None, &[], 4, &mut states));
+        assert!(sample(&[], &mut states));
         seen.push(ids(&states));
     }
     while seen[0][0] != 0 {
         seen.rotate_left(1);
     }
     assert_eq!(seen, vec![vec![0, 1, 2], vec![3, 4, 5], vec![6, 7, 8, 9]]);
-    while ids(&states) != vec![6, 7, 8, 9] {
-        assert!(Replicas::sample_into(&list, &[], None, &[], 4, &mut states));
+    // Idle: a window is read up to its first idle replica, each of its
+    // turns from one further, so four turns of each offer every replica.
+    drop(busy);
+    let mut offered = Vec::new();
+    for _ in 0..12 {
+        assert!(sample(&[], &mut states));
+        assert_eq!(states.len(), 1, "{states:?}");
+        offered.extend(ids(&states));
     }
-    // The next is the first again: a busy replica there is not offered; a
-    // holder is, busy or outside the window, for its prefix only (not
-    // `spread`: no cold placement goes to it while another can).
+    offered.sort_unstable();
+    offered.dedup();
+    assert_eq!(offered, (0..10).collect::<Vec<u32>>());
+    // Turn to the first window's turn that starts at replica 0: its next
+    // starts at 1.
+    while !(sample(&[], &mut states) && states[0].id == list[0].id) {}
+    for _ in 0..2 {
+        assert!(sample(&[], &mut states));
+    }
+    // A busy replica is passed over for the next; a holder is offered,
+    // busy or not read, for its prefix only (not `spread`: no cold
+    // placement goes to it while another can).
     let _busy = [
         list[1].begin(0, 0),
         list[2].begin(0, 0),
         list[7].begin(0, 0),
     ];
     let holders = [list[1].id, list[7].id];
-    let sample = |holders: &[ReplicaId], states: &mut Vec<ReplicaState>| {
-        Replicas::sample_into(&list, &[], None, holders, 4, states)
-    };
     assert!(sample(&holders, &mut states));
+    let read: Vec<u32> = states.iter().map(|s| s.id.0).collect();
+    assert_eq!(read, vec![1, 2, 0, 7], "from 1 to its first idle, then 7");
     assert_eq!(ids(&states), vec![0, 1, 7]);
     let spread: Vec<u32> = (states.iter().filter(|s| s.live && s.spread))
         .map(|s| s.id.0)
         .collect();
     assert_eq!(spread, vec![0]);
-    assert!(Replicas::sample_into(&list, &[], None, &[], 4, &mut states));
-    assert_eq!(ids(&states), vec![3, 4, 5]);
     // Every replica of the window tried already: the caller reads all.
-    let tried: Vec<ReplicaId> = list[6..].iter().map(|r| r.id).collect();
+    let tried: Vec<ReplicaId> = list[3..6].iter().map(|r| r.id).collect();
     assert!(!Replicas::sample_into(
         &list,
         &tried,
@@ -165,12 +183,14 @@ fn a_sample_is_the_next_window_in_turn_its_least_loaded_and_the_holders() {
         4,
         &mut states
     ));
-    // An idle holder in the window is as good as any for a cold placement.
+    assert!(sample(&[], &mut states));
+    // The first window's next turn starts at 2: an idle holder read there
+    // is as good as any for a cold placement, and the read goes on past it.
     drop(_busy);
-    let _busy = list[4].begin(0, 0);
-    assert!(sample(&[list[0].id], &mut states));
-    assert_eq!(ids(&states), vec![0, 1, 2]);
-    assert!(states.iter().all(|s| s.spread));
+    assert!(sample(&[list[2].id], &mut states));
+    let read: Vec<u32> = states.iter().map(|s| s.id.0).collect();
+    assert_eq!(read, vec![2, 0], "{states:?}");
+    assert!(states.iter().all(|s| s.live && s.spread));
 }
 
 #[test]
@@ -211,6 +231,8 @@ fn each_model_s_windows_cut_its_own_replicas() {
     for r in list.iter() {
         r.on_check(true, false, Instant::now(), &CHECKS);
     }
+    // Busy alike: each window is read whole.
+    let _busy: Vec<_> = list.iter().map(|r| r.begin(0, 0)).collect();
     let mut states = Vec::new();
     let mut seen = Vec::new();
     for _ in 0..4 {
@@ -222,8 +244,9 @@ fn each_model_s_windows_cut_its_own_replicas() {
             2,
             &mut states
         ));
-        let live = states.iter().filter(|s| s.live).map(|s| s.id.0);
-        seen.push(live.collect::<Vec<_>>());
+        let mut live: Vec<_> = states.iter().filter(|s| s.live).map(|s| s.id.0).collect();
+        live.sort_unstable();
+        seen.push(live);
     }
     // Model a's three replicas in two windows (of one and two), in turn.
     seen.sort();

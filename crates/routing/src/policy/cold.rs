@@ -14,7 +14,23 @@ const PACK_LOAD_SLACK: u32 = 2;
 
 /// `least_loaded` compares engines' KV use in steps this wide (10 %), so a
 /// stale scrape's small differences do not decide placements.
-const KV_STEP_PERMILLE: u16 = 100;
+pub(super) const KV_STEP_PERMILLE: u16 = 100;
+
+impl ReplicaState {
+    /// Live, nothing there (no request in flight, its engine's included,
+    /// so none queued), and nothing a cold placement weighs could prefer another
+    /// replica to it: no declared capacity (`kv_room` would compare room),
+    /// its engine's KV in use, when reported, in the lowest step. A window
+    /// of a large fleet is read up to the first one (`sample`): a cold
+    /// placement could only choose another like it.
+    pub fn idle(&self) -> bool {
+        self.live
+            && self.load() == 0
+            && self.room.is_none()
+            && (self.engine.and_then(|e| e.kv_used_permille))
+                .is_none_or(|k| k / KV_STEP_PERMILLE == 0)
+    }
+}
 
 impl Policy {
     /// A cold placement of a prompt of `bytes` among the replicas of `live`

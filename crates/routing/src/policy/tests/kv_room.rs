@@ -167,6 +167,62 @@ fn least_loaded_breaks_ties_by_kv_in_use_in_steps_when_every_engine_reports_it()
 }
 
 #[test]
+fn an_idle_replica_is_one_no_cold_placement_could_pass_over() {
+    let p = Policy::new(PolicyConfig {
+        least_loaded: true,
+        fleet: Fleet::Local,
+        ..cfg(Mode::Shape)
+    });
+    let mut rs = replicas(&[true, true]);
+    rs[0].engine = engine(0, Some(0));
+    rs[1].engine = engine(0, Some(cold::KV_STEP_PERMILLE - 1));
+    assert!(rs[0].idle() && rs[1].idle());
+    // Whatever the other replica's state, the counter may choose an idle
+    // one, and passes over one not idle.
+    let others = [
+        ReplicaState {
+            in_flight: 1,
+            ..rs[1]
+        },
+        ReplicaState {
+            engine: engine(1, Some(0)),
+            ..rs[1]
+        },
+        ReplicaState {
+            engine: engine(0, Some(cold::KV_STEP_PERMILLE)),
+            ..rs[1]
+        },
+        ReplicaState {
+            live: false,
+            ..rs[1]
+        },
+        rs[1],
+    ];
+    for other in others {
+        let placed = singles_on(&p, &[rs[0], other], 4);
+        assert!(placed.contains(&0), "{other:?}: {placed:?}");
+        if !other.idle() {
+            assert!(!placed.contains(&1), "{other:?}: {placed:?}");
+        }
+    }
+    // Not idle: anything there, or a declared capacity to weigh.
+    for other in &others[..4] {
+        assert!(!other.idle(), "{other:?}");
+    }
+    let room = Room {
+        free: 1,
+        cold: 0,
+        pinned: 0,
+        capacity: 1,
+    };
+    assert!(!ReplicaState {
+        room: Some(room),
+        ..rs[0]
+    }
+    .idle());
+}
+
+#[test]
 fn engine_reported_load_bounds_pack_and_the_load_guard() {
     let mut rs = with_room(&[(-200, 1_000), (300, 400)]);
     let pack = Policy::new(PolicyConfig {
