@@ -103,7 +103,9 @@ fn run(n: usize, load: f64, window: usize) -> Spread {
             if !(window > 0 && Replicas::sample_into(&view, &[], None, holders, window, offered)) {
                 Replicas::states_into(&view, &[], None, None, offered);
             }
-            read += offered.len();
+            if t >= warm {
+                read += offered.len();
+            }
             offered
         });
         let Some(at) = decision.replica.and_then(|id| view.position(id)) else {
@@ -129,7 +131,7 @@ fn run(n: usize, load: f64, window: usize) -> Spread {
         cv: cv / f64::from(samples),
         max_over_mean: top / f64::from(samples),
         above_least: above as f64 / placed as f64,
-        read: read as f64 / (warm + ticks) as f64,
+        read: read as f64 / ticks as f64,
     }
 }
 

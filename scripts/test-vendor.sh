@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The unit tests of a patched vendor crate whose patch they cover:
-# pingora-pool's (patches/pingora-pool-0.9.1.diff). Vendor crates are not
-# workspace members, so `cargo test --workspace` does not run them; this
-# tests a copy as a workspace of its own, with this checkout's Cargo.lock.
+# The unit tests of the patched vendor crates whose patches they cover:
+# pingora-pool's (patches/pingora-pool-0.9.1.diff) and pingora-timeout's
+# (patches/pingora-timeout-0.9.1.diff). Vendor crates are not workspace
+# members, so `cargo test --workspace` does not run them; this tests a copy
+# of each as a workspace of its own, with this checkout's Cargo.lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=target/vendor-test
-crate=pingora-pool-0.9.1
-rm -rf "${dir:?}/$crate"
-mkdir -p "$dir"
-cp -r "vendor/$crate" "$dir/"
-cp Cargo.lock "$dir/$crate/"
-printf '\n[workspace]\n' >> "$dir/$crate/Cargo.toml"
-CARGO_TARGET_DIR="$dir/target" cargo test -q --manifest-path "$dir/$crate/Cargo.toml"
+for crate in pingora-pool-0.9.1 pingora-timeout-0.9.1; do
+  rm -rf "${dir:?}/$crate"
+  mkdir -p "$dir"
+  cp -r "vendor/$crate" "$dir/"
+  cp Cargo.lock "$dir/$crate/"
+  printf '\n[workspace]\n' >> "$dir/$crate/Cargo.toml"
+  CARGO_TARGET_DIR="$dir/target" cargo test -q --manifest-path "$dir/$crate/Cargo.toml"
+done

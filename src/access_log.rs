@@ -25,10 +25,12 @@
 use std::fmt::{self, Display, Write as _};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tracing_appender::non_blocking::{ErrorCounter, NonBlocking, NonBlockingBuilder, WorkerGuard};
+
+mod batched;
+use batched::Batched;
 
 /// Log target of the access log.
 pub const TARGET: &str = "access";
@@ -73,81 +75,6 @@ impl Drop for Logging {
         if let Some(mut out) = self.out.take() {
             let _ = out.write_out();
         }
-    }
-}
-
-/// How often the buffer of written lines goes out (lines wait at most this).
-const FLUSH_EVERY: Duration = Duration::from_millis(20);
-
-/// stderr behind a buffer: the queue's writer asks for a flush whenever the
-/// queue empties, about once per line at a few thousand lines a second; one
-/// is done at once when the last was at least [`FLUSH_EVERY`] ago (a quiet
-/// router's lines go out as they come), else left to a thread of its own
-/// (`log-flush`) that writes the buffer out every [`FLUSH_EVERY`]: under
-/// load, lines go out in batches, not a system call each.
-#[derive(Clone)]
-struct Batched(Arc<Mutex<Buffered>>);
-
-struct Buffered {
-    out: std::io::BufWriter<std::io::Stderr>,
-    flushed: std::time::Instant,
-}
-
-impl Batched {
-    fn start() -> Self {
-        let out = Self(Arc::new(Mutex::new(Buffered {
-            out: std::io::BufWriter::with_capacity(64 << 10, std::io::stderr()),
-            flushed: std::time::Instant::now(),
-        })));
-        let weak = Arc::downgrade(&out.0);
-        let spawned = std::thread::Builder::new()
-            .name("log-flush".into())
-            .spawn(move || loop {
-                std::thread::sleep(FLUSH_EVERY);
-                match weak.upgrade() {
-                    Some(out) => {
-                        let _ = Batched(out).write_out();
-                    }
-                    None => return,
-                }
-            });
-        if spawned.is_err() {
-            // No thread: the buffer is written out only when full or at
-            // exit; say so once, where it will be seen.
-            eprintln!("prefix-router: no log-flush thread; log lines go out in 64 KiB batches");
-        }
-        out
-    }
-
-    /// Writes the buffer out; with `due`, only if the last flush was at
-    /// least [`FLUSH_EVERY`] ago.
-    fn flush_if(&mut self, due: bool) -> std::io::Result<()> {
-        let mut b = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if due && b.flushed.elapsed() < FLUSH_EVERY {
-            return Ok(());
-        }
-        b.flushed = std::time::Instant::now();
-        b.out.flush()
-    }
-
-    fn write_out(&mut self) -> std::io::Result<()> {
-        self.flush_if(false)
-    }
-}
-
-impl Write for Batched {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .out
-            .write(buf)
-    }
-
-    /// At once when the last flush was long enough ago, else left to the
-    /// `log-flush` thread.
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.flush_if(true)
     }
 }
 

@@ -159,10 +159,12 @@ impl Replicas {
     /// each other; each model's next window at each call), and the replicas
     /// in `holders` (those holding the request's prefix that its placement
     /// may use) wherever they are, those for their prefix only (not
-    /// `spread`) unless least loaded in the window. The window is read from
-    /// a point one further at each of its turns, up to its first idle
-    /// replica but holders ([`ReplicaState::idle`]: a cold placement could
-    /// only choose another like it), else whole. Of what is read only the
+    /// `spread`) unless least loaded in the window. The window is read
+    /// round from its cursor up to its first idle replica but holders
+    /// ([`ReplicaState::idle`]: a cold placement could only choose another
+    /// like it; once a replica read declares no KV capacity, so room is not
+    /// weighed), else whole; its next read starts past where this one
+    /// stopped, so idle replicas take turns. Of what is read only the
     /// least loaded are offered (all of them when each declares its KV
     /// capacity: `kv_room` chooses by room then): the windows take turns,
     /// so a burst of up to the set's size finds an idle replica in each
@@ -185,10 +187,9 @@ impl Replicas {
             return false;
         }
         let windows = n.div_ceil(size);
-        let turn = members.next_window();
-        let w = turn % windows;
+        let w = members.next_window() % windows;
         let window = &members.at[w * n / windows..(w + 1) * n / windows];
-        let (before, from) = window.split_at(turn / windows % window.len());
+        let start = members.start(w);
         let serves = model.map(|m| view.offers(m));
         let offered = |i: usize| {
             let r = &view[i];
@@ -196,10 +197,14 @@ impl Replicas {
             s.live &= !r.drained() && !tried.contains(&r.id) && serves.is_none_or(|o| o[i]);
             s
         };
-        for i in from.iter().chain(before) {
-            let s = offered(*i);
+        // Room is weighed only when every replica read declares it.
+        let mut undeclared = false;
+        for at in start..start + window.len() {
+            let s = offered(window[at % window.len()]);
             states.push(s);
-            if s.idle() && !holders.contains(&s.id) {
+            undeclared |= s.room.is_none();
+            if undeclared && s.idle() && !holders.contains(&s.id) {
+                members.stopped(w, at);
                 break;
             }
         }

@@ -31,11 +31,15 @@ pub struct View {
 
 /// The replicas a request for one model may get, by position, and the
 /// window of them its next sample reads (see `Replicas::sample_into`):
-/// each model's windows take turns on their own.
+/// each model's windows take turns on their own, and each window's reads
+/// go round it from a cursor of its own.
 #[derive(Debug, Default)]
 pub struct Members {
     pub at: Box<[usize]>,
     next: AtomicUsize,
+    /// Per window (by number; as many as members, the most there can be):
+    /// where its next read starts, counted up without end (modulo its size).
+    cursors: Box<[AtomicUsize]>,
 }
 
 impl Members {
@@ -43,10 +47,12 @@ impl Members {
         // A random first window: the set is published again often (a DNS
         // refresh, a model list), and window 0 must not get every restart.
         let first = RandomState::new().hash_one(serves.len()) as usize;
+        let at: Box<[usize]> = (serves.iter().enumerate().filter(|(_, s)| **s))
+            .map(|(i, _)| i)
+            .collect();
         Self {
-            at: (serves.iter().enumerate().filter(|(_, s)| **s))
-                .map(|(i, _)| i)
-                .collect(),
+            cursors: at.iter().map(|_| AtomicUsize::new(0)).collect(),
+            at,
             next: AtomicUsize::new(first),
         }
     }
@@ -54,6 +60,20 @@ impl Members {
     /// The next window's number (any; the caller takes it modulo).
     pub fn next_window(&self) -> usize {
         self.next.fetch_add(1, Relaxed)
+    }
+
+    /// Where a read of window `w` starts: one further than the last read's
+    /// start, or than where a read stopped, whichever is further.
+    pub fn start(&self, w: usize) -> usize {
+        self.cursors.get(w).map_or(0, |c| c.fetch_add(1, Relaxed))
+    }
+
+    /// A read of window `w` stopped at `at` (counted as [`Members::start`]
+    /// counts): the next starts past it.
+    pub fn stopped(&self, w: usize, at: usize) {
+        if let Some(c) = self.cursors.get(w) {
+            c.fetch_max(at + 1, Relaxed);
+        }
     }
 }
 

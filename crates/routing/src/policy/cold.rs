@@ -14,21 +14,22 @@ const PACK_LOAD_SLACK: u32 = 2;
 
 /// `least_loaded` compares engines' KV use in steps this wide (10 %), so a
 /// stale scrape's small differences do not decide placements.
-pub(super) const KV_STEP_PERMILLE: u16 = 100;
+const KV_STEP_PERMILLE: u16 = 100;
 
 impl ReplicaState {
     /// Live, nothing there (no request in flight, its engine's included,
-    /// so none queued), and nothing a cold placement weighs could prefer another
-    /// replica to it: no declared capacity (`kv_room` would compare room),
-    /// its engine's KV in use, when reported, in the lowest step. A window
-    /// of a large fleet is read up to the first one (`sample`): a cold
-    /// placement could only choose another like it.
+    /// so none queued), and its engine's KV in use, when reported, in the
+    /// lowest step: unless every replica offered declares its capacity
+    /// (`kv_room` compares room then), a cold placement could prefer no
+    /// other replica to it. A window of a large fleet is read up to the
+    /// first one (`sample`).
     pub fn idle(&self) -> bool {
-        self.live
-            && self.load() == 0
-            && self.room.is_none()
-            && (self.engine.and_then(|e| e.kv_used_permille))
-                .is_none_or(|k| k / KV_STEP_PERMILLE == 0)
+        self.live && self.load() == 0 && self.kv_step().is_none_or(|k| k == 0)
+    }
+
+    /// Its engine's KV in use in steps of `KV_STEP_PERMILLE`, when reported.
+    fn kv_step(&self) -> Option<u16> {
+        (self.engine?.kv_used_permille).map(|k| k / KV_STEP_PERMILLE)
     }
 }
 
@@ -104,11 +105,6 @@ impl Policy {
             ids.extend(live.iter().filter(kept).map(|s| s.id));
             return self.count(&ids);
         }
-        let kv_step = |s: &ReplicaState| {
-            s.engine
-                .and_then(|e| e.kv_used_permille)
-                .map(|k| k / KV_STEP_PERMILLE)
-        };
         // One pass: the least loaded, with their KV steps.
         let mut least = u32::MAX;
         let mut idle: Vec<(ReplicaId, Option<u16>, u64)> = Vec::with_capacity(live.len());
@@ -119,7 +115,7 @@ impl Policy {
                 idle.clear();
             }
             if load == least {
-                idle.push((s.id, kv_step(s), s.queued_bytes));
+                idle.push((s.id, s.kv_step(), s.queued_bytes));
             }
         }
         // Of those, the least queued, and of those the least KV step, when
