@@ -25,9 +25,10 @@
 #   (one idle connection to each of many replicas); empty nodes are swept once
 #   there are twice as many as the pool holds connections.
 # - pingora-timeout 0.9.1: the clock thread of Pingora's fast timers sleeps
-#   until its earliest timer is due (at most 500 ms, for its watchdog), woken
+#   until its earliest timer is due (at most 250 ms, for its watchdog), woken
 #   by a timer registered due sooner, instead of waking every 10 ms forever
-#   (100 wake-ups a second in an idle router).
+#   (100 wake-ups a second in an idle router); a clock thread the watchdog
+#   replaced ends.
 # - zeromq 0.7.0: `SocketOptions::max_message_size` (libzmq's ZMQ_MAXMSGSIZE):
 #   a peer announcing a larger frame is disconnected before its bytes are
 #   buffered (the crate reserved whatever length a frame header announced).

@@ -197,12 +197,12 @@ impl Replicas {
             s.live &= !r.drained() && !tried.contains(&r.id) && serves.is_none_or(|o| o[i]);
             s
         };
-        // Room is weighed only when every replica read declares it.
+        // Room is weighed only when every live replica read declares it.
         let mut undeclared = false;
         for at in start..start + window.len() {
             let s = offered(window[at % window.len()]);
             states.push(s);
-            undeclared |= s.room.is_none();
+            undeclared |= s.live && s.room.is_none();
             if undeclared && s.idle() && !holders.contains(&s.id) {
                 members.stopped(w, at);
                 break;
@@ -215,7 +215,7 @@ impl Replicas {
         // With every capacity declared, `kv_room` chooses by room among
         // them all, as in a small fleet (an idle replica may be full of
         // pinned contexts).
-        if !states.iter().all(|s| s.room.is_some()) {
+        if undeclared {
             for s in states.iter_mut() {
                 let spread = s.load() <= least;
                 match holders.contains(&s.id) {
