@@ -162,8 +162,8 @@ impl Replicas {
     /// `spread`) unless least loaded in the window. The window is read
     /// round from its cursor up to its first idle replica but holders
     /// ([`ReplicaState::idle`]: a cold placement could only choose another
-    /// like it; once a replica read declares no KV capacity, so room is not
-    /// weighed), else whole; its next read starts past where this one
+    /// like it, once a live replica read declares no KV capacity, so room
+    /// is not weighed), else whole; its next read starts past where this one
     /// stopped, so idle replicas take turns. Of what is read only the
     /// least loaded are offered (all of them when each declares its KV
     /// capacity: `kv_room` chooses by room then): the windows take turns,
