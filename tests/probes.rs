@@ -203,3 +203,15 @@ fn the_metrics_port_has_the_proxy_ports_deadlines_and_a_connection_cap() {
         200
     );
 }
+
+#[test]
+fn an_idle_router_sleeps_between_its_probes() {
+    // Health checks every second, nothing else to do: its threads wake for
+    // the checks and their timers, not every 10 or 20 ms (Pingora's timer
+    // thread and the log's flusher did: some 150 wake-ups a second).
+    let a = Sim::start("a", &[]);
+    let router = Router::start(&[&a], "");
+    // The measuring window is the measurement, not a wait for an event.
+    let rate = router.wakeups_per_second(Duration::from_secs(3));
+    assert!(rate < 100.0, "{rate:.0} wake-ups a second while idle");
+}

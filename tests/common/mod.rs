@@ -380,6 +380,27 @@ impl Router {
 }
 
 impl Router {
+    /// Times the router's threads went to sleep and were woken (their
+    /// voluntary context switches, from `/proc`) a second, over `window`.
+    pub fn wakeups_per_second(&self, window: Duration) -> f64 {
+        let pid = self.child.id();
+        let count = || -> u64 {
+            let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc");
+            (tasks.flatten())
+                .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+                .filter_map(|status| {
+                    let line = status
+                        .lines()
+                        .find(|l| l.starts_with("voluntary_ctxt_switches:"))?;
+                    line.split_whitespace().nth(1)?.parse::<u64>().ok()
+                })
+                .sum()
+        };
+        let before = count();
+        std::thread::sleep(window);
+        (count().saturating_sub(before)) as f64 / window.as_secs_f64()
+    }
+
     /// Sends SIGTERM (an orchestrator stopping the router).
     pub fn terminate(&self) {
         self.signal("TERM");

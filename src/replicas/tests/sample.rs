@@ -234,16 +234,12 @@ fn each_model_s_windows_cut_its_own_replicas() {
     // Busy alike: each window is read whole.
     let _busy: Vec<_> = list.iter().map(|r| r.begin(0, 0)).collect();
     let mut states = Vec::new();
+    let sample_a = |states: &mut Vec<ReplicaState>| {
+        assert!(Replicas::sample_into(&list, &[], Some("a"), &[], 2, states));
+    };
     let mut seen = Vec::new();
     for _ in 0..4 {
-        assert!(Replicas::sample_into(
-            &list,
-            &[],
-            Some("a"),
-            &[],
-            2,
-            &mut states
-        ));
+        sample_a(&mut states);
         let mut live: Vec<_> = states.iter().filter(|s| s.live).map(|s| s.id.0).collect();
         live.sort_unstable();
         seen.push(live);
@@ -256,14 +252,7 @@ fn each_model_s_windows_cut_its_own_replicas() {
     drop(_busy);
     let mut offered = Vec::new();
     for _ in 0..4 {
-        assert!(Replicas::sample_into(
-            &list,
-            &[],
-            Some("a"),
-            &[],
-            2,
-            &mut states
-        ));
+        sample_a(&mut states);
         assert_eq!(states.len(), 1, "{states:?}");
         offered.push(states[0].id.0);
     }
