@@ -30,10 +30,10 @@ LAYERS = [
     ["replicas", "shared_pins", "tenants"],
     # The admin API over the set (the status listener serves it).
     ["admin"],
-    # What runs over the set: Pingora's balancer and health checks, engine
+    # What runs over the set: the health checks, engine
     # load and KV events, capacity, the status listener, drain; the proxy's
     # settings.
-    ["balancer", "engine_load", "kv_events", "capacity", "status", "drain", "settings"],
+    ["health_checks", "engine_load", "kv_events", "capacity", "status", "drain", "settings"],
     # The request body; its tokens.
     ["body"],
     ["exact"],

@@ -2,7 +2,8 @@
 //! `engine_load`): requests running and waiting, and KV cache in use, under
 //! vLLM's, SGLang's and llama.cpp's names. A background service reads every
 //! replica each interval (past `max_per_second`, each in its turn of every
-//! few rounds: `crate::replicas::probes`) and hands the figures to the replica, where the
+//! few rounds: `crate::replicas::probes`), the round's reads paced over
+//! half the interval, and hands the figures to the replica, where the
 //! policy sees them as the requests beyond the router's own ([`EngineLoad`]).
 //! A read that fails, takes longer than the interval or names none of the
 //! known series keeps the last figures; three in a row drop them, so the
@@ -188,10 +189,15 @@ impl EngineLoadWatch {
     async fn round(&self, round: u32) {
         let list = self.reader.replicas.snapshot();
         let spread = probes::spread(list.len(), self.interval, self.per_second);
-        let mut reads = tokio::task::JoinSet::new();
-        for r in list.iter().filter(|r| r.read_due(round, spread)) {
-            let (reader, r, limit) = (Arc::clone(&self.reader), Arc::clone(r), self.interval);
-            reads.spawn(async move {
+        let due: Vec<Arc<Replica>> = list
+            .iter()
+            .filter(|r| r.read_due(round, spread))
+            .cloned()
+            .collect();
+        let (reader, limit) = (&self.reader, self.interval);
+        probes::run_paced(due, self.interval / 2, |r| {
+            let reader = Arc::clone(reader);
+            async move {
                 // The router's own requests there as the engine counts them.
                 let own = r.in_flight();
                 let reading = match tokio::time::timeout(limit, reader.read(&r)).await {
@@ -201,9 +207,9 @@ impl EngineLoadWatch {
                     Ok(Err(_)) | Err(_) => Err(Unread::Failed),
                 };
                 reader.report(&r, reading.map(|l| (l, own)));
-            });
-        }
-        while reads.join_next().await.is_some() {}
+            }
+        })
+        .await;
         let ids: HashSet<ReplicaId> = list.iter().map(|r| r.id).collect();
         let mut misses = self.reader.misses.lock().unwrap_or_else(|p| p.into_inner());
         misses.retain(|id, _| ids.contains(id));

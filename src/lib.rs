@@ -11,8 +11,8 @@
 //! - Built from the config: [`metrics`] (handles, passed in), [`access_log`],
 //!   [`resolve`], [`upgrade`], [`engine_client`], [`policy_config`], [`drain`].
 //! - [`replicas`]: the live set, published whole; [`shared_pins`]: Redis.
-//! - Over the set: [`balancer`] (Pingora's discovery, health checks and
-//!   selection), [`engine_load`], [`capacity`], [`admin`] (the admin API),
+//! - Over the set: [`health_checks`] (paced rounds of Pingora's HTTP
+//!   check), [`engine_load`], [`capacity`], [`admin`] (the admin API),
 //!   [`status`] (the metrics listener, serving it), [`settings`]; then
 //!   [`body`] and [`exact`] (a prompt's tokens).
 //! - [`proxy`]: the one `ProxyHttp`; [`reload`]: hot reload.
@@ -24,7 +24,6 @@ pub mod access_log;
 pub mod admin;
 pub mod admission;
 pub mod auth;
-pub mod balancer;
 pub mod body;
 pub mod capacity;
 pub mod config;
@@ -33,6 +32,7 @@ pub mod engine_client;
 pub mod engine_load;
 pub mod errors;
 pub mod exact;
+pub mod health_checks;
 pub mod kv_events;
 #[cfg(feature = "tls")]
 pub mod listen_tls;

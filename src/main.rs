@@ -20,13 +20,13 @@ use pingora_core::services::background::background_service;
 
 use prefix_router::admission::Admission;
 use prefix_router::auth::KeyFile;
-use prefix_router::balancer::{balancer, HealthProbe};
 use prefix_router::capacity::CapacityWatch;
 use prefix_router::config::FleetMode;
 use prefix_router::config::{Config, EMBEDDED_DEFAULT, POLICY_ENV};
 use prefix_router::drain::Drain;
 use prefix_router::engine_client::{own_host, own_requests};
 use prefix_router::engine_load::EngineLoadWatch;
+use prefix_router::health_checks::{HealthChecks, HealthProbe};
 use prefix_router::metrics::Metrics;
 use prefix_router::policy::Policy;
 use prefix_router::proxy::Router;
@@ -252,9 +252,9 @@ fn main() -> anyhow::Result<()> {
             .map_or(0, |d| d.as_nanos() as u64);
         policy.seed_counters(now ^ u64::from(std::process::id()) << 32);
     }
-    let balancer_service = background_service(
+    let health_checks = background_service(
         "replicas",
-        balancer(
+        HealthChecks::new(
             Arc::clone(&replicas),
             Arc::clone(&policy),
             Arc::clone(&probe),
@@ -395,7 +395,7 @@ fn main() -> anyhow::Result<()> {
     }
     server.add_service(background_service("drain", Drain { admission, traces }));
     server.add_service(background_service("capacity", capacity));
-    server.add_service(balancer_service);
+    server.add_service(health_checks);
     server.add_service(proxy).add_dependency(&gate);
     server.add_service(status);
     // Under `-u`: receive the listening sockets (waits ~6 s for them).

@@ -25,8 +25,8 @@ use pingora_core::services::background::BackgroundService;
 
 use crate::admission::Admission;
 use crate::auth::{self, KeyFile, KeysError};
-use crate::balancer::HealthProbe;
 use crate::config::{Config, ConfigError};
+use crate::health_checks::HealthProbe;
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::replicas::{Change, Replica, Replicas};

@@ -1,10 +1,12 @@
 //! The probes on the metrics listener: `/healthz` while the process serves,
 //! `/ready` only while a replica is live (an orchestrator holds traffic back
-//! otherwise), `/metrics` as before. Real processes.
+//! otherwise), `/metrics` as before; and the router's own probes of its
+//! replicas: their pace, and its wake-ups between them. Real processes.
 
 mod common;
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use common::{get, wait_for, Router, Sim};
 
@@ -214,4 +216,60 @@ fn an_idle_router_sleeps_between_its_probes() {
     // The measuring window is the measurement, not a wait for an event.
     let rate = router.wakeups_per_second(Duration::from_secs(3));
     assert!(rate < 100.0, "{rate:.0} wake-ups a second while idle");
+}
+
+/// Replicas that answer everything at once (`Connection: close`) and
+/// record when each health check arrived.
+fn recording_replicas(n: usize) -> (Vec<std::net::SocketAddr>, Arc<Mutex<Vec<Instant>>>) {
+    use std::io::{BufReader, Write};
+    let checks = Arc::new(Mutex::new(Vec::new()));
+    let addrs = (0..n)
+        .map(|_| {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            let checks = Arc::clone(&checks);
+            std::thread::spawn(move || {
+                for conn in listener.incoming().flatten() {
+                    let checks = Arc::clone(&checks);
+                    std::thread::spawn(move || {
+                        let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+                        let line = common::http::read_request(&mut reader).unwrap_or_default();
+                        if line.contains("/health") {
+                            checks.lock().unwrap().push(Instant::now());
+                        }
+                        let body = r#"{"object":"list","data":[]}"#;
+                        let _ = write!(
+                            &conn,
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            body.len()
+                        );
+                    });
+                }
+            });
+            addr
+        })
+        .collect();
+    (addrs, checks)
+}
+
+#[test]
+fn a_round_of_many_health_checks_is_spread_over_half_its_interval() {
+    // 40 replicas, checked every 2 s: a round starts them in groups of 8
+    // a fifth of a second apart, not at once (a round of hundreds at once
+    // kept requests beside it waiting milliseconds).
+    let (addrs, checks) = recording_replicas(40);
+    let mut yaml = String::from("health_check: {interval_ms: 2000}\nreplicas:\n");
+    for (i, addr) in addrs.iter().enumerate() {
+        yaml += &format!("  - {{name: r{i}, addr: \"{addr}\"}}\n");
+    }
+    let _router = Router::spawn(&yaml, &[]);
+    let round = wait_for("a whole round of checks", Duration::from_secs(20), || {
+        let checks = checks.lock().unwrap();
+        (checks.len() >= 40).then(|| checks[..40].to_vec())
+    });
+    let took = round[round.len() - 1] - round[0];
+    assert!(
+        took >= Duration::from_millis(600),
+        "40 checks arrived within {took:?}"
+    );
 }

@@ -422,10 +422,6 @@ impl Replicas {
         now.position(replica.id).map(|i| Arc::clone(&now[i]))
     }
 
-    pub fn by_addr(&self, addr: &SocketAddr) -> Option<Arc<Replica>> {
-        self.snapshot().at_addr(addr).cloned()
-    }
-
     /// Replaces the set. Replicas whose name and address are unchanged keep their
     /// id, health and counters; others are added (unchecked) or removed.
     pub fn apply(&self, cfg: &[config::Replica]) -> Change {

@@ -3,11 +3,16 @@
 //! pass it has each live replica probed once every `spread` rounds, the
 //! replicas' turns staggered by a hash of their names so that each round
 //! probes an even slice however they joined.
+//! And their pace: a round's probes start in small groups spread over half
+//! its interval, not all at once, so that requests beside a round of a
+//! thousand probes wait behind a group, not the round (a burst of 250
+//! checks held a request's p99 2–5 ms here: `docs/scale.md`).
 //! A thousand replicas checked every second cost the router about 0.04 of
 //! a core in loopback TCP alone (docs/scale.md); the request path sees a
 //! replica that stops answering at once either way (ejection on a refused
 //! connection or repeated failures).
 
+use std::future::Future;
 use std::time::Duration;
 
 /// Rounds between a replica's probes, so that `replicas` probed every
@@ -28,6 +33,48 @@ pub fn turn(phase: u64, round: u32, spread: u32) -> bool {
     phase
         .wrapping_add(u64::from(round))
         .is_multiple_of(u64::from(spread.max(1)))
+}
+
+/// Probes started together at most: a group costs the requests beside it
+/// about as long as one request's wait behind a few others.
+pub const GROUP: usize = 8;
+
+/// Groups start at least this far apart (fewer, larger groups beyond).
+pub const MIN_GAP: Duration = Duration::from_millis(10);
+
+/// How `due` probes of a round are started over `window`: groups of at
+/// most `GROUP` (more when `window` has room for fewer than their number
+/// `MIN_GAP` apart), the groups evenly apart. `(probes per group, gap)`;
+/// a round of `GROUP` or fewer starts at once.
+pub fn pace(due: usize, window: Duration) -> (usize, Duration) {
+    let slots = (window.as_nanos() / MIN_GAP.as_nanos()).clamp(1, u128::from(u32::MAX)) as usize;
+    let groups = due.div_ceil(GROUP).clamp(1, slots);
+    let gap = window / u32::try_from(groups).unwrap_or(u32::MAX);
+    (due.div_ceil(groups).max(1), gap)
+}
+
+/// Runs `probe` on each of `due`, started as [`pace`] says over `window`,
+/// and returns when all have ended.
+pub async fn run_paced<T, F, P>(due: Vec<T>, window: Duration, probe: P)
+where
+    P: Fn(T) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let (per_group, gap) = pace(due.len(), window);
+    let start = tokio::time::Instant::now();
+    let mut running = tokio::task::JoinSet::new();
+    let mut due = due.into_iter().peekable();
+    let mut group = 0u32;
+    while due.peek().is_some() {
+        if group > 0 {
+            tokio::time::sleep_until(start + gap * group).await;
+        }
+        for item in due.by_ref().take(per_group) {
+            running.spawn(probe(item));
+        }
+        group += 1;
+    }
+    while running.join_next().await.is_some() {}
 }
 
 #[cfg(test)]
@@ -53,6 +100,55 @@ mod tests {
         // Less than one probe a round: five a second, a round every 100 ms.
         assert_eq!(spread(5, Duration::from_millis(100), 5), 10);
         assert_eq!(spread(5, Duration::ZERO, 5), u32::MAX);
+    }
+
+    #[test]
+    fn a_small_round_starts_at_once_and_a_large_one_in_groups_over_the_window() {
+        let half = Duration::from_millis(500);
+        assert_eq!(pace(0, half), (1, half));
+        assert_eq!(pace(2, half), (2, half));
+        assert_eq!(pace(GROUP, half), (GROUP, half));
+        // 250 checks: 32 groups of 8, about 16 ms apart.
+        assert_eq!(pace(250, half), (8, half / 32));
+        // No room for 10 ms gaps: fewer, larger groups.
+        assert_eq!(pace(1_000, half), (20, MIN_GAP));
+        assert_eq!(
+            pace(1_000, Duration::from_millis(5)),
+            (1_000, Duration::from_millis(5))
+        );
+        assert_eq!(pace(1_000, Duration::ZERO), (1_000, Duration::ZERO));
+    }
+
+    #[tokio::test]
+    async fn a_paced_round_starts_its_groups_apart_and_waits_for_every_probe() {
+        use std::sync::{Arc, Mutex};
+        let (started, ended) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(0)));
+        let t0 = tokio::time::Instant::now();
+        let window = Duration::from_millis(120);
+        let (log, done) = (Arc::clone(&started), Arc::clone(&ended));
+        run_paced((0..4 * GROUP).collect(), window, move |i: usize| {
+            let (log, done) = (Arc::clone(&log), Arc::clone(&done));
+            async move {
+                log.lock().unwrap().push((i, t0.elapsed()));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                *done.lock().unwrap() += 1;
+            }
+        })
+        .await;
+        assert_eq!(
+            *ended.lock().unwrap(),
+            4 * GROUP,
+            "the round waits for every probe"
+        );
+        let started = started.lock().unwrap();
+        assert_eq!(started.len(), 4 * GROUP);
+        for &(i, at) in started.iter() {
+            let group = u32::try_from(i / GROUP).unwrap();
+            assert!(
+                at >= window / 4 * group,
+                "probe {i} of group {group} started at {at:?}"
+            );
+        }
     }
 
     #[test]

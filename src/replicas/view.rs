@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::net::SocketAddr;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -24,9 +23,8 @@ pub struct View {
     open: (Box<[bool]>, Members),
     /// Every replica, for a request naming no model.
     all: Members,
-    /// Each replica's position by id, and by address (the first there).
+    /// Each replica's position by id.
     by_id: HashMap<ReplicaId, usize>,
-    by_addr: HashMap<SocketAddr, usize>,
 }
 
 /// The replicas a request for one model may get, by position, and the
@@ -94,17 +92,12 @@ impl View {
             })
             .collect();
         let by_id = list.iter().enumerate().map(|(i, r)| (r.id, i)).collect();
-        let mut by_addr = HashMap::with_capacity(list.len());
-        for (i, r) in list.iter().enumerate() {
-            by_addr.entry(r.addr).or_insert(i);
-        }
         Self {
             all: Members::of(&vec![true; list.len()]),
             open: (open.clone(), Members::of(&open)),
             list,
             offered,
             by_id,
-            by_addr,
         }
     }
 
@@ -119,11 +112,6 @@ impl View {
     /// The position of the replica with this id.
     pub fn position(&self, id: ReplicaId) -> Option<usize> {
         self.by_id.get(&id).copied()
-    }
-
-    /// The replica at `addr` (the first listed there).
-    pub fn at_addr(&self, addr: &SocketAddr) -> Option<&Arc<Replica>> {
-        self.by_addr.get(addr).map(|i| &self.list[*i])
     }
 
     /// Whether each replica (by position) may get a request for `model`.

@@ -1,61 +1,27 @@
-//! Pingora's side of the replica set: service discovery from [`Replicas`]
-//! and active HTTP health checks that feed each replica's liveness.
-//!
-//! Pingora runs both loops as one background service (`LoadBalancer`);
-//! placement does not ask it (the policy places over the router's own view).
-//! A replica's health is recorded once, on the [`Replica`](crate::replicas::Replica)
-//! (active checks and the request path's ejections together): Pingora is told
-//! every backend is healthy.
+//! The active health checks: a round at start and every
+//! `health_check.interval_ms`, each due replica checked with Pingora's HTTP
+//! check, the round's checks paced over half the interval
+//! ([`probes::run_paced`]). Every result updates the replica's own liveness
+//! and model list, the one health record, on the [`Replica`]; placement
+//! reads the replica set itself, and Pingora keeps no copy of it.
 
-use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
 use pingora_core::{ErrorType, Result};
-use pingora_load_balancing::discovery::ServiceDiscovery;
 use pingora_load_balancing::health_check::{HealthCheck, HttpHealthCheck};
-use pingora_load_balancing::selection::RoundRobin;
-use pingora_load_balancing::{Backend, LoadBalancer};
+use pingora_load_balancing::Backend;
 
 use crate::config::{self, ReplicaTls};
 use crate::engine_client::{own_host, own_requests, OwnGet, KEEP_IDLE};
 use crate::metrics::{Metrics, Repair};
 use crate::policy::Policy;
-use crate::replicas::{HealthRules, Replica, Replicas, CHECK_DEADLINE};
-
-/// The load balancer type the router runs.
-/// Pingora's own selection is never asked: the policy places over the
-/// router's view of the set (`proxy/place`); the type is only what
-/// `LoadBalancer` needs to run discovery and the health checks.
-pub type Balancer = LoadBalancer<RoundRobin>;
-
-/// Builds the background service: discovery every 200 ms (so reloads join fast)
-/// and a health check of every replica every `interval`, by `probe`.
-pub fn balancer(
-    replicas: Arc<Replicas>,
-    policy: Arc<Policy>,
-    probe: Arc<HealthProbe>,
-    interval: Duration,
-    metrics: Arc<Metrics>,
-) -> Balancer {
-    let backends =
-        pingora_load_balancing::Backends::new(Box::new(Discovery(Arc::clone(&replicas))));
-    let mut lb = LoadBalancer::from_backends(backends);
-    lb.set_health_check(Box::new(ReplicaHealth {
-        probe,
-        replicas,
-        policy,
-        metrics,
-        spread: AtomicU32::new(0),
-    }));
-    lb.health_check_frequency = Some(interval);
-    lb.update_frequency = Some(Duration::from_millis(200));
-    lb.parallel_health_check = true;
-    lb
-}
+use crate::replicas::{probes, HealthRules, Replica, Replicas, CHECK_DEADLINE};
 
 /// The health check's request (`health_check.path` is swapped on reload),
 /// and the `GET /v1/models` that follows some passes
@@ -179,55 +145,70 @@ fn http_check(path: &str, tls: &ReplicaTls, reuse: bool) -> Result<HttpHealthChe
     Ok(http)
 }
 
-/// Discovery: the current replica set.
-struct Discovery(Arc<Replicas>);
+/// The health checks' background service (thread `BG replicas`). A new
+/// replica is live only after a pass, and a pass ends an ejection made on
+/// the request path. A pass after a failed check (refused, reset, an error
+/// status: not a timeout, which a busy engine gives) also empties the
+/// replica's part of the prefix index: an engine that went away and came
+/// back has an empty cache. Past `health_check.max_per_second` a live
+/// replica is checked in its turn (`crate::replicas::probes`). A round
+/// longer than the interval delays the next.
+pub struct HealthChecks(Arc<Checker>);
 
-#[async_trait]
-impl ServiceDiscovery for Discovery {
-    async fn discover(&self) -> Result<(BTreeSet<Backend>, HashMap<u64, bool>)> {
-        let set = self
-            .0
-            .snapshot()
-            .iter()
-            .map(|r| Backend {
-                addr: pingora_core::protocols::l4::socket::SocketAddr::Inet(r.addr),
-                weight: 1,
-                ext: Default::default(),
-            })
-            .collect();
-        Ok((set, HashMap::new()))
-    }
-}
-
-/// Pingora's HTTP check, whose every result also updates the replica's own
-/// liveness: a new replica is live only after a pass (Pingora starts new
-/// backends healthy), and a pass ends an ejection made on the request path.
-/// A pass after a failed check (refused, reset, an error status: not a
-/// timeout, which a busy engine gives) also empties the replica's part of the
-/// prefix index: an engine that went away and came back has an empty cache.
-/// Past `health_check.max_per_second` a live replica is checked in its turn
-/// (`crate::replicas::probes`); Pingora's round asks for every replica and
-/// the others are passed over.
-struct ReplicaHealth {
+struct Checker {
     probe: Arc<HealthProbe>,
     replicas: Arc<Replicas>,
     policy: Arc<Policy>,
     metrics: Arc<Metrics>,
+    interval: Duration,
     /// Rounds between a live replica's checks, as last logged (0: none yet).
     spread: AtomicU32,
 }
 
+impl HealthChecks {
+    pub fn new(
+        replicas: Arc<Replicas>,
+        policy: Arc<Policy>,
+        probe: Arc<HealthProbe>,
+        interval: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self(Arc::new(Checker {
+            probe,
+            replicas,
+            policy,
+            metrics,
+            interval,
+            spread: AtomicU32::new(0),
+        }))
+    }
+}
+
 #[async_trait]
-impl HealthCheck for ReplicaHealth {
-    async fn check(&self, target: &Backend) -> Result<()> {
-        let started = Instant::now();
-        let http = self.probe.check.load_full();
-        // Pingora bounds each read, not the check: a replica trickling its
-        // /health body would hold the whole (parallel) round.
-        let replica = target.addr.as_inet().and_then(|a| self.replicas.by_addr(a));
-        let rules = self.probe.rules.load();
-        let count = self.replicas.snapshot().len();
-        let (spread, rules) = rules.spread(count);
+impl BackgroundService for HealthChecks {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(self.0.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => {}
+            }
+            // Shutdown ends a round too (its checks are dropped).
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = Arc::clone(&self.0).round() => {}
+            }
+        }
+    }
+}
+
+impl Checker {
+    /// Checks the replicas due this round, paced over half the interval.
+    async fn round(self: Arc<Self>) {
+        let list = self.replicas.snapshot();
+        let count = list.len();
+        let (spread, rules) = self.probe.rules.load().spread(count);
         let was = self.spread.swap(spread, Relaxed);
         if was != spread && (was != 0 || spread > 1) {
             log::info!(
@@ -236,11 +217,33 @@ impl HealthCheck for ReplicaHealth {
                 rules.per_second
             );
         }
-        if replica.as_ref().is_some_and(|r| !r.check_due(spread)) {
-            return Ok(());
-        }
-        let fresh = replica.as_ref().is_none_or(|r| r.fresh_check_due());
+        let due: Vec<Arc<Replica>> = list
+            .iter()
+            .filter(|r| r.check_due(spread))
+            .cloned()
+            .collect();
+        let window = self.interval / 2;
+        probes::run_paced(due, window, move |r| {
+            let this = Arc::clone(&self);
+            async move { this.check(&r, &rules).await }
+        })
+        .await;
+    }
+
+    /// One replica's check (and its model list when due), recorded on it.
+    async fn check(&self, r: &Replica, rules: &HealthRules) {
+        let started = Instant::now();
+        let http = self.probe.check.load_full();
+        let target = Backend {
+            addr: pingora_core::protocols::l4::socket::SocketAddr::Inet(r.addr),
+            weight: 1,
+            ext: Default::default(),
+        };
+        let target = &target;
+        let fresh = r.fresh_check_due();
         let checks = &*http;
+        // Pingora bounds each read, not the check: a replica trickling its
+        // /health body would hold the whole round.
         let check = |fresh: bool, within| async move {
             let http = if fresh { &checks.fresh } else { &checks.kept };
             match tokio::time::timeout(within, http.check(target)).await {
@@ -271,59 +274,49 @@ impl HealthCheck for ReplicaHealth {
             // which says nothing of the engine: checked again on a new one.
             result = check(true, left).await;
         }
-        if let Some(r) = replica {
-            let timed_out = timed_out(&result);
-            if r.came_back(result.is_ok(), timed_out) {
-                let forgotten = self.policy.forget_replica(r.id);
-                if forgotten > 0 {
-                    self.metrics.repaired(&r.name, Repair::Restart, forgotten);
-                }
+        let timed_out = timed_out(&result);
+        if r.came_back(result.is_ok(), timed_out) {
+            let forgotten = self.policy.forget_replica(r.id);
+            if forgotten > 0 {
+                self.metrics.repaired(&r.name, Repair::Restart, forgotten);
             }
-            if result.is_ok() && !r.declares_models() && r.models_due() {
-                let left = CHECK_DEADLINE.saturating_sub(started.elapsed());
-                if let Some(list) = self.probe.models_of(&r, left).await {
-                    let shown = list.join(", ");
-                    if r.learn_models(list) {
-                        self.replicas.models_changed();
-                        log::info!("replica {} serves models [{shown}]", r.name);
-                    }
-                }
-            }
-            // The set may have changed while the check ran: a replica that
-            // left, or moved, keeps no liveness and may share a name.
-            if !self.replicas.is_current(&r) {
-                return Ok(());
-            }
-            let outcome = match (&result, timed_out) {
-                (Ok(()), _) => "pass",
-                (Err(_), false) => "fail",
-                (Err(_), true) => "timeout",
-            };
-            (self.metrics.health_checks)
-                .with_label_values(&[&r.name, outcome])
-                .inc();
-            if r.on_check(result.is_ok(), timed_out, Instant::now(), &rules) {
-                log::info!(
-                    "replica {} is {} (health check{})",
-                    r.name,
-                    if r.live() { "up" } else { "down" },
-                    result
-                        .as_ref()
-                        .err()
-                        .map(|e| format!(": {e}"))
-                        .unwrap_or_default()
-                );
-                self.replicas.note_panic();
-            }
-            self.metrics.show_live(&r.name, r.live());
         }
-        // The result is the replica's alone (above): Pingora keeps no second
-        // record of it.
-        Ok(())
-    }
-
-    /// Pingora's own record never changes (every check returns `Ok`).
-    fn health_threshold(&self, _success: bool) -> usize {
-        1
+        if result.is_ok() && !r.declares_models() && r.models_due() {
+            let left = CHECK_DEADLINE.saturating_sub(started.elapsed());
+            if let Some(list) = self.probe.models_of(r, left).await {
+                let shown = list.join(", ");
+                if r.learn_models(list) {
+                    self.replicas.models_changed();
+                    log::info!("replica {} serves models [{shown}]", r.name);
+                }
+            }
+        }
+        // The set may have changed while the check ran: a replica that
+        // left, or moved, keeps no liveness and may share a name.
+        if !self.replicas.is_current(r) {
+            return;
+        }
+        let outcome = match (&result, timed_out) {
+            (Ok(()), _) => "pass",
+            (Err(_), false) => "fail",
+            (Err(_), true) => "timeout",
+        };
+        (self.metrics.health_checks)
+            .with_label_values(&[&r.name, outcome])
+            .inc();
+        if r.on_check(result.is_ok(), timed_out, Instant::now(), rules) {
+            log::info!(
+                "replica {} is {} (health check{})",
+                r.name,
+                if r.live() { "up" } else { "down" },
+                result
+                    .as_ref()
+                    .err()
+                    .map(|e| format!(": {e}"))
+                    .unwrap_or_default()
+            );
+            self.replicas.note_panic();
+        }
+        self.metrics.show_live(&r.name, r.live());
     }
 }
