@@ -103,7 +103,7 @@ def probes_per_s(lines, n):
     return total
 # What the report says of how a run was made (kept in scale.json).
 RUN_ARGS = ["duration", "idle", "settle", "rate", "window", "probe", "rounds", "cycles", "leg", "max_steal",
-            "steal_tries"]
+            "steal_tries", "flat_think_ms"]
 MARK_BEGIN, MARK_END = "<!-- scale bench -->", "<!-- /scale bench -->"
 NAMES = {"router": "prefix-router", "smg": "SMG cache_aware", "direct": "stub direct",
          "pingora": "plain Pingora (round robin)", "nginx": "nginx (round robin)",
@@ -423,6 +423,13 @@ def flat_leg(a, s, lua):
         steal = (cpu_ticks(cpus)[1] - st0) / bp.TICK / wall / len(cpus)
         load_busy = (cpu_ticks(load)[0] - lb0) / bp.TICK / wall / len(load)
         one = wrk(a, port, lua, 1, a.leg)
+        # At a fixed pace (each connection waits between requests): the
+        # load an operator runs, not the arm's saturation.
+        paced, paced_cpu = {"requests": 0, "bad": 0, "errors": 0}, None
+        if a.flat_think_ms > 0:
+            pc0 = cpu_s(s["pids"])
+            paced = wrk(a, port, a.paced_lua, a.flat_conns, a.leg)
+            paced_cpu = (cpu_s(s["pids"]) - pc0) / max(1, paced["good"]) * 1e6
         # Its idle CPU (the probes, timers) at this size, to leave out.
         i0, it0 = cpu_s(s["pids"]), time.time()
         time.sleep(a.leg)
@@ -434,8 +441,10 @@ def flat_leg(a, s, lua):
             "less_idle_us_per_req": max(0.0, cpu - idle * wall) / max(1, r["good"]) * 1e6, "idle_cpu": idle,
             "p50_us": r["p50_us"], "one_p50_us": one["p50_us"],
             "busy": cpu / wall, "load_busy": load_busy, "steal": steal, "tries": attempt + 1,
-            "requests": r["requests"] + one["requests"],
-            "errors": r["bad"] + r["errors"] + one["bad"] + one["errors"]}
+            "paced_rps": paced.get("rps"), "paced_cpu_us_per_req": paced_cpu,
+            "paced_p50_us": paced.get("p50_us"), "paced_p99_us": paced.get("p99_us"),
+            "requests": r["requests"] + one["requests"] + paced["requests"],
+            "errors": r["bad"] + r["errors"] + one["bad"] + one["errors"] + paced["bad"] + paced["errors"]}
 
 
 def flat_part(a, procs, work, lua):
@@ -446,7 +455,9 @@ def flat_part(a, procs, work, lua):
     ratios to the smallest size see one state of this noisy machine. A leg:
     1 s of warm-up, `leg` s at `flat_conns` connections (CPU per request, p50 at
     saturation), `leg` s at one connection (p50 with the arm otherwise
-    idle), then `leg` s idle (the arm's CPU at rest: its probes and timers);
+    idle), `leg` s at `flat_conns` connections each waiting `flat_think_ms`
+    between requests (p50 and p99 at a fixed load under saturation), then
+    `leg` s idle (the arm's CPU at rest: its probes and timers);
     each cycle also times one stub direct at one connection. A cycle
     in which a leg lost more than `max_steal` of the proxy CPU to the
     hypervisor, after `steal_tries`, counts in no ratio."""
@@ -489,13 +500,15 @@ def flat_part(a, procs, work, lua):
         clean = [all(s["legs"][c]["steal"] <= a.max_steal for s in started) for c in range(len(started[0]["legs"]))]
         base = started[0]["legs"]
         paired = ("cpu_us_per_req", "less_idle_us_per_req", "user_us_per_req", "p50_us", "one_p50_us",
-                  "one_added_us")
+                  "one_added_us") + (("paced_rps", "paced_cpu_us_per_req", "paced_p50_us", "paced_p99_us")
+                                     if a.flat_think_ms > 0 else ())
         for s in started:
             legs = [x for x, ok in zip(s["legs"], clean) if ok]
             pairs = [(x, b) for x, b, ok in zip(s["legs"], base, clean) if ok]
             point = {"arm": arm, "replicas": s["n"], "conns": a.flat_conns, "delay_ms": a.flat_delay_ms,
                      "probes": a.flat_probes, "cycles": len(s["legs"]), "clean_cycles": len(legs),
                      "config": a.router_line if arm == "router" else [],
+                     "think_ms": a.flat_think_ms,
                      "tries": sum(x["tries"] for x in s["legs"]),
                      "steal": statistics.median(x["steal"] for x in s["legs"]),
                      "requests": sum(x["requests"] for x in s["legs"]),
@@ -994,6 +1007,19 @@ def doc(a, run, made):
                                 ratio(p, "less_idle_us_per_req"), fmt(p.get("user_us_per_req"), ".1f"), ratio(p, "user_us_per_req"),
                                 fmt(p["p50_us"]) + " µs", ratio(p, "p50_us"), fmt(p["one_added_us"]) + " µs",
                                 ratio(p, "one_added_us"), f"{p['requests']:,}", f"{p['errors']}"])
+        paced = [p for p in run["flat"] if p.get("paced_p50_us") is not None]
+        if paced:
+            think = paced[0].get("think_ms", a.flat_think_ms)
+            out += [f"\nAt a fixed pace, in the same cycles: {a.leg} s at {conns} connections, each waiting "
+                    f"{think} ms between requests (a load well under saturation, as an operator runs it): "
+                    "requests a second, CPU-µs per request, and the p50 and p99 a client sees (through the arm "
+                    "and a stub, on loopback), medians over clean cycles with `÷ smallest` as above.\n"]
+            out += table(["arm", "replicas", "req/s", "CPU-µs/req", "÷ smallest", "p50", "÷ smallest", "p99",
+                          "÷ smallest"], paced, lambda p: [NAMES[p["arm"]], f"{p['replicas']:,}"],
+                         lambda p: [fmt(p["paced_rps"], ",.0f"), fmt(p["paced_cpu_us_per_req"], ".1f"),
+                                    ratio(p, "paced_cpu_us_per_req"), fmt(p["paced_p50_us"]) + " µs",
+                                    ratio(p, "paced_p50_us"), fmt(p["paced_p99_us"]) + " µs",
+                                    ratio(p, "paced_p99_us")])
     if run.get("probes"):
         out += ["\n## Probes: idle CPU by schedule\n",
                 f"Each arm alone in front of the stubs, idle CPU over {a.idle} s after {a.settle} s of "
@@ -1128,6 +1154,9 @@ def parse_args():
     ap.add_argument("--flat-delay-ms", type=int, default=0,
                     help="the stubs' delay before a whole answer in the flatness part (a prefill's time: "
                          "requests in flight, and so connections to replicas, at every fleet size)")
+    ap.add_argument("--flat-think-ms", type=int, default=2,
+                    help="the flatness part's paced leg: its connections each wait this long between requests "
+                         "(a fixed load well under saturation: p50/p99 as an operator runs it); 0: no paced leg")
     ap.add_argument("--router-line", action="append", default=[],
                     help="a line added to the `router` arm's config in the flat part, not to `baseline`'s "
                          "(repeat for several): one binary under two settings, with --baseline set to it")
@@ -1195,6 +1224,8 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     work = a.out
     lua = write(os.path.join(work, "singles.lua"), LUA)
+    a.paced_lua = write(os.path.join(work, "singles-paced.lua"),
+                        LUA + f"function delay() return {a.flat_think_ms} end\n")
     write(os.path.join(work, "conversations.lua"), CONV_LUA)
     write(os.path.join(work, "loops.lua"), LOOP_LUA)
     body_file = write(os.path.join(work, "stream.json"), json.dumps(

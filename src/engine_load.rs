@@ -185,7 +185,8 @@ impl EngineLoadWatch {
     }
 
     /// Reads every replica whose turn round `round` is (every replica,
-    /// within the budget), concurrently, each within the interval.
+    /// within the budget), started in paced groups (`probes::run_paced`),
+    /// each ending within the interval from the round's start.
     async fn round(&self, round: u32) {
         let list = self.reader.replicas.snapshot();
         let spread = probes::spread(list.len(), self.interval, self.per_second);
@@ -194,13 +195,18 @@ impl EngineLoadWatch {
             .filter(|r| r.read_due(round, spread))
             .cloned()
             .collect();
-        let (reader, limit) = (&self.reader, self.interval);
-        probes::run_paced(due, self.interval / 2, |r| {
-            let reader = Arc::clone(reader);
+        // Every read ends by the round's end, however late in it it started.
+        let deadline = tokio::time::Instant::now() + self.interval;
+        let reader = &self.reader;
+        probes::run_paced(due, probes::window(self.interval), |r| {
+            let (reader, seen) = (Arc::clone(reader), Arc::clone(&list));
             async move {
+                let Some(r) = reader.replicas.current_of(&seen, &r) else {
+                    return;
+                };
                 // The router's own requests there as the engine counts them.
                 let own = r.in_flight();
-                let reading = match tokio::time::timeout(limit, reader.read(&r)).await {
+                let reading = match tokio::time::timeout_at(deadline, reader.read(&r)).await {
                     Ok(Ok(page)) => {
                         parse(&String::from_utf8_lossy(&page)).ok_or(Unread::Unrecognised)
                     }

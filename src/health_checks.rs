@@ -222,10 +222,15 @@ impl Checker {
             .filter(|r| r.check_due(spread))
             .cloned()
             .collect();
-        let window = self.interval / 2;
-        probes::run_paced(due, window, move |r| {
-            let this = Arc::clone(&self);
-            async move { this.check(&r, &rules).await }
+        probes::run_paced(due, probes::window(self.interval), move |r| {
+            let (this, seen) = (Arc::clone(&self), Arc::clone(&list));
+            async move {
+                // Started up to a second into the round: as the set holds
+                // it now (renamed, or gone).
+                if let Some(r) = this.replicas.current_of(&seen, &r) {
+                    this.check(&r, &rules).await;
+                }
+            }
         })
         .await;
     }

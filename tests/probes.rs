@@ -252,24 +252,43 @@ fn recording_replicas(n: usize) -> (Vec<std::net::SocketAddr>, Arc<Mutex<Vec<Ins
     (addrs, checks)
 }
 
+/// Starts the router in front of `addrs` with `health_check` as given.
+fn router_before(addrs: &[std::net::SocketAddr], health_check: &str) -> Router {
+    let mut yaml = format!("health_check: {health_check}\nreplicas:\n");
+    for (i, addr) in addrs.iter().enumerate() {
+        yaml += &format!("  - {{name: r{i}, addr: \"{addr}\"}}\n");
+    }
+    Router::spawn(&yaml, &[])
+}
+
 #[test]
 fn a_round_of_many_health_checks_is_spread_over_half_its_interval() {
     // 40 replicas, checked every 2 s: a round starts them in groups of 8
     // a fifth of a second apart, not at once (a round of hundreds at once
     // kept requests beside it waiting milliseconds).
     let (addrs, checks) = recording_replicas(40);
-    let mut yaml = String::from("health_check: {interval_ms: 2000}\nreplicas:\n");
-    for (i, addr) in addrs.iter().enumerate() {
-        yaml += &format!("  - {{name: r{i}, addr: \"{addr}\"}}\n");
-    }
-    let _router = Router::spawn(&yaml, &[]);
+    let _router = router_before(&addrs, "{interval_ms: 2000}");
     let round = wait_for("a whole round of checks", Duration::from_secs(20), || {
         let checks = checks.lock().unwrap();
         (checks.len() >= 40).then(|| checks[..40].to_vec())
     });
     let took = round[round.len() - 1] - round[0];
     assert!(
-        took >= Duration::from_millis(600),
+        took >= Duration::from_millis(600) && took < Duration::from_secs(2),
         "40 checks arrived within {took:?}"
+    );
+}
+
+#[test]
+fn a_large_fleet_checked_once_a_minute_is_all_live_when_the_proxy_opens() {
+    // Its first round is paced over a second, not half a minute: the proxy
+    // waits for every replica's first check (at most 4 s), so none is left
+    // out of the first requests, or of an upgrade's.
+    let (addrs, _) = recording_replicas(40);
+    let router = router_before(&addrs, "{interval_ms: 60000}");
+    let ready = get(router.metrics_addr, "/ready");
+    assert_eq!(
+        (ready.status, ready.text()),
+        (200, "40 of 40 replicas live\n".to_owned())
     );
 }

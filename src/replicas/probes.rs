@@ -3,10 +3,10 @@
 //! pass it has each live replica probed once every `spread` rounds, the
 //! replicas' turns staggered by a hash of their names so that each round
 //! probes an even slice however they joined.
-//! And their pace: a round's probes start in small groups spread over half
-//! its interval, not all at once, so that requests beside a round of a
-//! thousand probes wait behind a group, not the round (a burst of 250
-//! checks held a request's p99 2–5 ms here: `docs/scale.md`).
+//! And their pace: a round's probes start in small groups spread over
+//! [`window`] (half the interval, at most a second), not all at once, so
+//! that requests beside a round of hundreds of probes wait behind a group,
+//! not the round (`docs/scale.md`, *Probes paced*).
 //! A thousand replicas checked every second cost the router about 0.04 of
 //! a core in loopback TCP alone (docs/scale.md); the request path sees a
 //! replica that stops answering at once either way (ejection on a refused
@@ -35,9 +35,20 @@ pub fn turn(phase: u64, round: u32, spread: u32) -> bool {
         .is_multiple_of(u64::from(spread.max(1)))
 }
 
-/// Probes started together at most: a group costs the requests beside it
-/// about as long as one request's wait behind a few others.
+/// Probes started together at most (while the window has room): a group
+/// costs the requests beside it about as long as a few other requests.
 pub const GROUP: usize = 8;
+
+/// The longest a round's starts are spread over: a router holds its
+/// listener until every replica has had its first check (at most 4 s), and
+/// a replica added by a reload waits its round's turn.
+pub const MAX_WINDOW: Duration = Duration::from_secs(1);
+
+/// The span a round's probes start over, for rounds every `interval`: half
+/// of it, at most [`MAX_WINDOW`].
+pub fn window(interval: Duration) -> Duration {
+    (interval / 2).min(MAX_WINDOW)
+}
 
 /// Groups start at least this far apart (fewer, larger groups beyond).
 pub const MIN_GAP: Duration = Duration::from_millis(10);
@@ -74,7 +85,11 @@ where
         }
         group += 1;
     }
-    while running.join_next().await.is_some() {}
+    while let Some(ended) = running.join_next().await {
+        if let Some(e) = ended.err().filter(|e| e.is_panic()) {
+            log::warn!("a probe's task panicked: {e}");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -100,6 +115,16 @@ mod tests {
         // Less than one probe a round: five a second, a round every 100 ms.
         assert_eq!(spread(5, Duration::from_millis(100), 5), 10);
         assert_eq!(spread(5, Duration::ZERO, 5), u32::MAX);
+    }
+
+    #[test]
+    fn a_round_starts_over_half_its_interval_and_at_most_a_second() {
+        assert_eq!(
+            window(Duration::from_millis(500)),
+            Duration::from_millis(250)
+        );
+        assert_eq!(window(Duration::from_secs(2)), MAX_WINDOW);
+        assert_eq!(window(Duration::from_secs(60)), MAX_WINDOW);
     }
 
     #[test]
