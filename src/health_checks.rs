@@ -204,7 +204,7 @@ impl BackgroundService for HealthChecks {
 }
 
 impl Checker {
-    /// Checks the replicas due this round, paced over half the interval.
+    /// Checks the replicas due this round, paced ([`probes::window`]).
     async fn round(self: Arc<Self>) {
         let list = self.replicas.snapshot();
         let count = list.len();
