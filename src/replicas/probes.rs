@@ -3,14 +3,15 @@
 //! pass it has each live replica probed once every `spread` rounds, the
 //! replicas' turns staggered by a hash of their names so that each round
 //! probes an even slice however they joined.
-//! And their pace: a round's probes start in small groups spread over
-//! [`window`] (half the interval, at most a second), not all at once, so
-//! that requests beside a round of hundreds of probes wait behind a group,
-//! not the round (`docs/scale.md`, *Probes paced*).
 //! A thousand replicas checked every second cost the router about 0.04 of
 //! a core in loopback TCP alone (docs/scale.md); the request path sees a
 //! replica that stops answering at once either way (ejection on a refused
 //! connection or repeated failures).
+//!
+//! And their pace: a round's probes start in small groups spread over
+//! [`window`] (half the interval, at most a second), not all at once, so
+//! that requests beside a round of hundreds of probes wait behind a group,
+//! not the round (`docs/scale.md`, *Probes paced*).
 
 use std::future::Future;
 use std::time::Duration;

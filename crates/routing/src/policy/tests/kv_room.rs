@@ -104,6 +104,15 @@ fn continuations_mark_their_blocks_pinned_and_singles_do_not() {
     );
 }
 
+/// A policy of `mode` that places cold requests on the least loaded.
+fn least_loaded(mode: Mode) -> Policy {
+    Policy::new(PolicyConfig {
+        least_loaded: true,
+        fleet: Fleet::Local,
+        ..cfg(mode)
+    })
+}
+
 fn engine(unseen: u32, kv_used_permille: Option<u16>) -> Option<EngineLoad> {
     Some(EngineLoad {
         unseen,
@@ -113,11 +122,7 @@ fn engine(unseen: u32, kv_used_permille: Option<u16>) -> Option<EngineLoad> {
 
 #[test]
 fn least_loaded_sends_cold_requests_to_the_least_loaded_the_counter_among_equals() {
-    let p = Policy::new(PolicyConfig {
-        least_loaded: true,
-        fleet: Fleet::Local,
-        ..cfg(Mode::Shape)
-    });
+    let p = least_loaded(Mode::Shape);
     let mut rs = replicas(&[true, true, true]);
     // Replica 0's engine has work the router never sent (another client).
     rs[0].engine = engine(5, None);
@@ -136,21 +141,13 @@ fn least_loaded_sends_cold_requests_to_the_least_loaded_the_counter_among_equals
     let first = p.place(&req(conversation, false), &rs).replica;
     let next = p.place(&req(&format!("{conversation} more"), true), &rs);
     assert_eq!((next.replica, next.reason), (first, Reason::Pin));
-    let rr = Policy::new(PolicyConfig {
-        least_loaded: true,
-        fleet: Fleet::Local,
-        ..cfg(Mode::RoundRobin)
-    });
+    let rr = least_loaded(Mode::RoundRobin);
     assert_eq!(singles_on(&rr, &rs, 3), [0, 1, 2]);
 }
 
 #[test]
 fn least_loaded_breaks_ties_by_kv_in_use_in_steps_when_every_engine_reports_it() {
-    let p = Policy::new(PolicyConfig {
-        least_loaded: true,
-        fleet: Fleet::Local,
-        ..cfg(Mode::Shape)
-    });
+    let p = least_loaded(Mode::Shape);
     let mut rs = replicas(&[true, true]);
     rs[0].engine = engine(2, Some(900));
     rs[1].engine = engine(2, Some(300));
@@ -168,11 +165,7 @@ fn least_loaded_breaks_ties_by_kv_in_use_in_steps_when_every_engine_reports_it()
 
 #[test]
 fn least_loaded_may_choose_an_idle_replica_whatever_the_others_and_passes_over_a_busier() {
-    let p = Policy::new(PolicyConfig {
-        least_loaded: true,
-        fleet: Fleet::Local,
-        ..cfg(Mode::Shape)
-    });
+    let p = least_loaded(Mode::Shape);
     let mut rs = replicas(&[true, true]);
     // Every engine reports KV in use (in 10 % steps: 99 is the lowest).
     rs[0].engine = engine(0, Some(0));
