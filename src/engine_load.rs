@@ -3,8 +3,9 @@
 //! vLLM's, SGLang's and llama.cpp's names. A background service reads every
 //! replica each interval (past `max_per_second`, each in its turn of every
 //! few rounds: `crate::replicas::probes`), the round's reads paced over
-//! half the interval, and hands the figures to the replica, where the
-//! policy sees them as the requests beyond the router's own ([`EngineLoad`]).
+//! half the interval (at most a second), and hands the figures to the
+//! replica, where the policy sees them as the requests beyond the router's
+//! own ([`EngineLoad`]).
 //! A read that fails, takes longer than the interval or names none of the
 //! known series keeps the last figures; three in a row drop them, so the
 //! router's own counts are in force: logged once per replica (and once when
