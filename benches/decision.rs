@@ -504,6 +504,9 @@ fn working_set(c: &mut Criterion) {
     g.bench_function("full_index_1000_replicas", |b| {
         b.iter(|| black_box(p.working_set(300)))
     });
+    g.bench_function("forget_before_full_index", |b| {
+        b.iter(|| black_box(p.forget_before(rs[5].id, 1)))
+    });
     g.finish();
 }
 

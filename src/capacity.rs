@@ -25,7 +25,9 @@ const REWARN_EVERY_S: u32 = 60;
 /// Watches working sets against capacities (a background service).
 pub struct CapacityWatch {
     /// The policy's clock counts seconds from here; the watch advances it, so
-    /// the request path never reads the time (stamps lag by under a tick).
+    /// the request path never reads the time (stamps lag by under a tick and
+    /// the index's pass, which on a saturated core yields to the requests:
+    /// about 0.3 s at a million entries, docs/performance.md).
     started: Instant,
     pub window_s: u32,
     pub policy: Arc<Policy>,

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::http::{self, EventStream, Response};
-use common::{agent, get, Router, Sim};
+use common::{agent, get, wait_for, Router, Sim};
 use serde_json::json;
 
 /// A series of the router's metrics, which must exist (a misspelt name
@@ -239,6 +239,12 @@ fn pins_two_clients_found_lost_unpin_what_their_replica_held_before_them() {
     assert_eq!(repairs(&router, "miss"), 0.0);
     let missed = post_as(&router, k2, &named(&also, 3));
     assert_eq!((missed.replica(), missed.decision()), ("a", "pin"));
+    // The repair runs off the request's thread, just after the answer.
+    wait_for(
+        "the repair after two lost pins",
+        Duration::from_secs(10),
+        || (repairs(&router, "miss") > 0.0).then_some(()),
+    );
     assert_eq!(
         (repairs(&router, "miss"), repairs(&router, "restart")),
         (1.0, 0.0)

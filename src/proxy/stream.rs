@@ -4,6 +4,8 @@
 //! placement's prediction at its end (and the index repaired after a lost
 //! pin).
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use pingora_core::Result;
 use pingora_http::ResponseHeader;
@@ -144,12 +146,20 @@ impl Router {
             // A prefix recorded moments before may still be in its first
             // prefill; another client must corroborate (see `lost_pin`).
             Outcome::Lost if d.matched_age_s() >= every => {
-                let before = replica.lost_pin(source, d.matched_at, self.policy.clock(), every);
-                let forgotten = before.map_or(0, |b| self.policy.forget_before(replica.id, b));
-                if forgotten > 0 {
-                    self.metrics
-                        .repaired(&replica.name, Repair::Miss, forgotten);
-                }
+                let now = self.policy.clock();
+                let Some(before) = replica.lost_pin(source, d.matched_at, now, every) else {
+                    return;
+                };
+                // A pass over the whole index (milliseconds when it is full):
+                // on the blocking pool, not the thread serving requests.
+                let (policy, metrics) = (Arc::clone(&self.policy), Arc::clone(&self.metrics));
+                let (id, name) = (replica.id, replica.name.clone());
+                tokio::task::spawn_blocking(move || {
+                    let forgotten = policy.forget_before(id, before);
+                    if forgotten > 0 {
+                        metrics.repaired(&name, Repair::Miss, forgotten);
+                    }
+                });
             }
             Outcome::Lost => {}
         }

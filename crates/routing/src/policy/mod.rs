@@ -246,16 +246,19 @@ impl Policy {
 
     /// Bytes of distinct prompt blocks placed on each replica within the last
     /// `window_s` seconds: the prefix cache each replica is asked to hold; in
-    /// replica id order. One pass over the index's recent entries (under
-    /// steady traffic, all of it), a shard locked at a time.
+    /// replica id order. One pass over the index, a chunk of a shard locked
+    /// at a time, the thread yielding between chunks (a full index's pass
+    /// takes milliseconds).
     pub fn working_set(&self, window_s: u32) -> Vec<(ReplicaId, WorkingSet)> {
         let since = self.clock_s.load(Relaxed).saturating_sub(window_s);
         let mut sets: HashMap<u32, WorkingSet, BuildHasherDefault<IdHash>> = HashMap::default();
         let bytes = self.config().block_bytes as u64;
-        self.index.recent_blocks(since, |(r, pinned)| {
-            let ws = sets.entry(r).or_default();
-            ws.all += bytes;
-            ws.pinned += if pinned { bytes } else { 0 };
+        self.index.recent_blocks(since, |chunk| {
+            for &(r, pinned) in chunk {
+                let ws = sets.entry(r).or_default();
+                ws.all += bytes;
+                ws.pinned += if pinned { bytes } else { 0 };
+            }
         });
         let mut sets: Vec<_> = sets.into_iter().map(|(r, ws)| (ReplicaId(r), ws)).collect();
         sets.sort_unstable_by_key(|(r, _)| r.0);
@@ -471,7 +474,9 @@ impl Policy {
     }
 
     /// Drops everything the index holds for a replica (it left the set, or
-    /// came back with an empty cache); returns the entries dropped.
+    /// came back with an empty cache); returns the entries dropped. A pass
+    /// over the index as [`Policy::working_set`]'s: milliseconds when it is
+    /// full, so not on a request's thread.
     pub fn forget_replica(&self, id: ReplicaId) -> usize {
         self.index.forget_replica(id.0, u32::MAX)
     }
