@@ -191,20 +191,12 @@ impl EngineLoadWatch {
     async fn round(&self, round: u32) {
         let list = self.reader.replicas.snapshot();
         let spread = probes::spread(list.len(), self.interval, self.per_second);
-        let due: Vec<Arc<Replica>> = list
-            .iter()
-            .filter(|r| r.read_due(round, spread))
-            .cloned()
-            .collect();
         // Every read ends by the round's end, however late in it it started.
         let deadline = tokio::time::Instant::now() + self.interval;
-        let reader = &self.reader;
-        probes::run_paced(due, probes::window(self.interval), |r| {
-            let (reader, seen) = (Arc::clone(reader), Arc::clone(&list));
+        let reader = Arc::clone(&self.reader);
+        let read = move |r: Arc<Replica>| {
+            let reader = Arc::clone(&reader);
             async move {
-                let Some(r) = reader.replicas.current_of(&seen, &r) else {
-                    return;
-                };
                 // The router's own requests there as the engine counts them.
                 let own = r.in_flight();
                 let reading = match tokio::time::timeout_at(deadline, reader.read(&r)).await {
@@ -215,8 +207,11 @@ impl EngineLoadWatch {
                 };
                 reader.report(&r, reading.map(|l| (l, own)));
             }
-        })
-        .await;
+        };
+        let window = probes::window(self.interval);
+        (self.reader.replicas)
+            .probe_round(&list, |r| r.read_due(round, spread), window, read)
+            .await;
         let ids: HashSet<ReplicaId> = list.iter().map(|r| r.id).collect();
         let mut misses = self.reader.misses.lock().unwrap_or_else(|p| p.into_inner());
         misses.retain(|id, _| ids.contains(id));

@@ -217,22 +217,15 @@ impl Checker {
                 rules.per_second
             );
         }
-        let due: Vec<Arc<Replica>> = list
-            .iter()
-            .filter(|r| r.check_due(spread))
-            .cloned()
-            .collect();
-        probes::run_paced(due, probes::window(self.interval), move |r| {
-            let (this, seen) = (Arc::clone(&self), Arc::clone(&list));
-            async move {
-                // Started up to a second into the round: as the set holds
-                // it now (renamed, or gone).
-                if let Some(r) = this.replicas.current_of(&seen, &r) {
-                    this.check(&r, &rules).await;
-                }
-            }
-        })
-        .await;
+        let this = Arc::clone(&self);
+        let check = move |r: Arc<Replica>| {
+            let this = Arc::clone(&this);
+            async move { this.check(&r, &rules).await }
+        };
+        let window = probes::window(self.interval);
+        (self.replicas)
+            .probe_round(&list, |r| r.check_due(spread), window, check)
+            .await;
     }
 
     /// One replica's check (and its model list when due), recorded on it.

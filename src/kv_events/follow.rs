@@ -264,10 +264,12 @@ impl Follow {
             );
         }
         if total.cleared {
-            self.metrics.kv.reset(name, false);
+            // Forgotten before it is counted: a client that sees the reset
+            // finds its conversations unpinned.
             if forget {
                 self.forget();
             }
+            self.metrics.kv.reset(name, false);
         }
         self.publish();
     }
@@ -275,8 +277,8 @@ impl Follow {
     /// The engine's cache is empty (`restart`: a new process; else it said
     /// so): the router's own index forgets what it placed there.
     fn emptied(&self, restart: bool) {
-        self.metrics.kv.reset(&self.replica.name, restart);
         self.forget();
+        self.metrics.kv.reset(&self.replica.name, restart);
     }
 
     fn forget(&self) {

@@ -23,6 +23,7 @@
 //!   the router never refuses on its own say-so. Health itself: `health`.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -420,6 +421,33 @@ impl Replicas {
             return Some(Arc::clone(replica));
         }
         now.position(replica.id).map(|i| Arc::clone(&now[i]))
+    }
+
+    /// A probe round over `list` (a snapshot of this set): `probe` on each
+    /// replica `due` picks, started in paced groups over `window`
+    /// ([`probes::run_paced`]), each given the replica as the set holds it
+    /// when its probe starts (up to a second into the round: renamed, or
+    /// skipped when it left).
+    pub async fn probe_round<P, F>(
+        self: &Arc<Self>,
+        list: &Arc<View>,
+        due: impl Fn(&Replica) -> bool,
+        window: Duration,
+        probe: P,
+    ) where
+        P: Fn(Arc<Replica>) -> F + Clone + Send + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let picked: Vec<Arc<Replica>> = list.iter().filter(|r| due(r)).cloned().collect();
+        probes::run_paced(picked, window, |r| {
+            let (set, seen, probe) = (Arc::clone(self), Arc::clone(list), probe.clone());
+            async move {
+                if let Some(r) = set.current_of(&seen, &r) {
+                    probe(r).await;
+                }
+            }
+        })
+        .await;
     }
 
     /// Replaces the set. Replicas whose name and address are unchanged keep their

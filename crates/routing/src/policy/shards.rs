@@ -170,24 +170,28 @@ impl Shards {
     /// A pass over every shard's slab a chunk at a time, one pass at a time:
     /// `step` from slot 0 while it returns where the next chunk starts, each
     /// call under the shard's lock, then `then` with what it returned, the
-    /// lock released, then the thread yields. A pass over a full index takes
-    /// milliseconds: a request's thread on the same core (or waiting for the
-    /// shard) runs between its chunks, and a pass on a busy core gets what
-    /// the requests leave (yielding every 8 chunks instead: p99 at
-    /// saturation 1.5–3.6 ms against 1.1–1.75, `docs/performance.md`).
+    /// lock released; the thread yields before each chunk but the first. A
+    /// pass over a full index takes milliseconds: a request's thread on the
+    /// same core (or waiting for the shard) runs between its chunks, and a
+    /// pass on a busy core gets what the requests leave (yielding every 8
+    /// chunks instead: p99 at saturation 1.5–3.6 ms against 1.1–1.75,
+    /// `docs/performance.md`).
     fn by_chunks<T>(
         &self,
         mut step: impl FnMut(&mut PrefixIndex, usize) -> (T, Option<usize>),
         mut then: impl FnMut(T),
     ) {
         let _one = self.pass.lock().unwrap_or_else(|p| p.into_inner());
+        let mut first = true;
         for shard in self.shards.iter() {
             let mut from = Some(0);
             while let Some(at) = from {
+                if !std::mem::take(&mut first) {
+                    std::thread::yield_now();
+                }
                 let (got, next) = step(&mut lock(shard), at);
                 then(got);
                 from = next;
-                std::thread::yield_now();
             }
         }
     }
