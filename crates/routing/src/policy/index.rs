@@ -452,7 +452,7 @@ mod tests {
         assert!(idx.get(1).is_some() && idx.get(3).is_some());
     }
 
-    /// Every recent block of a pass from `from`, chunk by chunk.
+    /// Every recent block, chunk by chunk, as a pass reads them.
     fn recent(idx: &PrefixIndex, since_s: u32) -> Vec<(u32, bool)> {
         let (mut out, mut from) = (Vec::new(), Some(0));
         while let Some(at) = from {
