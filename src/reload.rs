@@ -267,8 +267,9 @@ impl Reloader {
         let named = |name: &str| cfg.replicas.iter().any(|r| r.name == name);
         let change = live.replicas.apply_renaming(&list, named);
         let now = live.replicas.snapshot();
-        for r in &change.removed {
-            live.policy.forget_replica(r.id);
+        let removed: Vec<_> = change.removed.iter().map(|r| r.id).collect();
+        if !removed.is_empty() {
+            live.policy.forget_replicas(&removed);
         }
         // The series of names no longer in the set go; a name still there
         // (an address change, a name another replica took) keeps them: its

@@ -428,22 +428,19 @@ impl Replicas {
     /// ([`probes::run_paced`]), each given the replica as the set holds it
     /// when its probe starts (up to a second into the round: renamed, or
     /// skipped when it left).
-    pub async fn probe_round<P, F>(
-        self: &Arc<Self>,
+    pub async fn probe_round<F: Future<Output = ()> + Send + 'static>(
+        &self,
         list: &Arc<View>,
         due: impl Fn(&Replica) -> bool,
         window: Duration,
-        probe: P,
-    ) where
-        P: Fn(Arc<Replica>) -> F + Clone + Send + 'static,
-        F: Future<Output = ()> + Send + 'static,
-    {
+        probe: impl Fn(Arc<Replica>) -> F,
+    ) {
         let picked: Vec<Arc<Replica>> = list.iter().filter(|r| due(r)).cloned().collect();
         probes::run_paced(picked, window, |r| {
-            let (set, seen, probe) = (Arc::clone(self), Arc::clone(list), probe.clone());
+            let started = self.current_of(list, &r).map(&probe);
             async move {
-                if let Some(r) = set.current_of(&seen, &r) {
-                    probe(r).await;
+                if let Some(probe) = started {
+                    probe.await;
                 }
             }
         })

@@ -160,7 +160,7 @@ pub(crate) struct PrefixIndex {
 }
 
 /// Slots a pass over the index ([`PrefixIndex::recent_blocks`],
-/// [`PrefixIndex::forget_replica`]) reads under one hold of its lock: about
+/// [`PrefixIndex::forget`]) reads under one hold of its lock: about
 /// 30 µs to read (more when many of them are dropped), where a whole shard
 /// of a full index held it about 0.4 ms, and on a busy core several times
 /// that while the pass's thread waited for its turn.
@@ -280,27 +280,23 @@ impl PrefixIndex {
         next
     }
 
-    /// Drops each entry served by `replica` last recorded before `before_s`
-    /// (`u32::MAX`: all of them) among the slab's slots `from..from +
-    /// CHUNK`; returns how many, and where the next chunk starts (`None`
-    /// after the last).
-    pub fn forget_replica(
+    /// Drops each entry that `doomed` picks by its replica and its clock
+    /// second among the slab's slots `from..from + CHUNK`; returns how
+    /// many, and where the next chunk starts (`None` after the last).
+    pub fn forget(
         &mut self,
         from: usize,
-        replica: u32,
-        before_s: u32,
+        doomed: impl Fn(u32, u32) -> bool,
     ) -> (usize, Option<usize>) {
         let (chunk, next) = self.chunk(from);
-        let doomed: Vec<u32> = (chunk.iter().zip(from as u32..))
-            .filter(|(s, _)| {
-                s.segment != FREE && s.entry.replica == replica && s.entry.touched < before_s
-            })
+        let picked: Vec<u32> = (chunk.iter().zip(from as u32..))
+            .filter(|(s, _)| s.segment != FREE && doomed(s.entry.replica, s.entry.touched))
             .map(|(_, at)| at)
             .collect();
-        for s in &doomed {
+        for s in &picked {
             self.remove(*s);
         }
-        (doomed.len(), next)
+        (picked.len(), next)
     }
 
     /// The slab's slots `from..from + CHUNK`, and where the next chunk starts.
@@ -430,7 +426,7 @@ mod tests {
         idx.upsert(1, 0, 0, true, false);
         idx.upsert(2, 1, 0, true, false);
         idx.upsert(3, 0, 0, true, false);
-        assert_eq!(idx.forget_replica(0, 0, u32::MAX), (2, None));
+        assert_eq!(idx.forget(0, |r, _| r == 0), (2, None));
         assert_eq!(idx.len(), 1);
         assert!(idx.get(2).is_some());
         // Freed slots are reused and the recency list stays consistent.
@@ -447,7 +443,7 @@ mod tests {
         idx.upsert(2, 0, 20, true, false);
         idx.upsert(3, 1, 5, true, false);
         idx.upsert(1, 0, 30, true, false);
-        assert_eq!(idx.forget_replica(0, 0, 30), (1, None));
+        assert_eq!(idx.forget(0, |r, t| r == 0 && t < 30), (1, None));
         assert_eq!(idx.get(2), None);
         assert!(idx.get(1).is_some() && idx.get(3).is_some());
     }
@@ -474,7 +470,7 @@ mod tests {
         assert_eq!(recent(&idx, 0).len(), 3);
         assert_eq!(recent(&idx, 41), vec![], "nothing recorded since");
         // A removed entry is not counted, its slot reused is.
-        idx.forget_replica(0, 1, u32::MAX);
+        idx.forget(0, |r, _| r == 1);
         assert_eq!(recent(&idx, 0), vec![(0, false), (0, true)]);
         idx.upsert(5, 2, 50, true, false);
         assert_eq!(recent(&idx, 50), vec![(2, false)]);
@@ -495,7 +491,7 @@ mod tests {
         // Forgetting goes chunk by chunk too, and finds each entry once.
         let (mut dropped, mut from) = (0, Some(0));
         while let Some(at) = from {
-            let (n, next) = idx.forget_replica(at, 1, u32::MAX);
+            let (n, next) = idx.forget(at, |r, _| r == 1);
             assert!(n <= CHUNK / 3 + 1);
             (dropped, from) = (dropped + n, next);
         }

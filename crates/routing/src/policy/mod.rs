@@ -160,7 +160,7 @@ pub use types::*;
 pub const BYTES_PER_TOKEN: u64 = 4;
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -478,14 +478,22 @@ impl Policy {
     /// over the index as [`Policy::working_set`]'s: milliseconds when it is
     /// full, so not on a request's thread.
     pub fn forget_replica(&self, id: ReplicaId) -> usize {
-        self.index.forget_replica(id.0, u32::MAX)
+        self.index.forget(|r, _| r == id.0)
+    }
+
+    /// As [`Policy::forget_replica`] for several replicas (those a reload
+    /// removed), in one pass.
+    pub fn forget_replicas(&self, ids: &[ReplicaId]) -> usize {
+        let ids: HashSet<u32, BuildHasherDefault<IdHash>> = ids.iter().map(|id| id.0).collect();
+        self.index.forget(|r, _| ids.contains(&r))
     }
 
     /// The engines reported prefixes of `id` (almost) all gone, the older
     /// recorded at clock second `before_s`: drops what the replica held from
     /// before it (see REPAIR); returns the entries dropped.
     pub fn forget_before(&self, id: ReplicaId, before_s: u32) -> usize {
-        self.index.forget_replica(id.0, before_s)
+        self.index
+            .forget(|r, touched| r == id.0 && touched < before_s)
     }
 
     fn shape_of(&self, req: &Request, extends: bool) -> Shape {

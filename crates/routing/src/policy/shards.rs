@@ -156,14 +156,11 @@ impl Shards {
         );
     }
 
-    /// See [`PrefixIndex::forget_replica`]; returns how many entries were
-    /// dropped.
-    pub fn forget_replica(&self, replica: u32, before_s: u32) -> usize {
+    /// Drops every entry `doomed` picks (see [`PrefixIndex::forget`]);
+    /// returns how many.
+    pub fn forget(&self, doomed: impl Fn(u32, u32) -> bool) -> usize {
         let mut dropped = 0;
-        self.by_chunks(
-            |shard, from| shard.forget_replica(from, replica, before_s),
-            |n| dropped += n,
-        );
+        self.by_chunks(|shard, from| shard.forget(from, &doomed), |n| dropped += n);
         dropped
     }
 
@@ -289,8 +286,8 @@ mod tests {
             chunks >= seen.div_ceil(CHUNK) && chunks > SHARDS,
             "{chunks} chunks"
         );
-        assert_eq!(s.forget_replica(1, 5), 0, "recorded at 5: kept");
-        assert_eq!(s.forget_replica(1, 6), seen);
+        assert_eq!(s.forget(|r, t| r == 1 && t < 5), 0, "recorded at 5: kept");
+        assert_eq!(s.forget(|r, t| r == 1 && t < 6), seen);
         assert_eq!(s.len(), 0);
     }
 }

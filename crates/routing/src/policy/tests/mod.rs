@@ -219,6 +219,25 @@ fn forgetting_a_replica_drops_its_pins() {
 }
 
 #[test]
+fn forgetting_removed_replicas_drops_their_pins_in_one_pass_and_keeps_the_rest() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let rs = replicas(&[true, true, true]);
+    let on: Vec<_> = (0..3)
+        .map(|i| {
+            let text = format!("conversation {i}");
+            (p.place(&req(&text, false), &rs).replica, text)
+        })
+        .collect();
+    let gone: Vec<ReplicaId> = on.iter().filter_map(|(r, _)| *r).take(2).collect();
+    assert!(p.forget_replicas(&gone) > 0);
+    for (r, text) in &on {
+        let d = p.place(&req(&format!("{text}, continued"), true), &rs);
+        let kept = !r.is_some_and(|r| gone.contains(&r));
+        assert_eq!(d.reason == Reason::Pin, kept, "{text} on {r:?}");
+    }
+}
+
+#[test]
 fn a_lost_pin_forgets_what_its_replica_held_before_it_and_keeps_the_rest() {
     let p = Policy::new(cfg(Mode::Shape));
     let one = replicas(&[true]);
