@@ -275,9 +275,7 @@ impl Checker {
         let timed_out = timed_out(&result);
         if r.came_back(result.is_ok(), timed_out) {
             let forgotten = self.policy.forget_replica(r.id);
-            if forgotten > 0 {
-                self.metrics.repaired(&r.name, Repair::Restart, forgotten);
-            }
+            self.metrics.repaired(&r.name, Repair::Restart, forgotten);
         }
         if result.is_ok() && !r.declares_models() && r.models_due() {
             let left = CHECK_DEADLINE.saturating_sub(started.elapsed());

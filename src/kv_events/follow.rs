@@ -283,10 +283,8 @@ impl Follow {
 
     fn forget(&self) {
         let forgotten = self.policy.forget_replica(self.replica.id);
-        if forgotten > 0 {
-            self.metrics
-                .repaired(&self.replica.name, Repair::Events, forgotten);
-        }
+        self.metrics
+            .repaired(&self.replica.name, Repair::Events, forgotten);
     }
 
     /// Events were lost (`why`): the replica's state is unknown.

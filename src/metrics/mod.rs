@@ -399,8 +399,12 @@ impl Metrics {
         }
     }
 
-    /// Counts and logs one repair of the prefix index.
+    /// Counts and logs one repair of the prefix index (one that forgot
+    /// nothing is none).
     pub fn repaired(&self, replica: &str, cause: Repair, forgotten: usize) {
+        if forgotten == 0 {
+            return;
+        }
         self.remember_replica(replica);
         self.index_repairs
             .with_label_values(&[replica, cause.as_str()])

@@ -156,9 +156,7 @@ impl Router {
                 let (id, name) = (replica.id, replica.name.clone());
                 tokio::task::spawn_blocking(move || {
                     let forgotten = policy.forget_before(id, before);
-                    if forgotten > 0 {
-                        metrics.repaired(&name, Repair::Miss, forgotten);
-                    }
+                    metrics.repaired(&name, Repair::Miss, forgotten);
                 });
             }
             Outcome::Lost => {}
