@@ -510,6 +510,38 @@ fn working_set(c: &mut Criterion) {
     g.finish();
 }
 
+/// The usage scan every streamed answer passes through: per SSE event of
+/// vLLM's shape, its closing usage event, and a non-streamed 4 KiB answer of
+/// code (snake_case: underscores everywhere).
+fn usage_scan(c: &mut Criterion) {
+    use prefix_router::usage::UsageScan;
+    let delta = br#"data: {"id":"chatcmpl-8f3c2a7d9e0b4c1f","object":"chat.completion.chunk","created":1733400000,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"content":" the"},"logprobs":null,"finish_reason":null}]}
+
+"#;
+    let last = br#"data: {"id":"chatcmpl-8f3c2a7d9e0b4c1f","object":"chat.completion.chunk","created":1733400000,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[],"usage":{"prompt_tokens":81564,"total_tokens":81596,"completion_tokens":32,"prompt_tokens_details":{"cached_tokens":80016}}}
+
+"#;
+    let code = format!(
+        r#"{{"id":"chatcmpl-1","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"{}"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":900,"completion_tokens":1000,"prompt_tokens_details":{{"cached_tokens":512}}}}}}"#,
+        "def read_config(path_name):\n    with open(path_name) as file_handle:\n        return parse_yaml(file_handle.read())\n".repeat(4096 / 110)
+    );
+    let mut g = c.benchmark_group("usage_scan");
+    for (name, body) in [
+        ("sse_delta_event", &delta[..]),
+        ("sse_usage_event", &last[..]),
+        ("answer_4kib_code", code.as_bytes()),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let mut s = UsageScan::default();
+                s.feed(black_box(body));
+                black_box(s.figures())
+            })
+        });
+    }
+    g.finish();
+}
+
 criterion_group!(
     benches,
     fleet_size,
@@ -517,6 +549,7 @@ criterion_group!(
     lookup_vs_tracked,
     shared_policy,
     exact_turn,
-    working_set
+    working_set,
+    usage_scan
 );
 criterion_main!(benches);

@@ -19,7 +19,8 @@
 #   a replica's response head read 1 KiB at a time (was 4 KiB), its body
 #   through a buffer of 2 KiB that doubles up to 16 KiB (was 64 KiB);
 #   a connection's HTTP/2 path boxed (an HTTP/1 connection's future is not
-#   sized for it); an HTTP/2 handshake deadline.
+#   sized for it); an HTTP/2 handshake deadline; a response body chunk's size
+#   line written without formatting or an allocation.
 # - pingora-pool 0.9.1: a node emptied by taking its last idle connection is
 #   kept for the connections released to it, not dropped and built again per request
 #   (one idle connection to each of many replicas); empty nodes are swept once

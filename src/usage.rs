@@ -21,7 +21,11 @@
 //!         Shorter predictions get none: an engine's cache block can miss them whole.
 //! ```
 
-use memchr::memchr;
+use std::sync::LazyLock;
+
+use aho_corasick::packed::Searcher;
+use aho_corasick::Span;
+use memchr::memmem;
 
 /// Longest key looked for (`cache_creation_input_tokens`).
 const MAX_KEY: usize = 27;
@@ -52,6 +56,34 @@ const KEYS: [(&[u8], Figure); 6] = [
 /// The first letters of [`KEYS`]: a quoted run that starts otherwise is
 /// dropped at once.
 const FIRST: [u8; 3] = [b'c', b'p', b'i'];
+
+fn is_key_letter(b: u8) -> bool {
+    matches!(b, b'a'..=b'z' | b'_')
+}
+
+/// How every key of [`KEYS`] ends, closing quote included.
+const ENDINGS: [&[u8]; 2] = [b"tokens\"", b"cache_n\""];
+
+/// The index of the next quote at or after `from` that closes one of
+/// [`ENDINGS`]: both looked for in one SIMD pass (Teddy).
+fn next_key_end(bytes: &[u8], from: usize) -> Option<usize> {
+    static ENDS: LazyLock<Option<Searcher>> = LazyLock::new(|| Searcher::new(ENDINGS));
+    match &*ENDS {
+        Some(ends) => ends
+            .find_in(bytes, Span::from(from..bytes.len()))
+            .map(|m| m.end() - 1),
+        None => next_key_end_each(bytes, from),
+    }
+}
+
+/// [`next_key_end`] on a target without a SIMD searcher: each ending on its
+/// own (one cannot end inside the other, so the first to end is the first).
+fn next_key_end_each(bytes: &[u8], from: usize) -> Option<usize> {
+    ENDINGS
+        .iter()
+        .filter_map(|e| memmem::find(&bytes[from..], e).map(|at| from + at + e.len() - 1))
+        .min()
+}
 
 fn figure(key: &[u8]) -> Option<Figure> {
     KEYS.iter().find(|(k, _)| *k == key).map(|&(_, f)| f)
@@ -103,12 +135,33 @@ impl UsageScan {
         let mut i = 0;
         while i < bytes.len() {
             match self.state {
-                State::Idle => match memchr(b'"', &bytes[i..]) {
-                    Some(at) => {
-                        i += at + 1;
-                        self.state = State::Key { len: 0 };
+                // Every key ends in `tokens"` or `cache_n"`, which an answer's
+                // text seldom holds: from one such end to the next, reading
+                // only the quoted run each closes, as the quote before that
+                // run would have opened it. No key of ours ends between `i`
+                // and that end, so every quote in between opens a run (or
+                // closes one that is not ours) and this finds what a scan
+                // from quote to quote finds.
+                State::Idle => match next_key_end(bytes, i) {
+                    Some(quote) => {
+                        let from = quote.saturating_sub(MAX_KEY + 1).max(i);
+                        let start = bytes[from..quote]
+                            .iter()
+                            .rposition(|b| !is_key_letter(*b))
+                            .map_or(from, |q| from + q + 1);
+                        let opened = start > i && bytes[start - 1] == b'"';
+                        if opened && FIRST.contains(&bytes[start]) {
+                            self.state = State::Key { len: 0 };
+                            i = start;
+                        } else {
+                            // Not a key of ours; its quote may open the next.
+                            i = quote;
+                        }
                     }
-                    None => return,
+                    None => {
+                        self.keep_open_run(&bytes[i..]);
+                        return;
+                    }
                 },
                 // A run that does not start as one of ours can never become
                 // one: on to the next quote (the one that ends it, which may
@@ -117,14 +170,13 @@ impl UsageScan {
                     self.state = State::Idle;
                     i += 1;
                 }
-                // A run of key letters at once (an answer's words are most
-                // of what follows its quotes), then the byte that ends it.
+                // A run of key letters at once, then the byte that ends it.
                 State::Key { len } => {
                     let len = usize::from(len);
                     let run = bytes[i..]
                         .iter()
                         .take(MAX_KEY - len)
-                        .take_while(|b| matches!(b, b'a'..=b'z' | b'_'))
+                        .take_while(|b| is_key_letter(**b))
                         .count();
                     self.key[len..len + run].copy_from_slice(&bytes[i..i + run]);
                     i += run;
@@ -142,6 +194,22 @@ impl UsageScan {
                     i += 1;
                 }
             }
+        }
+    }
+
+    /// At the end of a piece read while idle: a quote followed by key letters
+    /// up to the end opens a run the next piece may finish as a key.
+    fn keep_open_run(&mut self, tail: &[u8]) {
+        let run = tail
+            .iter()
+            .rev()
+            .take(MAX_KEY + 1)
+            .take_while(|b| is_key_letter(**b))
+            .count();
+        if run <= MAX_KEY && tail.len() > run && tail[tail.len() - run - 1] == b'"' {
+            self.key[..run].copy_from_slice(&tail[tail.len() - run..]);
+            // At most MAX_KEY (27), so it fits.
+            self.state = State::Key { len: run as u8 };
         }
     }
 
@@ -259,6 +327,7 @@ impl Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use memchr::memchr;
 
     fn scan(pieces: &[&[u8]]) -> (Option<u64>, Option<u64>) {
         let mut s = UsageScan::default();
@@ -309,6 +378,9 @@ mod tests {
         // A string value right before the key does not swallow its quote.
         let body = br#"{"a":"b","cached_tokens":4,"x":"prompt_tokens","y":1}"#;
         assert_eq!(scan(&[body]), (Some(4), None));
+        // A key's closing quote opens no run.
+        let body = br#"{"cached_tokens"prompt_tokens":9,"input_tokens":2}"#;
+        assert_eq!(scan(&[body]), (None, Some(2)));
     }
 
     #[test]
@@ -329,6 +401,8 @@ mod tests {
         for (key, _) in KEYS {
             assert!(FIRST.contains(&key[0]), "{}", String::from_utf8_lossy(key));
             assert!(key.len() <= MAX_KEY);
+            let closed = [key, &b"\""[..]].concat();
+            assert_eq!(next_key_end(&closed, 0), Some(key.len()));
         }
         // A key with a letter more, or one before it, is not that key.
         for body in [
@@ -389,6 +463,11 @@ mod tests {
             Just(&b"\"cache_read_input_tokens\""[..]),
             Just(&b"\"cache_creation_input_tokens\""[..]),
             Just(&b"\"usage\":{"[..]),
+            // Runs that end as keys do, not ours or not opened.
+            Just(&b"\"completion_tokens\""[..]),
+            Just(&b"prompt_tokens\""[..]),
+            Just(&b"_tokens"[..]),
+            Just(&b"cache_n"[..]),
             Just(&b"\\\""[..]),
             Just(&b"\""[..]),
             Just(&b":"[..]),
@@ -406,8 +485,9 @@ mod tests {
             .prop_map(|v| v.concat())
     }
 
-    /// The scan a byte at a time (past quotes it finds with `memchr`), as
-    /// it was before key letters were read in runs.
+    /// The scan a byte at a time from quote to quote (past quotes it finds
+    /// with `memchr`), as it was before it read key letters in runs and
+    /// jumped from one key's end to the next.
     fn feed_stepwise(s: &mut UsageScan, bytes: &[u8]) {
         let mut i = 0;
         while i < bytes.len() {
@@ -427,7 +507,8 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Reading key letters in runs finds what stepping finds.
+        /// Jumping between key ends and reading key letters in runs finds
+        /// what stepping from quote to quote finds.
         #[test]
         fn runs_read_as_steps(body in body(), cut in 0usize..4096) {
             let cut = cut % (body.len() + 1);
@@ -440,6 +521,13 @@ mod tests {
             steps.finish();
             let figures = |s: &UsageScan| (s.cached, s.prompt, s.read, s.written);
             proptest::prop_assert_eq!(figures(&runs), figures(&steps));
+        }
+
+        /// Without a SIMD searcher, key ends are found where it finds them.
+        #[test]
+        fn key_ends_found_either_way_agree(body in body(), from in 0usize..4096) {
+            let from = from % (body.len() + 1);
+            proptest::prop_assert_eq!(next_key_end_each(&body, from), next_key_end(&body, from));
         }
 
         /// Whatever the bytes and however they are cut into pieces, the

@@ -1465,8 +1465,10 @@ impl BodyWriter {
             BM::ChunkedEncoding(written) => {
                 let chunk_size = buf.len();
 
-                let chuck_size_buf = format!("{:X}\r\n", chunk_size);
-                let mut output_buf = Bytes::from(chuck_size_buf).chain(buf).chain(&b"\r\n"[..]);
+                // The size line written by hand: no formatting, no allocation.
+                let mut size_line = [0u8; 18];
+                let size_line = chunk_size_line(chunk_size, &mut size_line);
+                let mut output_buf = Buf::chain(size_line, buf).chain(&b"\r\n"[..]);
                 stream
                     .write_all_buf(&mut output_buf)
                     .await
@@ -2103,8 +2105,29 @@ impl BodyWriter {
     }
 }
 
+/// A chunk's size line (hex digits, CRLF) written into `out`.
+fn chunk_size_line(size: usize, out: &mut [u8; 18]) -> &[u8] {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let digits = (usize::BITS as usize - size.leading_zeros() as usize).div_ceil(4).max(1);
+    for i in 0..digits {
+        out[digits - 1 - i] = HEX[(size >> (4 * i)) & 0xF];
+    }
+    out[digits] = b'\r';
+    out[digits + 1] = b'\n';
+    &out[..digits + 2]
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn chunk_size_lines_are_what_format_writes() {
+        let mut out = [0u8; 18];
+        for size in [0, 1, 9, 10, 15, 16, 255, 256, 4095, 65536, 1 << 40, usize::MAX] {
+            let want = format!("{:X}\r\n", size);
+            assert_eq!(super::chunk_size_line(size, &mut out), want.as_bytes());
+        }
+    }
+
     use super::*;
     use tokio_test::io::Builder;
 
