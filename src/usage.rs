@@ -25,7 +25,7 @@ use std::sync::LazyLock;
 
 use aho_corasick::packed::Searcher;
 use aho_corasick::Span;
-use memchr::memmem;
+use memchr::memchr_iter;
 
 /// Longest key looked for (`cache_creation_input_tokens`).
 const MAX_KEY: usize = 27;
@@ -64,8 +64,8 @@ fn is_key_letter(b: u8) -> bool {
 /// How every key of [`KEYS`] ends, closing quote included.
 const ENDINGS: [&[u8]; 2] = [b"tokens\"", b"cache_n\""];
 
-/// The index of the next quote at or after `from` that closes one of
-/// [`ENDINGS`]: both looked for in one SIMD pass (Teddy).
+/// The index of the quote that closes the first of [`ENDINGS`] to start at
+/// or after `from`: both looked for in one SIMD pass (Teddy).
 fn next_key_end(bytes: &[u8], from: usize) -> Option<usize> {
     static ENDS: LazyLock<Option<Searcher>> = LazyLock::new(|| Searcher::new(ENDINGS));
     match &*ENDS {
@@ -76,13 +76,13 @@ fn next_key_end(bytes: &[u8], from: usize) -> Option<usize> {
     }
 }
 
-/// [`next_key_end`] on a target without a SIMD searcher: each ending on its
-/// own (one cannot end inside the other, so the first to end is the first).
+/// [`next_key_end`] on a target without a SIMD searcher: from quote to
+/// quote, each checked for an ending before it (each quote read once over a
+/// piece, as the calls move on past it).
 fn next_key_end_each(bytes: &[u8], from: usize) -> Option<usize> {
-    ENDINGS
-        .iter()
-        .filter_map(|e| memmem::find(&bytes[from..], e).map(|at| from + at + e.len() - 1))
-        .min()
+    memchr_iter(b'"', &bytes[from..])
+        .map(|at| from + at)
+        .find(|&quote| ENDINGS.iter().any(|e| bytes[from..=quote].ends_with(e)))
 }
 
 fn figure(key: &[u8]) -> Option<Figure> {
@@ -144,7 +144,7 @@ impl UsageScan {
                 // from quote to quote finds.
                 State::Idle => match next_key_end(bytes, i) {
                     Some(quote) => {
-                        let from = quote.saturating_sub(MAX_KEY + 1).max(i);
+                        let from = quote.saturating_sub(MAX_KEY).max(i);
                         let start = bytes[from..quote]
                             .iter()
                             .rposition(|b| !is_key_letter(*b))
@@ -251,7 +251,7 @@ impl UsageScan {
                     // Not a key of ours: this quote may open the next one.
                     None => State::Key { len: 0 },
                 },
-                b'a'..=b'z' | b'_' if usize::from(len) < MAX_KEY => {
+                b if is_key_letter(b) && usize::from(len) < MAX_KEY => {
                     self.key[usize::from(len)] = b;
                     State::Key { len: len + 1 }
                 }

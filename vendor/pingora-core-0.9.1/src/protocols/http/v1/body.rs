@@ -2119,17 +2119,17 @@ fn chunk_size_line(size: usize, out: &mut [u8; 18]) -> &[u8] {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use tokio_test::io::Builder;
+
     #[test]
     fn chunk_size_lines_are_what_format_writes() {
         let mut out = [0u8; 18];
         for size in [0, 1, 9, 10, 15, 16, 255, 256, 4095, 65536, 1 << 40, usize::MAX] {
             let want = format!("{:X}\r\n", size);
-            assert_eq!(super::chunk_size_line(size, &mut out), want.as_bytes());
+            assert_eq!(chunk_size_line(size, &mut out), want.as_bytes());
         }
     }
-
-    use super::*;
-    use tokio_test::io::Builder;
 
     fn init_log() {
         let _ = env_logger::builder().is_test(true).try_init();
