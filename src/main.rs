@@ -211,6 +211,12 @@ fn main() -> anyhow::Result<()> {
     };
     let conf = ServerConf {
         threads: cfg.threads,
+        // One thread has nothing to steal work from: Pingora's no-steal
+        // flavour runs it as a current-thread runtime, which spent 17 % less
+        // CPU per request than a one-worker work-stealing runtime in front of
+        // 1,000 replicas (the same in front of 2; docs/scale.md, *One thread,
+        // no stealing*).
+        work_stealing: cfg.threads > 1,
         // Pingora's fast timers stay registered until their deadline even when
         // the read they guarded ended long before: with `read_ms` at 600 s that
         // held ~135 B per thread and 10 ms slot for 10 minutes (the soak's RSS
