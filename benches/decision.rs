@@ -510,9 +510,9 @@ fn working_set(c: &mut Criterion) {
     g.finish();
 }
 
-/// The usage scan every streamed answer passes through: per SSE event of
-/// vLLM's shape, its closing usage event, and a non-streamed 4 KiB answer of
-/// code (snake_case: underscores everywhere).
+/// The usage scan every answer passes through: an SSE event of vLLM's
+/// shape, its closing usage event, and a non-streamed 4 KiB answer of code
+/// (no quote in its text).
 fn usage_scan(c: &mut Criterion) {
     use prefix_router::usage::UsageScan;
     let delta = br#"data: {"id":"chatcmpl-8f3c2a7d9e0b4c1f","object":"chat.completion.chunk","created":1733400000,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"content":" the"},"logprobs":null,"finish_reason":null}]}

@@ -212,7 +212,7 @@ fn main() -> anyhow::Result<()> {
     let conf = ServerConf {
         threads: cfg.threads,
         // One thread has nothing to steal work from: Pingora's no-steal
-        // flavour runs it as a current-thread runtime, which spent 17 % less
+        // flavour runs it as a current-thread runtime, which spent 18 % less
         // CPU per request than a one-worker work-stealing runtime in front of
         // 1,000 replicas (the same in front of 2; docs/scale.md, *One thread,
         // no stealing*).

@@ -114,7 +114,8 @@ pub struct Config {
     pub reload_max_removed_percent: u32,
     /// Window of the per-replica working-set estimate (capacity gauges and warning).
     pub working_set_window_s: u32,
-    /// Pingora worker threads for the proxy (default: the cores available).
+    /// Pingora worker threads for the proxy (default: the cores available);
+    /// one runs as a current-thread runtime, more as a work-stealing one.
     pub threads: usize,
     /// TLS to every replica (requires a build with `--features tls`).
     pub replica_tls: ReplicaTls,
