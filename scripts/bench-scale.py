@@ -596,13 +596,17 @@ def streams_point(a, procs, work, lua, arm, s, ports, body_file, rnd=0):
         return {"arm": arm, "streams": s, "round": rnd, "skipped": why}
     pids = pids_of(info)
     time.sleep(a.settle)
+    idle_probe = wrk(a, info["port"], lua, 1, a.probe)
     # Its probes and timers: a rate that is no event's work, left out of
     # `less_idle_us_per_event` (SMG checks its workers every 60 s, the
-    # router every second and reads their load every 500 ms here).
+    # router every second and reads their load every 500 ms here). Read
+    # after the probe has settled, so the window of events that follows
+    # holds no aftermath of the probe's thousands of requests (the
+    # router's pooled connections' idle timers tick for 4 s after them).
+    time.sleep(a.settle)
     i0, t0 = threads_s(pids), time.time()
     time.sleep(a.idle)
     idle = threads_since(pids, i0) / (time.time() - t0)
-    idle_probe = wrk(a, info["port"], lua, 1, a.probe)
     rss0 = status_kib(pids, "VmRSS")
     holder = subprocess.Popen(["taskset", "-c", a.load_cpus, ROUTEBENCH, "hold", "--addr",
                                f"127.0.0.1:{info['port']}", "--streams", str(s), "--rate", str(a.rate),

@@ -157,6 +157,19 @@ pub(crate) struct PrefixIndex {
     /// The latest clock second recorded: a pass for entries since a later
     /// one has nothing to read.
     newest: u32,
+    /// Entries recorded and removed so far: unchanged, the index reads as a
+    /// pass last read it.
+    writes: u64,
+}
+
+/// A block entry as a pass reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RecentBlock {
+    pub replica: u32,
+    /// Its clock second.
+    pub touched: u32,
+    /// A continuation recorded it last.
+    pub pinned: bool,
 }
 
 /// Slots a pass over the index ([`PrefixIndex::recent_blocks`],
@@ -177,11 +190,17 @@ impl PrefixIndex {
             cap: cap.max(1),
             protected_cap: (cap.max(1) * PROTECTED_SHARE / 100).max(1),
             newest: 0,
+            writes: 0,
         }
     }
 
     pub fn len(&self) -> usize {
         self.map.len()
+    }
+
+    /// Entries recorded and removed so far.
+    pub fn writes(&self) -> u64 {
+        self.writes
     }
 
     /// Heap bytes held: slab slots plus hash-map buckets (key, slot, control byte).
@@ -209,6 +228,7 @@ impl PrefixIndex {
         pinned: bool,
     ) -> &mut Entry {
         self.newest = self.newest.max(now_s);
+        self.writes += 1;
         let (slot, segment) = match self.map.get(&key) {
             Some(s) => {
                 let s = *s;
@@ -256,18 +276,18 @@ impl PrefixIndex {
         &mut self.slots[slot as usize].entry
     }
 
-    /// Appends to `out` the replica of each block entry touched at or after
-    /// `since_s` among the slab's slots `from..from + CHUNK`, and whether a
-    /// continuation recorded it last; returns where the next chunk starts
+    /// Appends to `out` each block entry touched at or after `since_s` among
+    /// the slab's slots `from..from + CHUNK`; returns where the next chunk starts
     /// (`None` after the last). A slab's slots never move, so a pass whose
     /// lock is released between chunks reads each slot once; an entry
     /// recorded meanwhile may be missed or counted twice (the working set is
-    /// an estimate already: the gauges, `kv_room`'s weights).
+    /// an estimate already: the gauges, `kv_room`'s weights), and is a write,
+    /// so the next working set passes again.
     pub fn recent_blocks(
         &self,
         from: usize,
         since_s: u32,
-        out: &mut Vec<(u32, bool)>,
+        out: &mut Vec<RecentBlock>,
     ) -> Option<usize> {
         if self.newest < since_s {
             return None;
@@ -276,7 +296,11 @@ impl PrefixIndex {
         let recent = chunk
             .iter()
             .filter(|s| s.segment != FREE && s.block && s.entry.touched >= since_s);
-        out.extend(recent.map(|s| (s.entry.replica, s.pinned)));
+        out.extend(recent.map(|s| RecentBlock {
+            replica: s.entry.replica,
+            touched: s.entry.touched,
+            pinned: s.pinned,
+        }));
         next
     }
 
@@ -320,6 +344,7 @@ impl PrefixIndex {
     }
 
     fn remove(&mut self, s: u32) {
+        self.writes += 1;
         self.unlink(s);
         self.map.remove(&self.slots[s as usize].key);
         self.slots[s as usize].segment = FREE;
@@ -448,13 +473,14 @@ mod tests {
         assert!(idx.get(1).is_some() && idx.get(3).is_some());
     }
 
-    /// Every recent block, chunk by chunk, as a pass reads them.
+    /// Every recent block, chunk by chunk, as a pass reads them: its replica
+    /// and whether it is pinned.
     fn recent(idx: &PrefixIndex, since_s: u32) -> Vec<(u32, bool)> {
         let (mut out, mut from) = (Vec::new(), Some(0));
         while let Some(at) = from {
             from = idx.recent_blocks(at, since_s, &mut out);
         }
-        out
+        out.iter().map(|b| (b.replica, b.pinned)).collect()
     }
 
     #[test]
@@ -474,6 +500,26 @@ mod tests {
         assert_eq!(recent(&idx, 0), vec![(0, false), (0, true)]);
         idx.upsert(5, 2, 50, true, false);
         assert_eq!(recent(&idx, 50), vec![(2, false)]);
+        let mut out = Vec::new();
+        idx.recent_blocks(0, 50, &mut out);
+        assert_eq!(out[0].touched, 50);
+    }
+
+    #[test]
+    fn writes_count_records_and_removals_not_lookups() {
+        let mut idx = PrefixIndex::new(2);
+        idx.upsert(1, 0, 0, true, false);
+        idx.upsert(1, 0, 1, true, false);
+        assert_eq!(idx.writes(), 2);
+        idx.get(1);
+        let mut out = Vec::new();
+        idx.recent_blocks(0, 0, &mut out);
+        assert_eq!(idx.writes(), 2, "reads are no writes");
+        idx.upsert(2, 0, 1, true, false);
+        idx.upsert(3, 0, 1, true, false); // evicts one
+        assert_eq!(idx.writes(), 5);
+        idx.forget(0, |_, _| true);
+        assert_eq!(idx.writes(), 7);
     }
 
     #[test]

@@ -150,6 +150,7 @@ mod shards;
 mod singles;
 mod text;
 mod types;
+mod working;
 
 pub use prefix::PrefixChain;
 pub use singles::SinglesByPrefix;
@@ -160,10 +161,10 @@ pub use types::*;
 pub const BYTES_PER_TOKEN: u64 = 4;
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
@@ -200,6 +201,8 @@ pub struct Policy {
     clock_s: AtomicU32,
     /// Distinct prompt bytes placed recently, on all replicas together.
     recent_bytes: AtomicU64,
+    /// The working set's last pass, kept while the index takes no write.
+    reading: Mutex<Option<working::Reading>>,
 }
 
 /// Seconds a placement may go unreported by its engine's KV events (queued,
@@ -222,6 +225,7 @@ impl Policy {
             counters: std::array::from_fn(|_| AtomicU64::new(0)),
             clock_s: AtomicU32::new(0),
             recent_bytes: AtomicU64::new(0),
+            reading: Mutex::new(None),
         }
     }
 
@@ -242,27 +246,6 @@ impl Policy {
     /// The clock, as last set.
     pub fn clock(&self) -> u32 {
         self.clock_s.load(Relaxed)
-    }
-
-    /// Bytes of distinct prompt blocks placed on each replica within the last
-    /// `window_s` seconds: the prefix cache each replica is asked to hold; in
-    /// replica id order. One pass over the index, a chunk of a shard locked
-    /// at a time, the thread yielding between chunks (a full index's pass
-    /// takes milliseconds).
-    pub fn working_set(&self, window_s: u32) -> Vec<(ReplicaId, WorkingSet)> {
-        let since = self.clock_s.load(Relaxed).saturating_sub(window_s);
-        let mut sets: HashMap<u32, WorkingSet, BuildHasherDefault<IdHash>> = HashMap::default();
-        let bytes = self.config().block_bytes as u64;
-        self.index.recent_blocks(since, |chunk| {
-            for &(r, pinned) in chunk {
-                let ws = sets.entry(r).or_default();
-                ws.all += bytes;
-                ws.pinned += if pinned { bytes } else { 0 };
-            }
-        });
-        let mut sets: Vec<_> = sets.into_iter().map(|(r, ws)| (ReplicaId(r), ws)).collect();
-        sets.sort_unstable_by_key(|(r, _)| r.0);
-        sets
     }
 
     /// Sets the distinct prompt bytes placed recently on all replicas

@@ -12,7 +12,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use super::index::{Entry, PrefixIndex};
+use super::index::{Entry, PrefixIndex, RecentBlock};
 
 /// Shards of a large index.
 const SHARDS: usize = 16;
@@ -142,10 +142,16 @@ impl Shards {
         self.all().map(|s| s.heap_bytes()).sum()
     }
 
+    /// Entries recorded and removed so far, in all shards: unchanged, the
+    /// index reads as a pass last read it.
+    pub fn writes(&self) -> u64 {
+        self.all().map(|s| s.writes()).sum()
+    }
+
     /// Each block entry touched at or after `since_s` (see
     /// [`PrefixIndex::recent_blocks`]), handed to `f` a chunk at a time with
     /// no lock held.
-    pub fn recent_blocks(&self, since_s: u32, mut f: impl FnMut(&[(u32, bool)])) {
+    pub fn recent_blocks(&self, since_s: u32, mut f: impl FnMut(&[RecentBlock])) {
         self.by_chunks(
             |shard, from| {
                 let mut out = Vec::new();
@@ -226,6 +232,22 @@ mod tests {
         for shard in s.all() {
             assert_eq!(shard.len(), SHARDED_FROM / SHARDS);
         }
+    }
+
+    #[test]
+    fn writes_are_counted_in_every_shard() {
+        let s = Shards::new(SHARDED_FROM);
+        let ops: Vec<Upsert> = (0..64u64)
+            .map(|k| Upsert {
+                key: xxhash_rust::xxh3::xxh3_64(&k.to_le_bytes()),
+                block: true,
+                tail: None,
+            })
+            .collect();
+        s.upsert_all(&ops, 1, 0, false);
+        assert_eq!(s.writes(), 64);
+        assert_eq!(s.forget(|_, _| true), 64);
+        assert_eq!(s.writes(), 128);
     }
 
     #[test]

@@ -286,6 +286,76 @@ fn working_set_counts_distinct_recent_blocks_per_replica() {
 }
 
 #[test]
+fn an_unchanged_index_ages_its_working_set_without_another_pass() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let rs = replicas(&[true, true]);
+    p.set_clock(100);
+    let old = p.place(&req(&"a".repeat(B * 4), false), &rs).replica;
+    p.set_clock(110);
+    let new = p.place(&req(&"b".repeat(B * 2), false), &rs).replica;
+    assert_ne!(old, new);
+    let bytes = |ws: &[(ReplicaId, WorkingSet)], r| {
+        ws.iter()
+            .find(|(id, _)| Some(*id) == r)
+            .map_or(0, |(_, s)| s.all)
+    };
+    // A window of 100 s from 190: since 90. Asked again in the same
+    // second, with nothing written: no pass.
+    p.set_clock(190);
+    let ws = p.working_set(100);
+    assert_eq!(
+        (bytes(&ws, old), bytes(&ws, new)),
+        ((B * 4) as u64, (B * 2) as u64)
+    );
+    assert_eq!(p.working_set(100), ws);
+    assert_eq!(p.working_set_passes(), 1);
+    // A second later, aged but unwritten: idle. One pass keeps the window's
+    // oldest seconds (91 to 91 + DETAIL_S) apart...
+    p.set_clock(191);
+    assert_eq!(p.working_set(100), ws);
+    assert_eq!(p.working_set_passes(), 2);
+    // ...so the first placement ages out with no pass.
+    p.set_clock(205);
+    let ws = p.working_set(100);
+    assert_eq!((bytes(&ws, old), bytes(&ws, new)), (0, (B * 2) as u64));
+    assert_eq!(ws.len(), 1);
+    assert_eq!(p.working_set_passes(), 2, "no write: no pass");
+    // A second past those kept apart, a pass.
+    p.set_clock(91 + working::DETAIL_S + 1 + 100);
+    assert_eq!(p.working_set(100), vec![]);
+    assert_eq!(p.working_set_passes(), 3);
+    // A longer window than was read, or a write, passes again.
+    assert_eq!(p.working_set(1000).len(), 2);
+    assert_eq!(p.working_set_passes(), 4);
+    p.place(&req(&"c".repeat(B * 3), false), &rs);
+    let ws = p.working_set(1000);
+    assert_eq!(ws.iter().map(|(_, s)| s.all).sum::<u64>(), (B * 9) as u64);
+    assert_eq!(p.working_set_passes(), 5);
+}
+
+#[test]
+fn a_kept_working_set_answers_a_longer_window_or_a_forgotten_replica_afresh() {
+    let p = Policy::new(cfg(Mode::Shape));
+    let rs = replicas(&[true, true]);
+    p.set_clock(100);
+    let first = p.place(&req(&"a".repeat(B * 4), false), &rs).replica;
+    p.set_clock(140);
+    p.place(&req(&"b".repeat(B * 2), false), &rs);
+    // A short window ages the reading past the first placement; a longer
+    // one in the same second still counts it.
+    assert_eq!(p.working_set(10).len(), 1);
+    assert_eq!(p.working_set(50).len(), 2);
+    assert_eq!(p.working_set(50), p.working_set(50));
+    let passes = p.working_set_passes();
+    // Forgetting a replica is a write: its blocks leave the working set.
+    assert!(p.forget_replica(first.unwrap()) > 0);
+    let ws = p.working_set(50);
+    assert_eq!(ws.len(), 1);
+    assert!(ws.iter().all(|(r, _)| Some(*r) != first));
+    assert_eq!(p.working_set_passes(), passes + 1);
+}
+
+#[test]
 fn working_set_lists_each_replica_once_in_id_order() {
     // The capacity watch finds each replica's set by binary search.
     let p = Policy::new(cfg(Mode::Shape));
