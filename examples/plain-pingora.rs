@@ -106,6 +106,8 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let mut conf = ServerConf {
         threads: cli.threads,
+        // As the router: one thread runs a current-thread runtime.
+        work_stealing: cli.threads > 1,
         grace_period_seconds: Some(1),
         graceful_shutdown_timeout_seconds: Some(1),
         // As the router: idle connections kept to a thousand replicas.

@@ -1,13 +1,14 @@
-//! The working set ([`Policy::working_set`]), kept between passes: what a pass over the index read per
-//! replica, with the index's write count when the pass began. While the
-//! index takes no write, the same window is that reading. A pass over an
-//! index unwritten since the pass before (an idle router's) also keeps the
-//! window's oldest [`DETAIL_S`] seconds apart, by clock second, so a later
-//! window within them is the reading less the seconds that aged out: an idle
-//! router reads its slab once every `DETAIL_S` seconds, not every time the
-//! capacity watch asks (every 500 ms, for as long as the window holds
-//! anything recorded; a pass over a full index costs milliseconds). A busy
-//! one's passes keep nothing apart: its next write would discard them.
+//! The working set ([`Policy::working_set`]) kept between passes: what a
+//! pass over the index read per replica, with the index's write count when
+//! the pass began. While the index takes no write, the same window is that
+//! reading. A pass over an index unwritten since the pass before (an idle
+//! router's) also keeps the window's oldest [`DETAIL_S`] seconds apart, by
+//! clock second, so a later window within them is the reading less the
+//! seconds that aged out: an idle router reads its slab once every
+//! `DETAIL_S` seconds, not every time the capacity watch asks (every 500 ms,
+//! for as long as the window holds anything recorded; a pass over a full
+//! index costs milliseconds). A busy one's passes keep nothing apart: its
+//! next write would discard them.
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
