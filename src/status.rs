@@ -233,14 +233,20 @@ impl ServeHttp for MetricsApp {
                 }
                 answer(status, "text/plain", body.into_bytes())
             }
-            "/metrics" => match self.metrics.page() {
-                Ok(page) => answer(StatusCode::OK, PAGE_FORMAT, page.into_bytes()),
-                Err(e) => answer(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "text/plain",
-                    format!("{e}\n").into_bytes(),
-                ),
-            },
+            "/metrics" => {
+                // The replicas' counts since the last scrape, into their series.
+                for r in self.replicas.snapshot().iter() {
+                    r.counters.flush();
+                }
+                match self.metrics.page() {
+                    Ok(page) => answer(StatusCode::OK, PAGE_FORMAT, page.into_bytes()),
+                    Err(e) => answer(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "text/plain",
+                        format!("{e}\n").into_bytes(),
+                    ),
+                }
+            }
             // Only the known paths: a scanner gets no page to compress.
             _ => answer(StatusCode::NOT_FOUND, "text/plain", b"not found\n".to_vec()),
         }

@@ -183,6 +183,38 @@ fn the_capacity_scenario_overflows_a_card_and_the_router_says_so() {
     );
 }
 
+/// The working-set gauges fall back to 0 once their window has passed with
+/// no traffic: an idle router ages what it counted, though it no longer
+/// reads its index each time it refreshes them.
+#[test]
+fn an_idle_routers_working_set_empties_when_its_window_passes() {
+    let (a, b) = (Sim::start("a", &[]), Sim::start("b", &[]));
+    let router = Router::start(&[&a, &b], "working_set_window_s: 2");
+    let r = router.post(
+        "/v1/chat/completions",
+        &common::single(&"a long question, ".repeat(200)),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let tokens = || {
+        ["a", "b"]
+            .map(|r| {
+                router.metric(&format!(
+                    "prefix_router_replica_working_set_tokens{{replica=\"{r}\"}}"
+                ))
+            })
+            .iter()
+            .sum::<f64>()
+    };
+    wait_for(
+        "the prompt in the working set",
+        Duration::from_secs(10),
+        || (tokens() >= 512.0).then_some(()),
+    );
+    wait_for("an empty working set", Duration::from_secs(15), || {
+        (tokens() == 0.0).then_some(())
+    });
+}
+
 /// `compare` rotates the arm order by one each round (so drift does not
 /// always fall on the same arm), still lists arms in the order given, and
 /// reports a burst's cached share and the router's index repairs.
