@@ -268,6 +268,12 @@ impl Reloader {
         let change = live.replicas.apply_renaming(&list, named);
         let now = live.replicas.snapshot();
         let removed: Vec<_> = change.removed.iter().map(|r| r.id).collect();
+        // What a replica that left (or moved) counted since the last scrape,
+        // into its series before they are swept or shared with its new
+        // address; its requests still in flight count when its last ends.
+        for r in &change.removed {
+            r.counters.flush();
+        }
         if !removed.is_empty() {
             live.policy.forget_replicas(&removed);
         }

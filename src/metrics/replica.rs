@@ -3,7 +3,7 @@
 //! vocabularies of repairs and ejections.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -55,9 +55,10 @@ impl Repair {
 }
 
 /// A replica's per-request counters, resolved once (an atomic add per
-/// event, not a label lookup). The ones by decision are created at a
-/// decision's first use on this replica, not at 0 when it joins: 35 zero
-/// series per replica made most of a 1,000-replica fleet's scrape.
+/// event, not a label lookup). The ones by decision are created at the
+/// first flush after a decision's first use on this replica, not at 0 when
+/// it joins: 35 zero series per replica made most of a 1,000-replica
+/// fleet's scrape.
 pub struct ReplicaCounters {
     name: String,
     /// Where a series made here later is remembered for the sweep.
@@ -155,9 +156,12 @@ impl ReplicaCounters {
     /// (in their series at the next flush).
     pub fn usage(&self, reason: Reason, predicted: u64, cached: u64, prompt: u64) {
         if let Some(pending) = Self::at(reason).and_then(|i| self.pending_usage.get(i)) {
-            for (n, by) in pending.iter().zip([predicted, cached, prompt, 1]) {
+            for (n, by) in pending.iter().zip([predicted, cached, prompt]) {
                 n.fetch_add(by, Relaxed);
             }
+            // Released after the tokens: a flush that takes this report
+            // takes its tokens too.
+            pending[3].fetch_add(1, Release);
         }
     }
 
@@ -187,7 +191,7 @@ impl ReplicaCounters {
                         .inc_by(n);
                 }
             }
-            if usage[3].swap(0, Relaxed) == 0 {
+            if usage[3].swap(0, Acquire) == 0 {
                 continue;
             }
             let series = usage_series.get_or_init(|| {
@@ -242,7 +246,8 @@ impl std::fmt::Debug for ReplicaCounters {
 }
 
 /// Sweeps a name that left is swept again in, before it is forgotten: a
-/// health check in flight when it left may set one of its gauges again.
+/// health check in flight when it left may set one of its gauges again, and
+/// its requests in flight count when its counters drop.
 /// A series made later (a request in flight there, its first of a
 /// decision) remembers the name again.
 const SWEEPS_REMEMBERED: u8 = 3;
@@ -350,8 +355,10 @@ mod tests {
         let m = Metrics::new();
         let requests =
             "prefix_router_requests_total{decision=\"spread\",replica=\"a\",shape=\"single\"}";
-        let prompt =
-            "prefix_router_reported_prompt_tokens_total{decision=\"spread\",replica=\"a\"}";
+        let usage = |name| {
+            format!("prefix_router_{name}_tokens_total{{decision=\"spread\",replica=\"a\"}}")
+        };
+        let prompt = &usage("reported_prompt");
         let c = ReplicaCounters::new(&m, "a");
         c.routed(Reason::Spread, Shape::Single);
         c.routed(Reason::Spread, Shape::Single);
@@ -366,6 +373,8 @@ mod tests {
         drop(c);
         assert_eq!(value(&m, requests).as_deref(), Some("3"));
         assert_eq!(value(&m, prompt).as_deref(), Some("700"));
+        assert_eq!(value(&m, &usage("predicted_cached")).as_deref(), Some("10"));
+        assert_eq!(value(&m, &usage("delivered_cached")).as_deref(), Some("5"));
     }
 
     #[test]

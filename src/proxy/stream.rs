@@ -102,7 +102,8 @@ impl Router {
                 u.feed(b);
             }
             // Counted before the last bytes go out: a client that has read
-            // the whole answer finds it in the metrics.
+            // the whole answer finds it in the metrics (of a replica that
+            // has left the set since, once its last request ends).
             if end {
                 u.finish();
                 if let (Some(t), Some(p)) = (ctx.read.tenant.as_mut(), u.prompt_tokens()) {
