@@ -285,15 +285,29 @@ fn working_set_counts_distinct_recent_blocks_per_replica() {
     assert_eq!(p.working_set(50).len(), 1);
 }
 
-#[test]
-fn an_unchanged_index_ages_its_working_set_without_another_pass() {
+/// Two replicas, 4 blocks placed on one at clock 100 and 2 on the other at
+/// `then`: the policy, the replicas and where each went.
+fn two_placements(
+    then: u32,
+) -> (
+    Policy,
+    Vec<ReplicaState>,
+    Option<ReplicaId>,
+    Option<ReplicaId>,
+) {
     let p = Policy::new(cfg(Mode::Shape));
     let rs = replicas(&[true, true]);
     p.set_clock(100);
-    let old = p.place(&req(&"a".repeat(B * 4), false), &rs).replica;
-    p.set_clock(110);
-    let new = p.place(&req(&"b".repeat(B * 2), false), &rs).replica;
-    assert_ne!(old, new);
+    let first = p.place(&req(&"a".repeat(B * 4), false), &rs).replica;
+    p.set_clock(then);
+    let second = p.place(&req(&"b".repeat(B * 2), false), &rs).replica;
+    assert_ne!(first, second);
+    (p, rs, first, second)
+}
+
+#[test]
+fn an_unchanged_index_ages_its_working_set_without_another_pass() {
+    let (p, rs, old, new) = two_placements(110);
     let bytes = |ws: &[(ReplicaId, WorkingSet)], r| {
         ws.iter()
             .find(|(id, _)| Some(*id) == r)
@@ -335,12 +349,7 @@ fn an_unchanged_index_ages_its_working_set_without_another_pass() {
 
 #[test]
 fn a_kept_working_set_answers_a_longer_window_or_a_forgotten_replica_afresh() {
-    let p = Policy::new(cfg(Mode::Shape));
-    let rs = replicas(&[true, true]);
-    p.set_clock(100);
-    let first = p.place(&req(&"a".repeat(B * 4), false), &rs).replica;
-    p.set_clock(140);
-    p.place(&req(&"b".repeat(B * 2), false), &rs);
+    let (p, _, first, _) = two_placements(140);
     // A short window ages the reading past the first placement; a longer
     // one in the same second still counts it.
     assert_eq!(p.working_set(10).len(), 1);
