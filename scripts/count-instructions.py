@@ -48,14 +48,15 @@ EVENTS = {"Ir": "instructions", "I1mr": "L1i misses", "D1mr": "L1d read misses",
           "D1mw": "L1d write misses", "Bcm": "mispredicted branches", "Bim": "mispredicted indirect"}
 
 
-def command(arm, port, ups, work):
+def command(arm, port, ups, work, tag="", edit=lambda conf: conf):
+    """The arm's command line; the router's config is `edit` of the benchmark's."""
     if arm == "pingora":
         cmd = [os.path.join(bp.ROOT, "target/release/examples/plain-pingora"),
                "--listen", f"127.0.0.1:{port}", "--threads", "1"]
         for p in ups:
             cmd += ["--upstream", f"127.0.0.1:{p}"]
         return cmd
-    cfg = bp.write(os.path.join(work, f"{arm}.yaml"), bp.router_conf(port, bp.free_port(), ups, 1))
+    cfg = bp.write(os.path.join(work, f"{arm}{tag}.yaml"), edit(bp.router_conf(port, bp.free_port(), ups, 1)))
     return [os.path.join(bp.ROOT, "target/release/prefix-router"), "--config", cfg]
 
 
@@ -147,13 +148,10 @@ def held_events(holder, latest):
 
 
 def count_sse(a, procs, work, ups, body_file, arm):
-    port, mport = bp.free_port(), bp.free_port()
+    port = bp.free_port()
     dump = os.path.join(work, f"callgrind-{arm}-sse.out")
-    cmd = command(arm, port, ups, work)
-    if arm != "pingora":
-        conf = bp.router_conf(port, mport, ups, 1).replace(
-            "health_check: {interval_ms: 1000}", "health_check: {interval_ms: 600000}")
-        cmd = [cmd[0], "--config", bp.write(os.path.join(work, f"{arm}-sse.yaml"), conf)]
+    cmd = command(arm, port, ups, work, "-sse", lambda conf: conf.replace(
+        "health_check: {interval_ms: 1000}", "health_check: {interval_ms: 600000}"))
     vg = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={dump}"]
     proc = procs.start(f"{arm}-sse", vg + cmd, a.proxy_cpu, {"RUST_LOG": "warn"})
     deadline = time.time() + 120
