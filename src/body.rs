@@ -7,7 +7,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use pingora_core::Result;
+use pingora_core::{Error, ErrorType, Result};
 use pingora_proxy::Session;
 use tokio::sync::Semaphore;
 
@@ -41,12 +41,17 @@ const EAGER_CAPACITY: usize = 1 << 20;
 /// The most Pingora reads of a request body at a time.
 const READ_PIECE: usize = 64 << 10;
 
+/// Pingora's own wait for each piece of an HTTP/1.1 request body; it fires
+/// before `body_read_timeout_ms` when that is longer and the client idles.
+const PIECE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Bounds the blocking parses running at once to the machine's cores.
 static PARSERS: LazyLock<Semaphore> =
     LazyLock::new(|| Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get())));
 
 /// Reads the whole body, reserving its buffer's bytes on `ticket` as it
-/// grows. `Ok(Err(_))` is the client's fault (or the budget's).
+/// grows. `Ok(Err(_))` is the client's fault (or the budget's), to answer;
+/// `Err(_)` (its source the client) when the client is gone.
 pub async fn read(
     session: &mut Session,
     limit: usize,
@@ -89,8 +94,10 @@ pub async fn read(
         if !grow(&mut buf, next, ticket) {
             return Ok(Err(RouterError::OVER_BUDGET));
         }
-        if session.read_request_body_into(&mut buf).await?.is_none() {
-            break;
+        match session.read_request_body_into(&mut buf).await {
+            Ok(Some(_)) => {}
+            Ok(None) => break,
+            Err(e) => return read_failure(&e).map(Err).ok_or_else(|| e.into_down()),
         }
         if buf.len() > limit {
             return Ok(Err(RouterError::BodyTooLarge { limit }));
@@ -101,6 +108,25 @@ pub async fn read(
         return Ok(Ok(Bytes::copy_from_slice(&buf)));
     }
     Ok(Ok(Bytes::from(buf)))
+}
+
+/// What a failed read of the body answers the client: a broken framing (a
+/// bad chunk, the connection ending before the declared length) is the
+/// client's, not a replica's; `None` when the connection failed (reset):
+/// there is nobody to answer.
+fn read_failure(e: &Error) -> Option<RouterError> {
+    match e.etype() {
+        ErrorType::ReadError => None,
+        ErrorType::ReadTimedout => Some(RouterError::BodyTimeout {
+            ms: PIECE_TIMEOUT.as_millis() as u64,
+        }),
+        t => Some(RouterError::BadBody {
+            detail: e
+                .context
+                .as_ref()
+                .map_or_else(|| t.as_str().to_owned(), |c| c.to_string()),
+        }),
+    }
 }
 
 /// Reads and discards what is left of the body, at most `max_bytes` and for

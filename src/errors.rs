@@ -10,6 +10,10 @@ pub enum RouterError {
     BodyTooLarge { limit: usize },
     #[error("request body was not received within {ms} ms")]
     BodyTimeout { ms: u64 },
+    /// The body's framing is broken: a bad chunk, or the connection ended
+    /// before the declared length.
+    #[error("the request body is malformed: {detail}")]
+    BadBody { detail: String },
     #[error("the replica{} failed: {detail}", named(replica))]
     Upstream {
         replica: Option<String>,
@@ -61,10 +65,11 @@ fn named(replica: &Option<String>) -> String {
 
 impl RouterError {
     /// Every `code`, for pre-registering metric labels.
-    pub const CODES: [&'static str; 16] = [
+    pub const CODES: [&'static str; 17] = [
         "no_replica",
         "body_too_large",
         "body_timeout",
+        "invalid_body",
         "upstream_error",
         "upstream_timeout",
         "overloaded",
@@ -86,6 +91,7 @@ impl RouterError {
             RouterError::NoReplica => 503,
             RouterError::BodyTooLarge { .. } => 413,
             RouterError::BodyTimeout { .. } => 408,
+            RouterError::BadBody { .. } => 400,
             RouterError::Upstream { .. } => 502,
             RouterError::UpstreamTimeout { .. } => 504,
             RouterError::Overloaded { .. } => 503,
@@ -109,6 +115,7 @@ impl RouterError {
             RouterError::NoReplica => "no_replica",
             RouterError::BodyTooLarge { .. } => "body_too_large",
             RouterError::BodyTimeout { .. } => "body_timeout",
+            RouterError::BadBody { .. } => "invalid_body",
             RouterError::Upstream { .. } => "upstream_error",
             RouterError::UpstreamTimeout { .. } => "upstream_timeout",
             RouterError::Overloaded { .. } => "overloaded",
@@ -282,6 +289,7 @@ mod tests {
             RouterError::NoReplica,
             RouterError::BodyTooLarge { limit: 1 },
             RouterError::BodyTimeout { ms: 1 },
+            RouterError::BadBody { detail: "x".into() },
             RouterError::Upstream {
                 replica: Some("a".into()),
                 detail: "x".into(),

@@ -78,12 +78,14 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let env_policy = std::env::var(POLICY_ENV).ok();
-    let cfg = match &cli.config {
-        Some(path) => Config::load(path, env_policy.as_deref())
+    // With the text it came from: the reloader judges edits against it.
+    let (cfg, loaded) = match &cli.config {
+        Some(path) => Config::load_text(path, env_policy.as_deref())
             .with_context(|| format!("config {}", path.display()))?,
-        None => {
-            Config::parse(EMBEDDED_DEFAULT, env_policy.as_deref()).context("embedded default")?
-        }
+        None => (
+            Config::parse(EMBEDDED_DEFAULT, env_policy.as_deref()).context("embedded default")?,
+            EMBEDDED_DEFAULT.to_owned(),
+        ),
     };
     prefix_router::access_log::set_format(cfg.log_format);
     // Everything that can fail comes before Pingora's bootstrap: under `-u`
@@ -393,7 +395,7 @@ fn main() -> anyhow::Result<()> {
             resolver,
             metrics,
         };
-        let reloader = Reloader::new(path, cfg, env_policy, live);
+        let reloader = Reloader::new(path, cfg, loaded, env_policy, live);
         server.add_service(background_service("reload", reloader));
     }
     if let Some(shared) = shared {

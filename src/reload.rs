@@ -96,8 +96,18 @@ async fn settled<E>(
 }
 
 impl Reloader {
-    pub fn new(path: PathBuf, running: Config, env_policy: Option<String>, live: Live) -> Self {
-        let last = std::fs::read_to_string(&path).ok();
+    /// `loaded`: the text `running` was parsed from. Not the file read
+    /// again here: an edit made while the router started (its names looked
+    /// up, its tokenizers loaded) would then read as judged, and wait for
+    /// the next edit.
+    pub fn new(
+        path: PathBuf,
+        running: Config,
+        loaded: String,
+        env_policy: Option<String>,
+        live: Live,
+    ) -> Self {
+        let last = Some(loaded);
         live.metrics.restart_pending.set(0);
         let paths = running.replica_key_files();
         let key_files = Mutex::new((key_files_hash(&paths), paths));
@@ -479,9 +489,15 @@ mod tests {
     use super::*;
 
     fn reloader(dir: &std::path::Path, yaml: &str) -> Reloader {
+        started_from(dir, yaml, yaml)
+    }
+
+    /// A reloader whose running config came from `loaded`, the file holding
+    /// `on_disk` by the time it is made.
+    fn started_from(dir: &std::path::Path, loaded: &str, on_disk: &str) -> Reloader {
         let path = dir.join("router.yaml");
-        std::fs::write(&path, yaml).unwrap();
-        let cfg = Config::parse(yaml, None).unwrap();
+        std::fs::write(&path, on_disk).unwrap();
+        let cfg = Config::parse(loaded, None).unwrap();
         let metrics = Metrics::standalone();
         let live = Live {
             replicas: Arc::new(Replicas::new(&cfg.replicas, Arc::clone(&metrics))),
@@ -494,7 +510,23 @@ mod tests {
             resolver: Arc::default(),
             metrics,
         };
-        Reloader::new(path, cfg, None, live)
+        Reloader::new(path, cfg, loaded.to_owned(), None, live)
+    }
+
+    #[tokio::test]
+    async fn an_edit_made_while_the_router_started_is_applied_at_the_first_check() {
+        let dir = std::env::temp_dir().join(format!("prefix-router-start-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let r = started_from(
+            &dir,
+            "replicas:\n- {name: a, addr: \"127.0.0.1:1\"}\n",
+            "replicas:\n- {name: a, addr: \"127.0.0.1:1\"}\n- {name: b, addr: \"127.0.0.1:2\"}\n",
+        );
+        let change = r.check().await.unwrap().expect("the edit is applied");
+        assert_eq!(change.added[0].name, "b");
+        assert_eq!(r.live.replicas.snapshot().len(), 2);
+        assert!(r.check().await.unwrap().is_none(), "and judged once");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]

@@ -239,13 +239,18 @@ impl Config {
 
     /// Reads a file (see [`Config::parse`]) and the replicas' key files.
     pub fn load(path: &Path, env_policy: Option<&str>) -> Result<Self, ConfigError> {
+        Self::load_text(path, env_policy).map(|(cfg, _)| cfg)
+    }
+
+    /// [`Config::load`], with the text it was parsed from.
+    pub fn load_text(path: &Path, env_policy: Option<&str>) -> Result<(Self, String), ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
             source,
         })?;
         let mut cfg = Self::parse(&text, env_policy)?;
         cfg.read_replica_keys()?;
-        Ok(cfg)
+        Ok((cfg, text))
     }
 
     /// The replicas' `api_key_file`s (entries of `replicas` and `replicas_dns`).

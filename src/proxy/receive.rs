@@ -113,7 +113,15 @@ impl Router {
         let ticket = (ctx.read.ticket).get_or_insert_with(|| self.admission.receive());
         let read = body::read(session, limit, declared, ticket);
         let body = match tokio::time::timeout(deadline, read).await {
-            Ok(read) => read?,
+            Ok(Ok(read)) => read,
+            Ok(Err(gone)) => {
+                // The client's connection failed: nothing to answer, and
+                // nothing reached an engine.
+                if let Some(t) = ctx.read.tenant.as_mut() {
+                    t.refund();
+                }
+                return Err(gone);
+            }
             Err(_) => Err(RouterError::BodyTimeout {
                 ms: deadline.as_millis() as u64,
             }),
@@ -121,7 +129,11 @@ impl Router {
         let body = match body {
             Ok(b) => b,
             Err(err) => {
-                let drain = !matches!(err, RouterError::BodyTimeout { .. });
+                // Only a body still framed as declared can be read on.
+                let drain = !matches!(
+                    err,
+                    RouterError::BodyTimeout { .. } | RouterError::BadBody { .. }
+                );
                 return self.refuse(session, ctx, &err, drain).await;
             }
         };
@@ -217,9 +229,11 @@ impl Router {
             t.refund();
         }
         session.set_keepalive(None);
-        respond(session, err, &self.metrics).await?;
+        // Read before the answer is written: after it, the last response
+        // written is the answer, not the `100 Continue`.
         let waits_for_continue =
             expects_continue(session) && session.response_written().is_none_or(|r| r.status != 100);
+        respond(session, err, &self.metrics).await?;
         if drain && !waits_for_continue {
             body::drain(session, self.drain_bytes()).await;
         }
