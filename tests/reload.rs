@@ -288,11 +288,14 @@ fn keys_that_need_a_restart_are_named_and_the_rest_applies() {
     let router = Router::start(&[&a], "policy: shape\nthreads: 2\n");
     router.rewrite(&Router::yaml(
         &[&a],
-        "policy: roundrobin\nthreads: 1\nprefix_index: {block_bytes: 512}\n",
+        "policy: roundrobin\nthreads: 1\nprefix_index: {block_bytes: 512}\nlimits: {max_metrics_connections: 2}\n",
     ));
     wait_reloads(&router, "ok", 1.0);
     assert_eq!(router.metric("prefix_router_config_restart_pending"), 1.0);
-    router.wait_log("threads, prefix_index.block_bytes changed: needs restart");
+    // The metrics listener's limit is set once, at start: named too.
+    router.wait_log(
+        "threads, prefix_index.block_bytes, limits.max_metrics_connections changed: needs restart",
+    );
     assert_eq!(
         second_turn(&router, "t"),
         "spread",

@@ -319,6 +319,8 @@ impl Config {
             "engine_load" => engine_load;
             "prefix_index.block_bytes" => prefix_index.block_bytes;
             "prefix_index.max_entries" => prefix_index.max_entries;
+            "limits.max_streams_per_connection" => limits.max_streams_per_connection;
+            "limits.max_metrics_connections" => limits.max_metrics_connections;
             "replica_tls" => replica_tls;
             "listen_tls" => listen_tls;
             "api_keys_file" => api_keys_file;
