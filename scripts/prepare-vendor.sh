@@ -7,7 +7,8 @@
 #   a total deadline for a replica's response head; after a failed request
 #   write, a bounded wait for an early answer (then the write error, retried);
 #   the HTTP/2 and custom upstream paths boxed (an HTTP/1 request's future is
-#   not sized for them).
+#   not sized for them); a request head that does not parse answered 400 in
+#   the OpenAI error shape (it had an empty body).
 # - pingora-core 0.9.1: a total deadline for a client's request head (slowloris);
 #   a request's first read takes up to 8 KiB (a short request in one system
 #   call), then moves to a buffer of its size (a held stream keeps its bytes,

@@ -83,6 +83,10 @@ const TASK_BUFFER_SIZE: usize = 4;
 /// Caps per-proxy padding and one-time shutdown fan-out on very large hosts.
 const MAX_SHUTDOWN_NOTIFY_SHARDS: usize = 256;
 
+/// prefix-router patch: the body of the 400 answered to a request head that
+/// does not parse.
+const INVALID_HEAD: &[u8] = br#"{"error":{"message":"the request head is malformed","type":"invalid_request_error","code":"invalid_head"}}"#;
+
 type DownstreamCustomMessageReader =
     Box<dyn futures::Stream<Item = Result<Bytes>> + Unpin + Send + Sync + 'static>;
 
@@ -354,8 +358,14 @@ where
                         "Fail to proxy: {e}, downstream session type: {}",
                         downstream_session.session_type()
                     );
+                    // prefix-router patch: the 400 in the OpenAI shape of every
+                    // other error the router answers, not an empty body.
+                    let body = Bytes::from_static(INVALID_HEAD);
+                    let mut resp = HttpSession::generate_error(400);
+                    let _ = resp.insert_header(header::CONTENT_TYPE, "application/json");
+                    let _ = resp.set_content_length(body.len());
                     downstream_session
-                        .respond_error(400)
+                        .write_error_response(resp, body)
                         .await
                         .unwrap_or_else(|e| {
                             error!("failed to send error response to downstream: {e}");
