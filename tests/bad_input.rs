@@ -65,12 +65,7 @@ fn a_body_with_broken_framing_gets_a_400_and_no_replica_is_blamed() {
     ] {
         // Written whole, then the sending half closed: the answer is read.
         let out = http::raw(router.addr, format!("{head}{rest}").as_bytes());
-        assert!(out.starts_with("HTTP/1.1 400"), "{what}: {out}");
-        let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        let v: serde_json::Value =
-            serde_json::from_str(body).unwrap_or_else(|e| panic!("{what}: {e}: {out}"));
-        assert_eq!(v["error"]["code"], "invalid_body", "{what}: {out}");
-        assert_eq!(v["error"]["type"], "invalid_request_error", "{what}");
+        assert_400_json(&out, "invalid_body", what);
     }
     // The client's fault is not counted as a replica's.
     assert_eq!(
@@ -104,21 +99,27 @@ fn a_malformed_request_head_gets_a_400_in_json() {
         ),
     ] {
         let out = http::raw(router.addr, head.as_bytes());
-        assert!(out.starts_with("HTTP/1.1 400"), "{what}: {out}");
-        let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-        assert!(
-            head.to_ascii_lowercase()
-                .contains("content-type: application/json"),
-            "{what}: {out}"
-        );
-        let v: serde_json::Value =
-            serde_json::from_str(body).unwrap_or_else(|e| panic!("{what}: {e}: {out}"));
-        assert_eq!(v["error"]["code"], "invalid_head", "{what}: {out}");
-        assert_eq!(v["error"]["type"], "invalid_request_error", "{what}");
+        assert_400_json(&out, "invalid_head", what);
     }
     assert_eq!(a.received(), 0);
     assert_eq!(
         router.post("/v1/chat/completions", &single("after")).status,
         200
     );
+}
+
+/// `out` (all a raw exchange read) is a 400 in the OpenAI error shape, JSON,
+/// with `code`.
+fn assert_400_json(out: &str, code: &str, what: &str) {
+    assert!(out.starts_with("HTTP/1.1 400"), "{what}: {out}");
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((out, ""));
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/json"),
+        "{what}: {out}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{what}: {e}: {out}"));
+    assert_eq!(v["error"]["code"], code, "{what}: {out}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{what}");
 }
